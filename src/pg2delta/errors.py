@@ -1,0 +1,131 @@
+"""One exception family for the whole job, with kinds that map to exit codes.
+
+Every error pg2delta raises on purpose is a :class:`Pg2DeltaError`. Its ``kind`` says
+what went wrong in terms a scheduler can act on, and ``retryable`` says whether running
+the same job again, unchanged, can succeed. The CLI turns the kind into a distinct exit
+code (see :data:`EXIT_CODES`) and prints the message on one line.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    """What failed, in terms of who can fix it."""
+
+    CONNECTION = "connection"  # server unreachable, connection lost, wrong password
+    SOURCE_STATE = "source_state"  # slot or publication missing, slot invalidated, wrong plugin
+    PROTOCOL = "protocol"  # bytes from the server that do not follow the pgoutput protocol
+    SCHEMA = "schema"  # a table shape the lake cannot follow without a human
+    DATA = "data"  # a value that cannot be stored as configured
+    LAKE = "lake"  # the lake path cannot be read or written, a Delta commit failed
+    CONFIG = "config"  # a broken or contradictory configuration
+    BUSY = "busy"  # another run holds the slot
+
+
+# Exit codes for schedulers (Airflow, cron). 0 and 3 are not errors.
+EXIT_OK = 0
+EXIT_NOTHING_TO_DO = 3
+EXIT_RETRYABLE = 75  # EX_TEMPFAIL: try again later, unchanged
+EXIT_NEEDS_HUMAN = 78  # EX_CONFIG: do not retry until someone looks
+EXIT_BUSY = 73  # another run holds the slot; the next scheduled run will do the work
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in pg2delta
+
+EXIT_CODES: dict[ErrorKind, int] = {
+    ErrorKind.CONNECTION: EXIT_RETRYABLE,
+    ErrorKind.SOURCE_STATE: EXIT_NEEDS_HUMAN,
+    ErrorKind.PROTOCOL: EXIT_NEEDS_HUMAN,
+    ErrorKind.SCHEMA: EXIT_NEEDS_HUMAN,
+    ErrorKind.DATA: EXIT_NEEDS_HUMAN,
+    ErrorKind.LAKE: EXIT_NEEDS_HUMAN,
+    ErrorKind.CONFIG: EXIT_NEEDS_HUMAN,
+    ErrorKind.BUSY: EXIT_BUSY,
+}
+
+
+class Pg2DeltaError(Exception):
+    """Base of every error pg2delta raises on purpose."""
+
+    kind: ErrorKind = ErrorKind.DATA
+    retryable: bool = False
+
+    def __init__(self, message: str, *, kind: ErrorKind | None = None, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+        if retryable is not None:
+            self.retryable = retryable
+
+    @property
+    def exit_code(self) -> int:
+        if self.retryable:
+            return EXIT_RETRYABLE
+        return EXIT_CODES[self.kind]
+
+    def one_line(self) -> str:
+        """The message on a single line, prefixed with the kind."""
+        text = " ".join(str(self).split())
+        return f"pg2delta: {self.kind.value} error: {text}"
+
+
+class ConnectionFailed(Pg2DeltaError):
+    kind = ErrorKind.CONNECTION
+    retryable = True
+
+
+class SourceStateError(Pg2DeltaError):
+    kind = ErrorKind.SOURCE_STATE
+
+
+class DecodeError(Pg2DeltaError):
+    """Bytes that do not follow the pgoutput protocol.
+
+    Names the message tag, the byte offset inside the message and the LSN of the row
+    the message came from, so a bad message can be found again with ``pg_logical_slot_peek_binary_changes``.
+    """
+
+    kind = ErrorKind.PROTOCOL
+
+    def __init__(self, reason: str, *, tag: str | None = None, offset: int | None = None, lsn: int | None = None) -> None:
+        self.reason = reason
+        self.tag = tag
+        self.offset = offset
+        self.lsn = lsn
+        where = []
+        if tag is not None:
+            where.append(f"tag {tag!r}")
+        if offset is not None:
+            where.append(f"offset {offset}")
+        if lsn is not None:
+            where.append(f"lsn {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}")
+        suffix = f" ({', '.join(where)})" if where else ""
+        super().__init__(f"cannot decode pgoutput message: {reason}{suffix}")
+
+    def with_lsn(self, lsn: int) -> DecodeError:
+        """The same error, now naming the LSN of the row it came from."""
+        if self.lsn is not None:
+            return self
+        err = DecodeError(self.reason, tag=self.tag, offset=self.offset, lsn=lsn)
+        err.__cause__ = self.__cause__
+        return err
+
+
+class SchemaError(Pg2DeltaError):
+    kind = ErrorKind.SCHEMA
+
+
+class DataError(Pg2DeltaError):
+    kind = ErrorKind.DATA
+
+
+class LakeError(Pg2DeltaError):
+    kind = ErrorKind.LAKE
+
+
+class ConfigError(Pg2DeltaError):
+    kind = ErrorKind.CONFIG
+
+
+class SlotBusy(Pg2DeltaError):
+    kind = ErrorKind.BUSY
