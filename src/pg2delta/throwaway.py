@@ -34,7 +34,6 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "max_prepared_transactions": "16",
     "max_connections": "60",
     "fsync": "off",
-    "synchronous_commit": "off",
     "full_page_writes": "off",
     "shared_buffers": "128MB",
     "max_wal_size": "4GB",
