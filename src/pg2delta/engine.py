@@ -1,0 +1,264 @@
+"""Everything that touches Spark or Delta, behind one small class.
+
+The rest of pg2delta never imports pyspark. Three engines, chosen in config:
+
+* ``embedded`` (default): pysail, a Spark Connect server started in this process (no JVM);
+* ``spark``: Apache Spark with delta-spark, a classic session (what ``spark-submit`` gives);
+* ``connect``: any Spark Connect server at ``remote = "sc://host:port"``.
+
+Only APIs that pyspark 3.5 and 4.x share are used, and only SQL that both Apache Spark
+with delta-spark and pysail accept: data reaches Spark as Parquet files read with
+``spark.read.parquet`` (``createDataFrame`` from Arrow exists only from 4.0), tables are
+created and widened with (empty) appends using ``mergeSchema`` (pysail has no
+``ALTER TABLE ADD COLUMNS``), and every change lands through ``MERGE INTO delta.`path```.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pg2delta.errors import ConfigError, LakeError
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("embedded", "spark", "connect")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    kind: str = "embedded"  # embedded | spark | connect
+    remote: str | None = None  # sc://host:port for kind = "connect"
+    app_name: str = "pg2delta"
+    spark_conf: tuple[tuple[str, str], ...] = ()
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowInvalid, ValueError):
+        fs, path = pafs.LocalFileSystem(), uri
+    return fs, path
+
+
+class Lake:
+    """Files under the lake root: Delta logs and staged Parquet, through pyarrow's filesystems."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/")
+        self.fs, self.path = _filesystem(self.root)
+
+    def table_uri(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def _local(self, uri: str) -> str:
+        return _filesystem(uri)[1]
+
+    def check_writable(self) -> None:
+        probe = f"{self.path}/_pg2delta/.write-probe-{uuid.uuid4().hex}"
+        try:
+            self.fs.create_dir(f"{self.path}/_pg2delta", recursive=True)
+            with self.fs.open_output_stream(probe) as out:
+                out.write(b"ok")
+            self.fs.delete_file(probe)
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot write to the lake at {self.root}: {exc}") from exc
+
+    def delta_version(self, uri: str) -> int | None:
+        """The latest commit version of the Delta table at ``uri``, or None if there is none."""
+        log_dir = f"{self._local(uri)}/_delta_log"
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot list {log_dir}: {exc}") from exc
+        versions = [int(m.group(1)) for i in infos if (m := re.fullmatch(r"(\d{20})\.json", i.base_name))]
+        return max(versions) if versions else None
+
+    def stage(self, table: pa.Table, name: str) -> str:
+        """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""
+        rel = f"_pg2delta/staging/{name}.parquet"
+        local = f"{self.path}/{rel}"
+        try:
+            self.fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
+            with self.fs.open_output_stream(local) as out:
+                pq.write_table(table, out, compression="zstd")
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot write staging file {local}: {exc}") from exc
+        return self.table_uri(rel)
+
+    def unstage(self, uri: str) -> None:
+        try:
+            self.fs.delete_file(self._local(uri))
+        except (OSError, pa.ArrowException):
+            log.warning("could not remove staging file %s", uri)
+
+
+class Engine:
+    """A SparkSession that applies staged changes to Delta tables."""
+
+    def __init__(self, spark: Any, lake: Lake, *, stop: Any = None) -> None:
+        self.spark = spark
+        self.lake = lake
+        self._stop = stop
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, config: EngineConfig, lake: Lake) -> Engine:
+        if config.kind not in ENGINES:
+            raise ConfigError(f"unknown engine {config.kind!r}; choose one of {', '.join(ENGINES)}")
+        try:
+            if config.kind == "embedded":
+                return cls._start_embedded(config, lake)
+            if config.kind == "connect":
+                if not config.remote:
+                    raise ConfigError("engine 'connect' needs remote = \"sc://host:port\"")
+                from pyspark.sql import SparkSession
+
+                builder = SparkSession.builder.remote(config.remote)
+                return cls(builder.getOrCreate(), lake)
+            return cls._start_classic(config, lake)
+        except ImportError as exc:
+            extra = "embedded" if config.kind != "spark" else "spark"
+            raise ConfigError(f"engine {config.kind!r} is not installed: {exc} (pip install 'pg2delta[{extra}]')") from exc
+
+    @classmethod
+    def _start_embedded(cls, config: EngineConfig, lake: Lake) -> Engine:
+        from pysail.spark import SparkConnectServer
+        from pyspark.sql import SparkSession
+
+        server = SparkConnectServer("127.0.0.1", 0)
+        server.start(background=True)
+        _, port = server.listening_address
+        spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+
+        def stop() -> None:
+            try:
+                spark.stop()
+            finally:
+                server.stop()
+
+        return cls(spark, lake, stop=stop)
+
+    @classmethod
+    def _start_classic(cls, config: EngineConfig, lake: Lake) -> Engine:
+        from pyspark.sql import SparkSession
+
+        builder = SparkSession.builder.appName(config.app_name)
+        conf = dict(config.spark_conf)
+        conf.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        conf.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        if "spark.jars.packages" not in conf:
+            try:  # outside spark-submit: let delta-spark name its jars for this pyspark
+                from delta import configure_spark_with_delta_pip
+
+                builder = configure_spark_with_delta_pip(builder)
+            except ImportError:
+                pass
+        return cls(builder.getOrCreate(), lake)
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop()
+
+    # --- Delta tables ---------------------------------------------------------------------
+
+    @staticmethod
+    def target(uri: str) -> str:
+        return "delta.`" + uri.replace("`", "``") + "`"
+
+    def _sql(self, statement: str, what: str) -> list[Any]:
+        try:
+            return list(self.spark.sql(statement).collect())
+        except Exception as exc:  # pyspark raises many unrelated types; keep the cause chain
+            raise LakeError(f"{what} failed: {' '.join(str(exc).split())[:500]}") from exc
+
+    def ensure_table(self, uri: str, staged: str, columns: Sequence[str]) -> bool:
+        """Create the Delta table, or add columns it lacks, with the schema of ``columns`` of ``staged``.
+
+        Returns True when the table's schema changed.
+        """
+        from pg2delta.merge import quote
+
+        existing = self.lake.delta_version(uri)
+        try:
+            df = self.spark.read.parquet(staged).select(*[quote(c) for c in columns]).limit(0)
+            if existing is None:
+                df.write.format("delta").mode("append").save(uri)
+                log.info("created delta table %s", uri)
+                return True
+            current = set(self.spark.read.format("delta").load(uri).columns)
+            if set(columns) - current:
+                df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+                log.info("added columns %s to %s", sorted(set(columns) - current), uri)
+                return True
+            return False
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot create or widen delta table {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def merge(self, uri: str, staged: str, statement_for: Any) -> None:
+        """Run the MERGE built by ``statement_for(target, source_view)`` with ``staged`` as the source."""
+        view = f"pg2delta_src_{uuid.uuid4().hex[:12]}"
+        try:
+            self.spark.read.parquet(staged).createOrReplaceTempView(view)
+        except Exception as exc:
+            raise LakeError(f"cannot read staged changes {staged}: {' '.join(str(exc).split())[:500]}") from exc
+        try:
+            self._sql(statement_for(self.target(uri), view), f"MERGE into {uri}")
+        finally:
+            try:
+                self.spark.catalog.dropTempView(view)
+            except Exception:
+                log.debug("could not drop temp view %s", view)
+
+    def delete_all(self, uri: str) -> None:
+        self._sql(f"DELETE FROM {self.target(uri)}", f"DELETE FROM {uri}")
+
+    def read_rows(self, uri: str, key_names: Sequence[str], keys: Sequence[tuple[object, ...]], columns: Sequence[str]) -> list[dict[str, Any]]:
+        """Rows of the Delta table whose key is one of ``keys`` (few: used to fill unchanged TOAST)."""
+        from pg2delta.merge import quote
+
+        if not keys or self.lake.delta_version(uri) is None:
+            return []
+        keyset = pa.table({k: [key[i] for key in keys] for i, k in enumerate(key_names)})
+        staged = self.lake.stage(keyset, f"lookup-{uuid.uuid4().hex}")
+        try:
+            view = f"pg2delta_keys_{uuid.uuid4().hex[:12]}"
+            self.spark.read.parquet(staged).createOrReplaceTempView(view)
+            on = " AND ".join(f"t.{quote(k)} = k.{quote(k)}" for k in key_names)
+            cols = ", ".join(f"t.{quote(c)}" for c in dict.fromkeys([*key_names, *columns]))
+            rows = self._sql(f"SELECT {cols} FROM {self.target(uri)} AS t JOIN {view} AS k ON {on}", f"lookup in {uri}")
+            return [r.asDict(recursive=True) for r in rows]
+        finally:
+            self.lake.unstage(staged)
+
+    def append(self, uri: str, table: pa.Table) -> None:
+        """Append ``table`` to the Delta table at ``uri`` (created if missing)."""
+        staged = self.lake.stage(table, f"append-{uuid.uuid4().hex}")
+        try:
+            self.spark.read.parquet(staged).write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+        except Exception as exc:
+            raise LakeError(f"cannot append to {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            self.lake.unstage(staged)
+
+    def read_table(self, uri: str) -> list[dict[str, Any]]:
+        """All rows of a (small) Delta table, or [] if it does not exist."""
+        if self.lake.delta_version(uri) is None:
+            return []
+        try:
+            return [r.asDict(recursive=True) for r in self.spark.read.format("delta").load(uri).collect()]
+        except Exception as exc:
+            raise LakeError(f"cannot read {uri}: {' '.join(str(exc).split())[:500]}") from exc

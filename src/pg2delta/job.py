@@ -1,0 +1,440 @@
+"""The job: bounded windows from the slot, applied to Delta in commit order, then the slot advanced.
+
+One run:
+
+1. takes the per-slot advisory lock and checks the slot and publication;
+2. fixes its upper bound (``--until-lsn`` or the server's flush LSN at start);
+3. repeats, until the bound is reached: peek one window (capped by changes and bytes),
+   decode it, and for every table reduce the window to its final state per key, stage it
+   as Parquet and MERGE it into the Delta table (one data commit per table and window);
+   append the window to the applied log (a Delta table under the lake root); then, and
+   only then, advance the slot to the window's end.
+
+A crash anywhere leaves the slot where it was; the next run peeks the same changes again.
+Re-applying them is harmless: MERGE of final states is idempotent, a truncate is a
+``NOT MATCHED BY SOURCE`` delete, and changes at or before a table's applied LSN are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pg2delta import pgoutput as po
+from pg2delta.catalog import PgTypeCatalog
+from pg2delta.changes import (
+    LSN_COL,
+    META_NAMES,
+    OP_COL,
+    POS_COL,
+    ChangeBatch,
+    DecodedChunk,
+    RelationVersion,
+    TruncateEvent,
+    WindowDecoder,
+)
+from pg2delta.config import Config
+from pg2delta.engine import Engine, Lake
+from pg2delta.errors import DataError, SchemaError
+from pg2delta.lsn import format_lsn
+from pg2delta.merge import Reduced, merge_statement, reduce_changes
+from pg2delta.slot import SlotSource, WindowRead, connect
+
+log = logging.getLogger(__name__)
+
+LOG_TABLE = "_pg2delta/applied_log"
+FAULT_ENV = "PG2DELTA_CRASH_AT"  # test hook: SIGKILL this process at the named point
+
+LOG_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("slot", pa.string()),
+        ("window_start", pa.int64()),
+        ("window_end", pa.int64()),
+        ("window_end_lsn", pa.string()),
+        ("relation_oid", pa.int64()),
+        ("schema_name", pa.string()),
+        ("table_name", pa.string()),
+        ("delta_version", pa.int64()),
+        ("inserts", pa.int64()),
+        ("updates", pa.int64()),
+        ("deletes", pa.int64()),
+        ("truncated", pa.bool_()),
+        ("applied_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def fault_point(name: str) -> None:
+    """Kill this process for real at ``name`` when the test hook asks for it."""
+    if os.environ.get(FAULT_ENV) == name:
+        log.warning("fault injection: killing the process at %s", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class TableReport:
+    schema: str
+    table: str
+    path: str
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    truncated: bool = False
+    rows_merged: int = 0
+    delta_version: int | None = None
+    skipped: bool = False
+
+
+@dataclass
+class WindowReport:
+    start_lsn: int
+    end_lsn: int
+    rows: int = 0
+    bytes: int = 0
+    transactions: int = 0
+    tables: list[TableReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class RunReport:
+    slot: str
+    start_lsn: int
+    upper_lsn: int
+    end_lsn: int
+    windows: list[WindowReport] = field(default_factory=list)
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return self.end_lsn == self.start_lsn and not any(w.rows for w in self.windows)
+
+    @property
+    def changes(self) -> int:
+        return sum(t.inserts + t.updates + t.deletes for w in self.windows for t in w.tables)
+
+
+@dataclass
+class _TableWindow:
+    """Everything one window holds for one table."""
+
+    oid: int
+    batches: list[ChangeBatch] = field(default_factory=list)
+    truncates: list[TruncateEvent] = field(default_factory=list)
+
+    @property
+    def latest(self) -> RelationVersion:
+        versions = [b.relation for b in self.batches] + [v for t in self.truncates for v in t.relations if v.oid == self.oid]
+        return max(versions, key=lambda v: v.version)
+
+
+class _Progress:
+    def __init__(self, start: int, upper: int) -> None:
+        self.start, self.upper = start, upper
+        self.t0 = time.monotonic()
+        self.last = self.t0
+        self.rows = 0
+        self.bytes = 0
+
+    def update(self, rows: int, nbytes: int, lsn: int | None) -> None:
+        self.rows += rows
+        self.bytes += nbytes
+        now = time.monotonic()
+        if now - self.last >= 5.0:
+            self.last = now
+            rate = self.rows / max(now - self.t0, 1e-9)
+            done = ""
+            if lsn is not None and self.upper > self.start:
+                done = f" ({min(100.0, 100.0 * (lsn - self.start) / (self.upper - self.start)):.0f}% of the LSN range)"
+            log.info("reading window: %d rows, %.1f MB, %.0f rows/s%s", self.rows, self.bytes / 1e6, rate, done)
+
+
+class Job:
+    def __init__(self, config: Config, *, engine_factory: Callable[[Lake], Engine] | None = None) -> None:
+        self.config = config
+        self.lake = Lake(config.lake_root)
+        self._engine_factory = engine_factory or (lambda lake: Engine.start(config.engine, lake))
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = self._engine_factory(self.lake)
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.stop()
+            self._engine = None
+
+    # --- the run ---------------------------------------------------------------------------
+
+    def run(self, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:
+        cfg = self.config
+        create = cfg.source.create_slot if create_slot is None else create_slot
+        with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
+            src.lock()
+            info = src.check(create=create)
+            assert info.confirmed_flush_lsn is not None
+            start = info.confirmed_flush_lsn
+            upper = until_lsn if until_lsn is not None else src.flush_lsn()
+            report = RunReport(cfg.source.slot, start, upper, start)
+            if start >= upper:
+                log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))
+                return report
+            self.lake.check_writable()
+            applied = self._applied_lsns()
+            run_id = uuid.uuid4().hex
+            catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog")
+            try:
+                catalog = PgTypeCatalog(catalog_conn)
+                key_resolver = self._key_resolver(catalog_conn)
+                position = start
+                while position < upper:
+                    window = self._window(src, run_id, position, upper, applied, catalog, key_resolver)
+                    report.windows.append(window)
+                    if window.end_lsn <= position:
+                        break
+                    position = window.end_lsn
+                    report.end_lsn = position
+            finally:
+                catalog_conn.close()
+            return report
+
+    def _window(
+        self,
+        src: SlotSource,
+        run_id: str,
+        start: int,
+        upper: int,
+        applied: dict[int, int],
+        catalog: PgTypeCatalog,
+        key_resolver: Callable[[po.Relation], Sequence[str] | None],
+    ) -> WindowReport:
+        cfg = self.config
+        t0 = time.monotonic()
+        decoder = WindowDecoder(catalog, key_resolver)
+        tables: dict[int, _TableWindow] = {}
+        progress = _Progress(start, upper)
+        read: WindowRead | None = None
+        transactions = 0
+        notes: dict[str, int] = defaultdict(int)
+
+        def take(decoded: DecodedChunk) -> None:
+            nonlocal transactions
+            transactions += decoded.transactions
+            for name, count in decoded.notes.items():
+                notes[name] += count
+            for batch in decoded.changes:
+                tables.setdefault(batch.relation.oid, _TableWindow(batch.relation.oid)).batches.append(batch)
+            for trunc in decoded.truncates:
+                for version in trunc.relations:
+                    tables.setdefault(version.oid, _TableWindow(version.oid)).truncates.append(trunc)
+
+        for item in src.read_window(upper, max_changes=cfg.window.max_changes, max_bytes=cfg.window.max_bytes):
+            if isinstance(item, WindowRead):
+                read = item
+                continue
+            take(decoder.feed(item))
+            progress.update(len(item), len(item.buf), int(item.lsns[-1]) if len(item) else None)
+        take(decoder.finish())
+        assert read is not None
+        for name, count in sorted(notes.items()):
+            log.warning("window note: %s = %d", name, count)
+        end = (read.last_commit_end_lsn or start) if read.capped else upper
+        window = WindowReport(start, end, read.rows, read.bytes, transactions)
+        fault_point("after_read")
+        for n, tw in enumerate(sorted(tables.values(), key=lambda t: t.latest.qualified_name)):
+            if n > 0:
+                fault_point("between_tables")
+            window.tables.append(self._apply_table(run_id, tw, applied.get(tw.oid, 0), end))
+        fault_point("after_commits")
+        applied_tables = [t for t in window.tables if not t.skipped]
+        if applied_tables:
+            self._log_window(run_id, window, tables, applied_tables)
+        fault_point("before_advance")
+        if end > start:
+            src.advance(end)
+        for oid in tables:
+            applied[oid] = max(applied.get(oid, 0), end)
+        window.seconds = time.monotonic() - t0
+        log.info(
+            "window %s..%s: %d rows, %d transactions, %d tables, %.2f s",
+            format_lsn(start), format_lsn(end), read.rows, transactions, len(window.tables), window.seconds,
+        )
+        return window
+
+    # --- one table ----------------------------------------------------------------------------
+
+    def _apply_table(self, run_id: str, tw: _TableWindow, applied_lsn: int, window_end: int) -> TableReport:
+        version = tw.latest
+        schema, name = version.qualified_name
+        uri = self.lake.table_uri(schema, name)
+        report = TableReport(schema, name, uri)
+        if applied_lsn >= window_end:
+            report.skipped = True
+            return report
+        truncates = [t for t in tw.truncates if t.commit_lsn >= applied_lsn]
+        batches = [b.batch for b in tw.batches]
+        changes = (
+            pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
+            if batches
+            else None
+        )
+        if changes is not None and applied_lsn:
+            changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), applied_lsn))
+        if truncates:
+            last = max(truncates, key=lambda t: (t.commit_lsn, t.pos))
+            report.truncated = True
+            if changes is not None:
+                lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
+                after = pc.or_(
+                    pc.greater(lsn, last.commit_lsn),
+                    pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
+                )
+                changes = changes.filter(after)
+        key_names = list(version.key_names)
+        data_columns = [c for c in (changes.column_names if changes is not None else version.column_names) if c not in META_NAMES]
+        if changes is None or changes.num_rows == 0:
+            if report.truncated and self.lake.delta_version(uri) is not None:
+                self.engine.delete_all(uri)
+                report.delta_version = self.lake.delta_version(uri)
+            return report
+        if not key_names:
+            # No replica identity: only inserts can be published. Rows are keyed by their
+            # commit position, kept in the table, so a replayed window inserts nothing twice.
+            if set(changes.column(OP_COL).to_pylist()) - {"I"}:
+                raise SchemaError(
+                    f"table {schema}.{name} has no key but got updates or deletes; "
+                    f"set [tables.\"{schema}.{name}\"] key = [...] in the config"
+                )
+            key_names = [LSN_COL, POS_COL]
+            data_columns = [*data_columns, LSN_COL, POS_COL]
+        reduced = reduce_changes(changes, key_names)
+        source = self._fill_lookups(uri, reduced, key_names)
+        report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
+        report.rows_merged = source.num_rows
+        staged = self.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+        try:
+            self.engine.ensure_table(uri, staged, data_columns)
+            self.engine.merge(
+                uri,
+                staged,
+                lambda target, view: merge_statement(target, view, key_names, data_columns, truncate=report.truncated),
+            )
+        finally:
+            self.lake.unstage(staged)
+        report.delta_version = self.lake.delta_version(uri)
+        log.info(
+            "applied %s.%s: %d inserts, %d updates, %d deletes%s -> delta version %s",
+            schema, name, report.inserts, report.updates, report.deletes,
+            ", truncated" if report.truncated else "", report.delta_version,
+        )
+        return report
+
+    def _fill_lookups(self, uri: str, reduced: Reduced, key_names: Sequence[str]) -> pa.Table:
+        """Unchanged-TOAST values the window does not hold, read from the Delta table."""
+        table = reduced.table
+        if not reduced.lookups:
+            return table
+        columns = sorted({c for lk in reduced.lookups for c in lk.columns})
+        own_keys = [tuple(table.column(k)[lk.row].as_py() for k in key_names) for lk in reduced.lookups]
+        wanted = list(dict.fromkeys([lk.key for lk in reduced.lookups] + own_keys))
+        rows = self.engine.read_rows(uri, key_names, wanted, columns)
+        found = {tuple(r[k] for k in key_names): r for r in rows}
+        values = {c: table.column(c).to_pylist() for c in columns}
+        for lk, own in zip(reduced.lookups, own_keys, strict=True):
+            # A replayed window may already have moved the row to its new key.
+            row = found.get(lk.key) or found.get(own)
+            if row is None:
+                raise DataError(
+                    f"cannot recover the unchanged TOAST value of {', '.join(lk.columns)} in {uri}: "
+                    "the row is neither in this window nor in the lake; run pg2delta bootstrap for this table "
+                    "or set REPLICA IDENTITY FULL on it"
+                )
+            for c in lk.columns:
+                values[c][lk.row] = row[c]
+        for c in columns:
+            i = table.column_names.index(c)
+            table = table.set_column(i, c, pa.array(values[c], type=table.schema.field(c).type))
+        return table
+
+    # --- keys -----------------------------------------------------------------------------
+
+    def _key_resolver(self, conn: Any) -> Callable[[po.Relation], Sequence[str] | None]:
+        def resolve(rel: po.Relation) -> Sequence[str] | None:
+            configured = self.config.table(rel.namespace or "pg_catalog", rel.name).key
+            if configured:
+                return configured
+            if rel.replica_identity != "f":
+                return None  # the replica identity the message flags (primary key or index)
+            rows = conn.execute(
+                "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary "
+                "ORDER BY array_position(i.indkey::int2[], a.attnum)",
+                (rel.oid,),
+            ).fetchall()
+            if not rows:
+                raise SchemaError(
+                    f"table {rel.namespace}.{rel.name} has REPLICA IDENTITY FULL and no primary key: "
+                    f"set [tables.\"{rel.namespace}.{rel.name}\"] key = [...] in the config"
+                )
+            return [str(r[0]) for r in rows]
+
+        return resolve
+
+    # --- the applied log --------------------------------------------------------------------
+
+    def _applied_lsns(self) -> dict[int, int]:
+        """Per relation OID, the end of the last window applied to its Delta table."""
+        rows = self.engine.read_table(self.lake.table_uri(LOG_TABLE))
+        out: dict[int, int] = {}
+        for r in rows:
+            if r.get("slot") != self.config.source.slot or r.get("relation_oid") is None:
+                continue
+            oid = int(r["relation_oid"])
+            out[oid] = max(out.get(oid, 0), int(r["window_end"]))
+        return out
+
+    def _log_window(self, run_id: str, window: WindowReport, tables: dict[int, _TableWindow], reports: list[TableReport]) -> None:
+        now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+        by_name = {tw.latest.qualified_name: tw.oid for tw in tables.values()}
+        rows = [
+            {
+                "run_id": run_id,
+                "slot": self.config.source.slot,
+                "window_start": window.start_lsn,
+                "window_end": window.end_lsn,
+                "window_end_lsn": format_lsn(window.end_lsn),
+                "relation_oid": by_name[(t.schema, t.table)],
+                "schema_name": t.schema,
+                "table_name": t.table,
+                "delta_version": t.delta_version,
+                "inserts": t.inserts,
+                "updates": t.updates,
+                "deletes": t.deletes,
+                "truncated": t.truncated,
+                "applied_at": now.as_py(),
+            }
+            for t in reports
+        ]
+        self.engine.append(self.lake.table_uri(LOG_TABLE), pa.Table.from_pylist(rows, schema=LOG_SCHEMA))
+
+
+def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:
+    """Run the job once with the configured engine; the function the CLI and jobs/ call."""
+    job = Job(config)
+    try:
+        return job.run(until_lsn=until_lsn, create_slot=create_slot)
+    finally:
+        job.close()

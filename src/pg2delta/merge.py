@@ -1,0 +1,186 @@
+"""From a window's ordered changes of one table to one MERGE: reduce, resolve, write SQL.
+
+Pure Arrow and strings: no database, no Spark.
+
+* :func:`reduce_changes` keeps the final state per key in commit order (commit LSN, then
+  position in the transaction), so one MERGE per table per window does inserts, updates
+  and deletes without ever matching several source rows.
+* Unchanged-TOAST columns (``u``) take the latest earlier value of the same row inside the
+  window, following primary-key changes back to the old key; what the window cannot tell
+  is listed in :attr:`Reduced.lookups`, to be read from the Delta table before the MERGE.
+* :func:`merge_statement` writes the ``MERGE INTO`` for the reduced source; a truncate in
+  the window becomes ``WHEN NOT MATCHED BY SOURCE THEN DELETE`` so the whole window of a
+  table lands in a single Delta commit.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pg2delta.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL
+
+_INDEX = "__pg2delta_index"
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A final row whose columns must come from the Delta table's row at ``key``."""
+
+    row: int  # index into Reduced.table
+    key: tuple[object, ...]  # values of the key columns where the value lives
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reduced:
+    table: pa.Table  # one row per key, the final operation and values
+    lookups: tuple[Lookup, ...]
+    inserts: int
+    updates: int
+    deletes: int
+
+
+def quote(name: str) -> str:
+    """A Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def reduce_changes(changes: pa.Table, key_names: Sequence[str]) -> Reduced:
+    """The final state per key of ``changes`` (rows already in commit order)."""
+    n = changes.num_rows
+    ops = changes.column(OP_COL)
+    counts = pc.value_counts(ops).to_pylist() if n else []
+    by_op = {c["values"]: c["counts"] for c in counts}
+    if n == 0:
+        return Reduced(changes, (), 0, 0, 0)
+    if not key_names:
+        raise ValueError("reduce_changes needs key columns")
+    indexed = changes.append_column(_INDEX, pa.array(np.arange(n, dtype=np.int64)))
+    last = indexed.select([*key_names, _INDEX]).group_by(list(key_names), use_threads=False).aggregate(
+        [(_INDEX, "max")]
+    )
+    keep = np.sort(last.column(f"{_INDEX}_max").to_numpy())
+    final = changes.take(pa.array(keep))
+    lookups: list[Lookup] = []
+    toast = final.column(TOAST_COL)
+    if toast.null_count < final.num_rows:
+        final, lookups = _resolve_toast(changes, final, keep, key_names)
+    return Reduced(final, tuple(lookups), by_op.get("I", 0), by_op.get("U", 0), by_op.get("D", 0))
+
+
+def _resolve_toast(
+    changes: pa.Table, final: pa.Table, keep: np.ndarray, key_names: Sequence[str]
+) -> tuple[pa.Table, list[Lookup]]:
+    """Fill unchanged-TOAST columns of final rows from earlier rows of the window."""
+    keys = list(zip(*(changes.column(k).to_pylist() for k in key_names), strict=True))
+    ops = changes.column(OP_COL).to_pylist()
+    lsns = changes.column(LSN_COL).to_numpy()
+    poss = changes.column(POS_COL).to_numpy()
+    toasts = changes.column(TOAST_COL).to_pylist()
+    rows_of_key: dict[tuple[object, ...], list[int]] = {}
+    for i, k in enumerate(keys):
+        rows_of_key.setdefault(k, []).append(i)
+    final_toast = final.column(TOAST_COL).to_pylist()
+    fills: dict[str, dict[int, int]] = {}  # column -> {final row: source row in changes}
+    lookups: list[Lookup] = []
+    remaining_toast: list[list[str] | None] = list(final_toast)
+    for r, cols in enumerate(final_toast):
+        if not cols:
+            continue
+        i = int(keep[r])
+        unresolved: list[str] = []
+        where_key = keys[i]
+        for col in cols:
+            src, where_key_col = _find_value(i, col, keys, ops, lsns, poss, toasts, rows_of_key)
+            if src is None:
+                unresolved.append(col)
+                where_key = where_key_col
+            else:
+                fills.setdefault(col, {})[r] = src
+        remaining_toast[r] = unresolved or None
+        if unresolved:
+            lookups.append(Lookup(r, where_key, tuple(unresolved)))
+    names = final.column_names
+    for col, mapping in fills.items():
+        values = final.column(col).to_pylist()
+        source = changes.column(col)
+        for r, src in mapping.items():
+            values[r] = source[src].as_py()
+        final = final.set_column(names.index(col), col, pa.array(values, type=final.schema.field(col).type))
+    final = final.set_column(names.index(TOAST_COL), TOAST_COL, pa.array(remaining_toast, type=pa.list_(pa.string())))
+    return final, lookups
+
+
+def _find_value(
+    i: int,
+    col: str,
+    keys: list[tuple[object, ...]],
+    ops: list[str],
+    lsns: np.ndarray,
+    poss: np.ndarray,
+    toasts: list[list[str] | None],
+    rows_of_key: dict[tuple[object, ...], list[int]],
+) -> tuple[int | None, tuple[object, ...]]:
+    """The row of ``changes`` holding the value of ``col`` before row ``i``.
+
+    Returns ``(row, key)``, or ``(None, key)`` when the window does not hold it and the
+    value must be read from the Delta table's row at ``key``.
+    """
+    cur = i
+    while True:
+        prev = cur - 1
+        if (
+            ops[cur] == "U"
+            and prev >= 0
+            and ops[prev] == "D"
+            and lsns[prev] == lsns[cur]
+            and poss[prev] == poss[cur] - 1
+            and keys[prev] != keys[cur]
+        ):
+            # Row ``cur`` came from a primary-key change: before it, the row lived under the old key.
+            key, before = keys[prev], prev
+        else:
+            key, before = keys[cur], cur
+        rows = rows_of_key.get(key, [])
+        k = bisect.bisect_left(rows, before) - 1
+        if k < 0:
+            return None, key
+        j = rows[k]
+        if ops[j] == "D":
+            return None, key
+        t = toasts[j]
+        if t and col in t:
+            cur = j
+            continue
+        return j, key
+
+
+def merge_statement(
+    target: str,
+    source: str,
+    key_names: Sequence[str],
+    columns: Sequence[str],
+    *,
+    truncate: bool,
+) -> str:
+    """``MERGE INTO`` applying a reduced source; ``truncate`` also deletes every row the source lacks."""
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key_names)
+    sets = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
+    cols = ", ".join(quote(c) for c in columns)
+    vals = ", ".join(f"s.{quote(c)}" for c in columns)
+    op = quote(OP_COL)
+    stmt = (
+        f"MERGE INTO {target} AS t USING {source} AS s ON {on} "
+        f"WHEN MATCHED AND s.{op} = 'D' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {sets} "
+        f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({cols}) VALUES ({vals})"
+    )
+    if truncate:
+        stmt += " WHEN NOT MATCHED BY SOURCE THEN DELETE"
+    return stmt
