@@ -16,6 +16,7 @@ created and widened with (empty) appends using ``mergeSchema`` (pysail has no
 from __future__ import annotations
 
 import logging
+import os
 import re
 import uuid
 from collections.abc import Sequence
@@ -42,6 +43,9 @@ class EngineConfig:
 
 
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's filesystem for a lake URI (Hadoop's s3a:// is plain S3 to pyarrow)."""
+    if uri.startswith("s3a://"):
+        uri = "s3://" + uri[len("s3a://") :]
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, ValueError):
@@ -135,6 +139,7 @@ class Engine:
         from pysail.spark import SparkConnectServer
         from pyspark.sql import SparkSession
 
+        os.environ.setdefault("RUST_LOG", "warn")  # pysail logs every session start at info
         server = SparkConnectServer("127.0.0.1", 0)
         server.start(background=True)
         _, port = server.listening_address

@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import pytest
+
+from pg2delta.config import load
+from pg2delta.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+def test_examples_load() -> None:
+    for name in ("embedded.toml", "spark.toml"):
+        cfg = load(REPO / "conf" / name, env={})
+        assert cfg.source.slot == "pg2delta"
+        assert cfg.lake_root
+    assert load(REPO / "conf" / "spark.toml", env={}).engine.spark_conf == (("spark.sql.shuffle.partitions", "16"),)
+
+
+def test_precedence_file_env_flag(tmp_path: Path) -> None:
+    path = write(tmp_path, '[source]\ndsn = "dbname=a"\nslot = "file"\n[lake]\nroot = "/l"\n[window]\nmax_changes = 5\n')
+    cfg = load(path, env={"PG2DELTA_SLOT": "env", "PG2DELTA_MAX_CHANGES": "7"})
+    assert (cfg.source.slot, cfg.window.max_changes) == ("env", 7)
+    cfg = load(path, env={"PG2DELTA_SLOT": "env"}, slot="flag", max_changes=None)
+    assert (cfg.source.slot, cfg.window.max_changes) == ("flag", 5)
+
+
+def test_table_keys(tmp_path: Path) -> None:
+    path = write(tmp_path, '[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."public.t"]\nkey = ["a", "b"]\n')
+    cfg = load(path, env={})
+    assert cfg.table("public", "t").key == ("a", "b")
+    assert cfg.table("public", "other").key == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[source\n", "not valid TOML"),
+        ('[source]\nslott = "x"\n', "unknown setting source.slott"),
+        ("[bogus]\n", "unknown section"),
+        ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[window]\nmax_changes = "many"\n', "whole number"),
+        ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[engine]\nkind = "flink"\n', "unknown engine"),
+        ('[source]\ndsn = "x"\n', "no lake root"),
+        ('[lake]\nroot = "/l"\n', "no source DSN"),
+        ('[source]\ndsn = "x"\ncreate_slot = "yes"\n[lake]\nroot = "/l"\n', "true or false"),
+        ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."t"]\nkey = ["a"]\n', "schema.table"),
+    ],
+)
+def test_broken_configs(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(write(tmp_path, text), env={})
+
+
+def test_missing_file_and_bad_env(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(tmp_path / "nope.toml", env={})
+    with pytest.raises(ConfigError, match="PG2DELTA_MAX_BYTES"):
+        load(None, env={"PG2DELTA_MAX_BYTES": "lots"}, dsn="x", lake="/l")
