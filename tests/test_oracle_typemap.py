@@ -355,6 +355,8 @@ def _decode_all(
             assert sent <= {want_kind}, col.name
             codec = codec_for(col.type_oid, col.type_modifier, catalog, ndims=max(ndims.get(col.name, 1), 1))
             out[col.name] = codec.decode(buf, starts[c], lengths[c], kinds[c], notes)
+            ref = codec.decode(buf, starts[c], lengths[c], kinds[c], reference=True)
+            assert _f(ref.to_pylist()) == _f(out[col.name].to_pylist()), f"{col.name}: vectorized != reference"
             assert out[col.name].type == codec.arrow_type
         return out, notes
 

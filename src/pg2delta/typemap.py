@@ -78,6 +78,7 @@ never logged with the value):
 from __future__ import annotations
 
 import collections
+import decimal
 import re
 import struct
 from collections.abc import Callable, Sequence
@@ -140,6 +141,14 @@ class TypeInfo:
 
 class TypeCatalog(Protocol):
     def type_info(self, oid: int) -> TypeInfo | None: ...
+
+
+_EXACT = decimal.Context(prec=1000, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+
+
+def _scaled(units: int, scale: int) -> Decimal:
+    """units * 10**-scale, exactly."""
+    return Decimal(units).scaleb(-scale, context=_EXACT)
 
 
 class _Bad(ValueError):
@@ -702,12 +711,13 @@ class _Decimal(_Handler):
             return None
         if d.is_infinite():
             raise _Bad("numeric infinity in a bounded numeric column")
-        q = d.scaleb(self.scale)
-        if q != q.to_integral_value():
+        q = d.scaleb(self.scale, context=_EXACT)
+        if q != q.to_integral_value(context=_EXACT):
             raise _Bad("numeric value has more fractional digits than the column scale")
-        if abs(int(q)) >= self.limit:
+        units = int(q)
+        if abs(units) >= self.limit:
             raise _Bad("numeric value exceeds the column precision")
-        return Decimal(int(q)).scaleb(-self.scale)
+        return _scaled(units, self.scale)
 
     def ref_text(self, data: bytes, notes: Notes) -> Any:
         if data == b"NaN":
@@ -826,7 +836,7 @@ class _Money(_Handler):
 
     def ref_binary(self, data: bytes, notes: Notes) -> Any:
         _check_len1(data, 8)
-        return Decimal(int.from_bytes(data, "big", signed=True)).scaleb(-2)
+        return _scaled(int.from_bytes(data, "big", signed=True), 2)
 
     def ref_text(self, data: bytes, notes: Notes) -> Any:
         text = _utf8(data)
@@ -834,11 +844,12 @@ class _Money(_Handler):
         body = re.sub(r"[^0-9.]", "", text)
         if not re.fullmatch(r"\d+(\.\d{1,2})?", body):
             raise _Bad("not a money value")
-        units = int(Decimal(body).scaleb(2))
-        return Decimal(-units if neg else units).scaleb(-2)
+        units = int(Decimal(body).scaleb(2, context=_EXACT))
+        return _scaled(-units if neg else units, 2)
 
     def pg_text(self, data: bytes) -> str:
-        v = int(self.ref_binary(data, collections.Counter()).scaleb(2))
+        _check_len1(data, 8)
+        v = int.from_bytes(data, "big", signed=True)
         whole, cents = divmod(abs(v), 100)
         return f"{'-' if v < 0 else ''}${whole:,}.{cents:02d}"
 
