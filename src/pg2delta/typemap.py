@@ -511,8 +511,12 @@ def _validated_strings(part: _Part, starts: I64, lengths: I64) -> pa.Array:
     try:
         arr.validate(full=True)
     except pa.ArrowInvalid:
-        ok = pc.utf8_is_valid(arr.view(pa.binary())).to_numpy(zero_copy_only=False)
-        raise _BadAt(int(np.flatnonzero(~ok)[0]), "invalid UTF-8") from None
+        for i, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+            try:
+                part.buf[start : start + length].decode("utf-8")
+            except UnicodeDecodeError:
+                raise _BadAt(i, "invalid UTF-8") from None
+        raise _BadAt(0, "invalid UTF-8") from None
     return arr
 
 
