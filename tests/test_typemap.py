@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import math
 import struct
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -42,7 +43,7 @@ def typmod_numeric(p: int, s: int) -> int:
 
 
 def run(
-    oid: int, values: list[bytes | None], kind: int, typmod: int = -1, catalog: Any = None, ndims: int = 1
+    oid: int, values: Sequence[bytes | None], kind: int, typmod: int = -1, catalog: Any = None, ndims: int = 1
 ) -> tuple[list[Any], collections.Counter[str]]:
     """Decode values (None -> NULL) laid out with junk between them; vectorized == reference."""
     buf = bytearray(b"\xee\xee")
