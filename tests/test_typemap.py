@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime as dt
+import decimal
 import math
 import struct
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from pg2delta.typemap import (
 
 OID = {t.name: t.oid for t in _oids.TYPES}
 PG_EPOCH = dt.datetime(2000, 1, 1)
+EXACT = decimal.Context(prec=100)
 
 
 def typmod_numeric(p: int, s: int) -> int:
@@ -378,7 +380,7 @@ def test_prop_numeric_decimal128(precision: int, data: st.DataObject) -> None:
     scale = data.draw(st.integers(0, precision))
     bound = 10**precision - 1
     units = data.draw(st.lists(st.one_of(st.none(), st.integers(-bound, bound)), max_size=20))
-    values = [None if u is None else Decimal(u).scaleb(-scale) for u in units]
+    values = [None if u is None else Decimal(u).scaleb(-scale, context=EXACT) for u in units]
     tm = typmod_numeric(precision, scale)
     wire = [None if v is None else numeric_send(v) for v in values]
     got = run(OID["numeric"], wire, KIND_BINARY, tm)[0]
@@ -463,7 +465,7 @@ def test_prop_uuid_money(uuids: list[Any], cents: list[int]) -> None:
         None if u is None else str(u) for u in uuids
     ]
     assert run(OID["money"], [struct.pack("!q", c) for c in cents], KIND_BINARY)[0] == [
-        Decimal(c).scaleb(-2) for c in cents
+        Decimal(c).scaleb(-2, context=EXACT) for c in cents
     ]
 
 

@@ -337,6 +337,9 @@ _NUMERIC_POS, _NUMERIC_NEG, _NUMERIC_NAN, _NUMERIC_PINF, _NUMERIC_NINF = (
 )
 
 
+_DIGIT_STRUCTS: dict[int, struct.Struct] = {}
+
+
 def _numeric_unpack(data: bytes) -> tuple[int, int, int, tuple[int, ...]]:
     """(weight, sign, dscale, digits) of a binary numeric, validated."""
     if len(data) < 8:
@@ -348,8 +351,11 @@ def _numeric_unpack(data: bytes) -> tuple[int, int, int, tuple[int, ...]]:
         raise _Bad("numeric sign word is invalid")
     if dscale < 0:
         raise _Bad("numeric display scale is negative")
-    digits = struct.unpack_from(f"!{ndigits}H", data, 8)
-    if any(d >= 10000 for d in digits):
+    st = _DIGIT_STRUCTS.get(ndigits)
+    if st is None:
+        st = _DIGIT_STRUCTS.setdefault(ndigits, struct.Struct(f"!{ndigits}H"))
+    digits: tuple[int, ...] = st.unpack_from(data, 8)
+    if digits and max(digits) >= 10000:
         raise _Bad("numeric digit out of range")
     return weight, sign, dscale, digits
 
@@ -364,16 +370,17 @@ def _numeric_text(data: bytes) -> str:
     if sign == _NUMERIC_NINF:
         return "-Infinity"
     nd = len(digits)
-
-    def dig(j: int) -> int:
-        return digits[j] if 0 <= j < nd else 0
-
-    int_part = "0" if weight < 0 else str(dig(0)) + "".join(f"{dig(j):04d}" for j in range(1, weight + 1))
-    text = ("-" if sign == _NUMERIC_NEG else "") + int_part
+    d = ("%04d" * nd) % digits
+    if weight >= 0:
+        cut = 4 * (weight + 1)
+        int_part = (d[:cut] if nd > weight else d + "0" * (cut - 4 * nd)).lstrip("0") or "0"
+        frac = d[cut:]
+    else:
+        int_part = "0"
+        frac = "0" * (4 * (-weight - 1)) + d
+    text = "-" + int_part if sign == _NUMERIC_NEG else int_part
     if dscale > 0:
-        groups = (dscale + 3) // 4
-        frac = "".join(f"{dig(j):04d}" for j in range(weight + 1, weight + 1 + groups))
-        text += "." + frac[:dscale]
+        text += "." + (frac[:dscale] if len(frac) >= dscale else frac + "0" * (dscale - len(frac)))
     return text
 
 
@@ -738,7 +745,10 @@ class _Decimal(_Handler):
 
     def vec_text(self, part: _Part) -> pa.Array | None:
         data, offsets = _gather(part.raw, part.starts, part.lengths)
-        strings = _string_array(data, offsets, binary=True).cast(pa.string())
+        try:
+            strings = _string_array(data, offsets, binary=True).cast(pa.string())
+        except pa.ArrowInvalid:
+            return None
         nan = pc.equal(strings, "NaN")
         n_nan = pc.sum(nan).as_py() or 0
         if n_nan:
