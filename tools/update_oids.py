@@ -13,6 +13,7 @@ have are listed in ``MISSING_IN_PG15``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def render(rows: list[Row], missing_in_15: list[str], source_version: str) -> st
         "TYPES: tuple[BuiltinType, ...] = (",
     ]
     for r in rows:
-        out.append(f"    BuiltinType{r!r},")
+        fields = ", ".join(json.dumps(x) if isinstance(x, str) else str(x) for x in r)
+        out.append(f"    BuiltinType({fields}),")
     out += [
         ")",
         "",
@@ -83,7 +85,9 @@ def render(rows: list[Row], missing_in_15: list[str], source_version: str) -> st
         "BY_NAME: dict[str, BuiltinType] = {t.name: t for t in TYPES}",
         "",
         "# Types of the table above that PostgreSQL 15 does not have.",
-        f"MISSING_IN_PG15: frozenset[str] = frozenset({sorted(missing_in_15)!r})",
+        f"MISSING_IN_PG15: frozenset[str] = frozenset({{{', '.join(json.dumps(m) for m in sorted(missing_in_15))}}})"
+        if missing_in_15
+        else "MISSING_IN_PG15: frozenset[str] = frozenset()",
         "",
     ]
     return "\n".join(out)
