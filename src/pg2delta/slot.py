@@ -32,8 +32,13 @@ _ROW_PREFIX = 26  # int16 nfields, int32 len, int64 lsn, int32 len, int32 xid, i
 def connect(dsn: str, *, application_name: str = "pg2delta", connect_timeout: int = 10) -> psycopg.Connection[tuple[object, ...]]:
     """A connection, with failures mapped to pg2delta errors (wrong password is not retryable)."""
     try:
+        # Text-format values (types without a binary send function) are parsed assuming these.
         return psycopg.connect(
-            dsn, autocommit=True, application_name=application_name, connect_timeout=connect_timeout
+            dsn,
+            autocommit=True,
+            application_name=application_name,
+            connect_timeout=connect_timeout,
+            options="-c DateStyle=ISO -c IntervalStyle=postgres -c bytea_output=hex -c extra_float_digits=3",
         )
     except psycopg.OperationalError as exc:
         text = " ".join(str(exc).split())
