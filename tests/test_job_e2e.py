@@ -1,0 +1,233 @@
+"""End to end: random workloads on real PostgreSQL 15/18, the real job, real Delta tables.
+
+After every run the lake, read back with delta-rs, must equal PostgreSQL row for row.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pg2delta.config import load
+from pg2delta.job import RunReport, run
+from workload import (
+    ACCT,
+    EVENTS,
+    FULLID,
+    PAIR,
+    TABLES,
+    Workload,
+    assert_lake_matches,
+    cli,
+    confirmed_lsn,
+    create_schema,
+    lake_files,
+    lake_rows,
+    lsn_int,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _names() -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    return f"slot_{tag}", f"pub_{tag}"
+
+
+def _run(dsn: str, slot: str, pub: str, lake: Path, **flags: object) -> RunReport:
+    cfg = load(None, env={}, dsn=dsn, slot=slot, publication=pub, lake=str(lake), create_slot=True, **flags)
+    return run(cfg)
+
+
+def _create_slot(dsn: str, slot: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def _flush_lsn(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+    assert row is not None
+    return lsn_int(row[0])
+
+
+# (seed, max_changes per window, phases of (steps, runs after the phase))
+SCENARIOS = [
+    pytest.param(1001, None, [(50, 1), (60, 1), (40, 2)], id="seed1001-big-windows"),
+    pytest.param(2002, 40, [(50, 1), (50, 1)], id="seed2002-small-windows"),
+    pytest.param(3003, 150, [(70, 1), (30, 1), (30, 1)], id="seed3003"),
+]
+
+
+@pytest.mark.parametrize(("seed", "max_changes", "phases"), SCENARIOS)
+def test_random_workload(pgdb: str, tmp_path: Path, seed: int, max_changes: int | None,
+                         phases: list[tuple[int, int]]) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _create_slot(pgdb, slot)
+    flags = {"max_changes": max_changes} if max_changes else {}
+    total_windows = 0
+    with Workload(pgdb, seed) as wl:
+        for n, (steps, runs) in enumerate(phases):
+            wl.phase(steps)
+            for r in range(runs):
+                context = f"seed {seed}, phase {n}, run {r}; replay with Workload(dsn, {seed})"
+                bound = _flush_lsn(pgdb)
+                report = _run(pgdb, slot, pub, lake, **flags)
+                total_windows += len(report.windows)
+                assert report.end_lsn >= bound, context
+                assert confirmed_lsn(pgdb, slot) is not None
+                assert lsn_int(confirmed_lsn(pgdb, slot) or "0/0") == report.end_lsn, context
+                assert_lake_matches(pgdb, lake, context=context)
+                if r + 1 < runs:
+                    wl.phase(10, truncate=False)  # a little more between runs of one phase
+    if max_changes is not None and max_changes <= 40:
+        assert total_windows > len(phases), "small --max-changes should give several windows per run"
+
+
+def test_second_run_has_nothing_to_do(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _create_slot(pgdb, slot)
+    with Workload(pgdb, 77) as wl:
+        wl.phase(30)
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    first = cli("run", *common, "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["changes"] > 0
+    assert_lake_matches(pgdb, lake)
+    before = lake_files(lake)
+    confirmed = confirmed_lsn(pgdb, slot)
+    # The server may write a WAL record of its own (a running-transactions snapshot) after
+    # the first run's bound; a run over it applies nothing. Within a few runs the slot is
+    # at the server's flush LSN and the job must say so with exit code 3.
+    codes = []
+    for _ in range(3):
+        again = cli("run", *common, "--json")
+        codes.append(again.returncode)
+        assert again.returncode in (0, 3), again.stderr
+        if again.returncode == 3:
+            break
+        report = json.loads(again.stdout)
+        assert report["changes"] == 0 and report["rows_read"] == 0, report
+    assert codes[-1] == 3, f"exit codes {codes}: a run with nothing to do must exit 3"
+    assert lake_files(lake) == before, "a run with nothing to apply wrote to the lake"
+    if codes == [3]:
+        assert confirmed_lsn(pgdb, slot) == confirmed
+
+
+def test_idle_publication_still_advances_slot(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _create_slot(pgdb, slot)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE elsewhere (id int PRIMARY KEY, v text)")  # not in the publication
+        conn.execute("INSERT INTO elsewhere SELECT g, repeat('x', 100) FROM generate_series(1, 5000) g")
+        conn.execute("UPDATE elsewhere SET v = 'y'")
+    start = lsn_int(confirmed_lsn(pgdb, slot) or "0/0")
+    bound = _flush_lsn(pgdb)
+    assert bound > start
+    report = _run(pgdb, slot, pub, lake, max_changes=50)
+    assert report.changes == 0
+    assert report.end_lsn == report.upper_lsn >= bound
+    assert lsn_int(confirmed_lsn(pgdb, slot) or "0/0") == report.end_lsn
+    for spec in TABLES:
+        assert not (lake / spec.schema / spec.name).exists(), f"{spec.qualified} got a Delta table without changes"
+    assert_lake_matches(pgdb, lake)
+
+
+def test_status_after_run(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _create_slot(pgdb, slot)
+    with Workload(pgdb, 55) as wl:
+        wl.phase(25, truncate=False)
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    done = cli("run", *common)
+    assert done.returncode == 0, done.stderr
+    confirmed = confirmed_lsn(pgdb, slot)
+    assert confirmed is not None
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("INSERT INTO events (kind) VALUES ('after the run')")  # some lag
+
+    out = cli("status", *common)
+    assert out.returncode == 0, out.stderr
+    head, *lines = out.stdout.splitlines()
+    m = re.match(r"slot (\S+): confirmed (\S+), server at (\S+), lag (\d+) bytes, wal_status (\S+),", head)
+    assert m, head
+    assert m.group(1) == slot
+    assert m.group(2) == confirmed
+    assert int(m.group(4)) == lsn_int(m.group(3)) - lsn_int(confirmed) > 0
+    assert m.group(5) in ("reserved", "extended")
+    applied = dict(re.findall(r"^\s+(\S+): applied through (\S+) ", "\n".join(lines), flags=re.M))
+    touched = {s.qualified for s in (ACCT, PAIR, FULLID, EVENTS) if (lake / s.schema / s.name).exists()}
+    assert touched and set(applied) == touched, (applied, touched)
+    assert all(v == confirmed for v in applied.values()), applied
+
+    js = cli("status", *common, "--json")
+    assert js.returncode == 0, js.stderr
+    info = json.loads(js.stdout)
+    assert info["slot"]["confirmed_flush_lsn"] == confirmed
+    assert info["slot"]["lag_bytes"] > 0
+    assert {t["table"]: t["applied_lsn"] for t in info["tables"]} == applied
+
+
+def test_until_lsn_stops_between_transactions(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _create_slot(pgdb, slot)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("INSERT INTO acct (id, name) SELECT g, 'first' FROM generate_series(1, 10) g")
+        between = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert between is not None
+        conn.execute("INSERT INTO acct (id, name) SELECT g, 'second' FROM generate_series(11, 20) g")
+        conn.execute("UPDATE acct SET name = 'second' WHERE id <= 5")
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    first = cli("run", *common, "--until-lsn", between[0], "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["to_lsn"] == between[0]
+    assert confirmed_lsn(pgdb, slot) == between[0]
+    got = lake_rows(lake, ACCT)
+    assert got is not None
+    names, rows = got
+    assert sorted((r[names.index("id")], r[names.index("name")]) for r in rows) == [(i, "first") for i in range(1, 11)]
+
+    rest = cli("run", *common)
+    assert rest.returncode == 0, rest.stderr
+    assert_lake_matches(pgdb, lake)
+
+
+def test_unchanged_toast_from_the_lake(pgdb: str, tmp_path: Path) -> None:
+    """Updates that leave a large value alone, its row's older state only in the lake (earlier run)."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _create_slot(pgdb, slot)
+    big = [f"{n:x}" * 1 + "".join(f"{(n * 7919 + i) ** 3 % 65521:04x}" for i in range(3000)) for n in range(4)]
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        for n in range(4):
+            conn.execute("INSERT INTO acct (id, name, body) VALUES (%s, 'v1', %s)", (n + 1, big[n]))
+            conn.execute("INSERT INTO fullid (id, val, body) VALUES (%s, 'v1', %s)", (n + 1, big[n]))
+        row = conn.execute("SELECT min(pg_column_size(body)) FROM acct").fetchone()
+        assert row is not None and row[0] > 4000, "the values must be stored out of line, uncompressed"
+    _run(pgdb, slot, pub, lake)
+    assert_lake_matches(pgdb, lake, context="after the inserts")
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE acct SET name = 'v2' WHERE id = 1")  # unchanged TOAST
+        conn.execute("UPDATE acct SET id = 102, name = 'moved' WHERE id = 2")  # key change, unchanged TOAST
+        conn.execute("UPDATE acct SET name = 'v2' WHERE id = 3")
+        conn.execute("UPDATE acct SET id = 103 WHERE id = 3")  # two steps in one window
+        conn.execute("UPDATE fullid SET val = 'v2' WHERE id IN (1, 2)")
+        conn.execute("UPDATE fullid SET id = 104 WHERE id = 4")
+    _run(pgdb, slot, pub, lake, max_changes=1)  # one transaction per window
+    assert_lake_matches(pgdb, lake, context="after partial updates")
