@@ -21,10 +21,10 @@ Pure: bytes in, batches out; no database, no Spark.
 
 from __future__ import annotations
 
+import bisect
 import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +65,17 @@ META_NAMES = frozenset(f.name for f in META_FIELDS)
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970-01-01
 
 _CHANGE_TAGS = np.array([po.INSERT, po.UPDATE, po.DELETE], dtype=np.uint8)
+# Messages that open or close a transaction or a stream segment.
+_BOUNDARY_TAGS = frozenset(
+    {
+        po.BEGIN, po.COMMIT, po.BEGIN_PREPARE, po.PREPARE, po.COMMIT_PREPARED, po.ROLLBACK_PREPARED,
+        po.STREAM_START, po.STREAM_STOP, po.STREAM_COMMIT, po.STREAM_ABORT, po.STREAM_PREPARE,
+    }
+)
+# Messages a Stream Abort of a subtransaction drops (they carry the subtransaction's xid).
+_STREAMED_TAGS = np.array(
+    [po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE, po.RELATION, po.TYPE, po.MESSAGE], dtype=np.uint8
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +248,28 @@ def _walk_tuples(u8: U8, pos: I64, ends: I64, ncols: int) -> tuple[_Tuples, I64,
     return _Tuples(kinds, starts, lengths), p, ok
 
 
+def _differs(u8: U8, old: _Tuples, new: _Tuples, c: int) -> npt.NDArray[np.bool_]:
+    """Rows whose column ``c`` differs between the old and the new tuple (unchanged TOAST counts as equal)."""
+    ko, kn = old.kinds[c], new.kinds[c]
+    lo, ln = old.lengths[c], new.lengths[c]
+    differs = (ko != kn) | (lo != ln)
+    differs &= kn != KIND_TOAST
+    has_data = (kn == KIND_TEXT) | (kn == KIND_BINARY)
+    cand = np.flatnonzero(~differs & has_data & (ln > 0))
+    if len(cand):
+        # Compare the bytes of all candidate values at once.
+        lens = ln[cand]
+        offs = np.repeat(np.cumsum(lens) - lens, lens)
+        within = np.arange(int(lens.sum()), dtype=np.int64) - offs
+        bo = np.repeat(old.starts[c, cand], lens) + within
+        bn = np.repeat(new.starts[c, cand], lens) + within
+        bad = (u8[bo] != u8[bn]).astype(np.int64)
+        per_row = np.add.reduceat(bad, np.cumsum(lens) - lens)
+        differs[cand[per_row > 0]] = True
+    result: npt.NDArray[np.bool_] = differs
+    return result
+
+
 # --- transactions ------------------------------------------------------------------------
 
 
@@ -253,22 +286,6 @@ class _Txn:
 class _Stream:
     xid: int
     ranges: list[tuple[int, int]] = field(default_factory=list)  # [lo, hi) row ranges of its segments
-
-
-def _version_at(
-    rel_rows: dict[int, list[tuple[int, RelationVersion]]],
-    at_start: dict[int, RelationVersion],
-    oid: int,
-    row: int,
-    lsn: int,
-) -> RelationVersion:
-    best = at_start.get(oid)
-    for r, v in rel_rows.get(oid, []):
-        if r < row:
-            best = v
-    if best is None:
-        raise DecodeError(f"truncate of relation {oid} that was never described", tag="T", offset=0, lsn=lsn)
-    return best
 
 
 class WindowDecoder:
@@ -306,12 +323,16 @@ class WindowDecoder:
         return self._decode(rows.take(0, cut)) if cut else DecodedChunk()
 
     def finish(self) -> DecodedChunk:
-        """End of the window: rows of transactions that never completed are dropped (and counted)."""
-        out = DecodedChunk()
-        if len(self._pending):
-            out.notes["incomplete_transaction_rows"] += len(self._pending)
-            self._pending = self._pending.take(0, 0)
-        return out
+        """End of the window: decode what is left; rows of transactions still open are dropped (and counted).
+
+        Transactions that committed after one that is still open (a streamed or prepared
+        transaction) are decoded here, so nothing committed inside the window is lost.
+        """
+        rows = self._pending
+        self._pending = rows.take(0, 0)
+        if len(rows) == 0:
+            return DecodedChunk()
+        return self._decode(rows, final=True)
 
     # Transaction boundaries -----------------------------------------------------------------
 
@@ -330,41 +351,41 @@ class WindowDecoder:
         ctrl = np.flatnonzero(~np.isin(tags, _CHANGE_TAGS))
         open_plain = False
         open_streams: set[int] = set()
-        open_prepared = False
+        open_prepared: set[str] = set()
         in_segment = False
         cut = 0
-        buf = rows.buf
+        view = memoryview(rows.buf)
         for i in ctrl.tolist():
             tag = int(tags[i])
-            s = int(rows.starts[i])
-            if tag == po.BEGIN or tag == po.BEGIN_PREPARE:
-                open_plain = True
-            elif tag == po.COMMIT:
-                open_plain = False
-            elif tag == po.PREPARE:
-                open_plain = False
-                open_prepared = True
-            elif tag in (po.COMMIT_PREPARED, po.ROLLBACK_PREPARED):
-                open_prepared = False
-            elif tag == po.STREAM_START:
-                in_segment = True
-                if int(rows.ends[i]) - s >= 5:
-                    open_streams.add(int.from_bytes(buf[s + 1 : s + 5], "big"))
-            elif tag == po.STREAM_STOP:
-                in_segment = False
-            elif tag in (po.STREAM_COMMIT, po.STREAM_PREPARE, po.STREAM_ABORT):
-                if int(rows.ends[i]) - s >= 5:
-                    xid = int.from_bytes(buf[s + 1 : s + 5], "big")
-                    if tag == po.STREAM_ABORT:
-                        sub = int.from_bytes(buf[s + 5 : s + 9], "big") if int(rows.ends[i]) - s >= 9 else xid
-                        if sub == xid:
-                            open_streams.discard(xid)
-                    else:
-                        open_streams.discard(xid)
-                        if tag == po.STREAM_PREPARE:
-                            open_prepared = True
-            else:
+            if tag not in _BOUNDARY_TAGS:
                 continue
+            lsn = int(rows.lsns[i])
+            try:
+                msg = po.parse_message(view[int(rows.starts[i]) : int(rows.ends[i])], lsn=lsn)
+            except DecodeError as exc:
+                raise exc.with_lsn(lsn) from exc
+            if isinstance(msg, po.Begin | po.BeginPrepare):
+                open_plain = True
+            elif isinstance(msg, po.Commit):
+                open_plain = False
+            elif isinstance(msg, po.Prepare):
+                open_plain = False
+                open_prepared.add(msg.gid)
+            elif isinstance(msg, po.CommitPrepared | po.RollbackPrepared):
+                open_prepared.discard(msg.gid)
+            elif isinstance(msg, po.StreamStart):
+                in_segment = True
+                open_streams.add(msg.xid)
+            elif isinstance(msg, po.StreamStop):
+                in_segment = False
+            elif isinstance(msg, po.StreamAbort):
+                if msg.subxid == msg.xid:
+                    open_streams.discard(msg.xid)
+            elif isinstance(msg, po.StreamCommit):
+                open_streams.discard(msg.xid)
+            elif isinstance(msg, po.StreamPrepare):
+                open_streams.discard(msg.xid)
+                open_prepared.add(msg.gid)
             if not (open_plain or open_streams or open_prepared or in_segment):
                 cut = i + 1
         if not (open_plain or open_streams or open_prepared or in_segment):
@@ -374,20 +395,28 @@ class WindowDecoder:
 
     # Decoding -------------------------------------------------------------------------------
 
-    def _decode(self, rows: RowChunk) -> DecodedChunk:
+    def _decode(self, rows: RowChunk, *, final: bool = False) -> DecodedChunk:
         out = DecodedChunk()
         at_start = dict(self._relations)  # versions in force before this chunk's Relation messages
         n = len(rows)
         u8 = np.frombuffer(rows.buf, dtype=np.uint8)
         starts, ends, lsns = rows.starts, rows.ends, rows.lsns
+        if (starts >= ends).any():
+            i = int(np.flatnonzero(starts >= ends)[0])
+            raise DecodeError("empty message", offset=0, lsn=int(lsns[i]))
         tags = u8[starts]
         is_change = np.isin(tags, _CHANGE_TAGS)
         in_stream = np.zeros(n, dtype=bool)
+        covered = np.zeros(n, dtype=bool)  # inside a transaction or a stream segment
         txn_of_row = np.full(n, -1, dtype=np.int64)
+        # Where a Relation message at a row takes effect: its own row in a plain or prepared
+        # transaction (pgoutput counts it as sent), the Stream Commit or Stream Prepare of a
+        # streamed transaction; -1 for aborted streams.
+        effect_row = np.full(n, -1, dtype=np.int64)
+        stream_of_row = np.full(n, -1, dtype=np.int64)
         txns: list[_Txn] = []
-        # Row index -> relation version created by the Relation message at that row.
-        rel_rows: dict[int, list[tuple[int, RelationVersion]]] = collections.defaultdict(list)
-        event_rows: list[int] = []  # Truncate and transactional Message rows, in stream order
+        event_rows: list[int] = []  # Truncate and transactional Message rows
+        relation_rows: list[int] = []
         parsed: dict[int, po.Message] = {}
 
         plain_begin: int | None = None
@@ -396,7 +425,7 @@ class WindowDecoder:
         segment_start: int | None = None
         segment_xid: int | None = None
         streams: dict[int, _Stream] = {}
-        prepared: dict[str, tuple[list[tuple[int, int]], int | None]] = {}  # gid -> (row ranges, xid)
+        prepared: dict[str, list[tuple[int, int]]] = {}  # gid -> row ranges
 
         def commit(ranges: list[tuple[int, int]], txn: _Txn) -> None:
             tid = len(txns)
@@ -411,19 +440,27 @@ class WindowDecoder:
                 msg = po.parse_message(memoryview(rows.buf)[s:e], in_stream=inside, lsn=lsn)
             except DecodeError as exc:
                 raise exc.with_lsn(lsn) from exc
-            if isinstance(msg, po.Begin):
+            if inside and not isinstance(
+                msg, po.Relation | po.Type | po.Truncate | po.LogicalMessage | po.StreamStop
+            ):
+                raise DecodeError(f"{type(msg).__name__} inside a stream segment", tag=chr(int(tags[i])), offset=0, lsn=lsn)
+            if isinstance(msg, po.Begin | po.BeginPrepare):
+                if plain_begin is not None:
+                    raise DecodeError("Begin inside a transaction", tag=chr(int(tags[i])), offset=0, lsn=lsn)
                 plain_begin, plain_xid, plain_origin = i, msg.xid, None
             elif isinstance(msg, po.Commit):
                 if plain_begin is None:
                     raise DecodeError("Commit without Begin", tag="C", offset=0, lsn=lsn)
+                covered[plain_begin + 1 : i] = True
+                effect_row[plain_begin + 1 : i] = np.arange(plain_begin + 1, i)
                 commit([(plain_begin + 1, i)], _Txn(msg.commit_lsn, msg.end_lsn, msg.commit_ts, plain_xid, plain_origin))
                 out.last_commit_end_lsn = msg.end_lsn
                 plain_begin = None
             elif isinstance(msg, po.Origin):
                 plain_origin = msg.name
             elif isinstance(msg, po.Relation):
-                version = self._add_relation(msg)
-                rel_rows[msg.oid].append((i, version))
+                parsed[i] = msg
+                relation_rows.append(i)
             elif isinstance(msg, po.Type):
                 self._types[msg.oid] = msg
             elif isinstance(msg, po.Truncate):
@@ -436,33 +473,41 @@ class WindowDecoder:
                 else:
                     out.messages.append(MessageEvent(None, 0, msg.lsn, msg))
             elif isinstance(msg, po.StreamStart):
+                if plain_begin is not None:
+                    raise DecodeError("Stream Start inside a transaction", tag="S", offset=0, lsn=lsn)
                 segment_start, segment_xid = i, msg.xid
                 streams.setdefault(msg.xid, _Stream(msg.xid))
             elif isinstance(msg, po.StreamStop):
                 if segment_start is None or segment_xid is None:
                     raise DecodeError("Stream Stop without Stream Start", tag="E", offset=0, lsn=lsn)
                 in_stream[segment_start + 1 : i] = True
+                covered[segment_start + 1 : i] = True
+                stream_of_row[segment_start + 1 : i] = segment_xid
                 streams[segment_xid].ranges.append((segment_start + 1, i))
                 segment_start = segment_xid = None
             elif isinstance(msg, po.StreamCommit):
                 stream = streams.pop(msg.xid, None)
+                for lo, hi in stream.ranges if stream else []:
+                    effect_row[lo:hi] = i
                 commit(stream.ranges if stream else [], _Txn(msg.commit_lsn, msg.end_lsn, msg.commit_ts, msg.xid))
                 out.last_commit_end_lsn = msg.end_lsn
             elif isinstance(msg, po.StreamAbort):
-                self._abort_stream(rows, u8, streams, msg, in_stream)
+                self._abort_stream(rows, u8, streams, msg)
                 out.notes["streamed_aborts"] += 1
-            elif isinstance(msg, po.BeginPrepare):
-                plain_begin, plain_xid, plain_origin = i, msg.xid, None
             elif isinstance(msg, po.Prepare):
                 if plain_begin is None:
                     raise DecodeError("Prepare without Begin Prepare", tag="P", offset=0, lsn=lsn)
-                prepared[msg.gid] = ([(plain_begin + 1, i)], msg.xid)
+                covered[plain_begin + 1 : i] = True
+                effect_row[plain_begin + 1 : i] = np.arange(plain_begin + 1, i)
+                prepared[msg.gid] = [(plain_begin + 1, i)]
                 plain_begin = None
             elif isinstance(msg, po.StreamPrepare):
                 stream = streams.pop(msg.xid, None)
-                prepared[msg.gid] = (stream.ranges if stream else [], msg.xid)
+                for lo, hi in stream.ranges if stream else []:
+                    effect_row[lo:hi] = i
+                prepared[msg.gid] = stream.ranges if stream else []
             elif isinstance(msg, po.CommitPrepared):
-                ranges, _ = prepared.pop(msg.gid, ([], msg.xid))
+                ranges = prepared.pop(msg.gid, [])
                 if not ranges:
                     # Prepared in an earlier window: its changes were not in this one.
                     out.notes["commit_prepared_without_prepare"] += 1
@@ -470,36 +515,95 @@ class WindowDecoder:
                 out.last_commit_end_lsn = msg.end_lsn
             elif isinstance(msg, po.RollbackPrepared):
                 prepared.pop(msg.gid, None)
+
+        # What is still open at the end (only at the end of a window: feed() cuts before it).
+        open_rows = 0
+        if plain_begin is not None:
+            covered[plain_begin + 1 :] = True
+            effect_row[plain_begin + 1 :] = np.arange(plain_begin + 1, n)
+            open_rows += n - plain_begin
+        if segment_start is not None:
+            covered[segment_start + 1 :] = True
+            open_rows += n - segment_start
+        open_rows += sum(hi - lo for st in streams.values() for lo, hi in st.ranges)
+        open_rows += sum(hi - lo for ranges in prepared.values() for lo, hi in ranges)
         if prepared:
             out.notes["prepared_not_committed_in_window"] += len(prepared)
+        if final and open_rows:
+            out.notes["incomplete_transaction_rows"] += open_rows
+        stray = is_change & ~covered
+        if stray.any():
+            bad = int(np.flatnonzero(stray)[0])
+            raise DecodeError("change outside any transaction", tag=chr(int(tags[bad])), offset=0, lsn=int(lsns[bad]))
 
-        # Changes outside any committed transaction (aborted streams) keep txn -1 and are dropped.
-        keep_rows = np.flatnonzero((is_change | np.isin(np.arange(n), event_rows)) & (txn_of_row >= 0))
         out.transactions = len(txns)
-        if len(keep_rows) == 0:
-            return out
+        # Commit order: transactions in commit order, rows in stream order inside each.
+        # Changes of aborted or unfinished transactions keep txn -1 and are dropped.
+        is_event = np.zeros(n, dtype=bool)
+        is_event[event_rows] = True
+        keep_rows = np.flatnonzero((is_change | is_event) & (txn_of_row >= 0))
         order = keep_rows[np.lexsort((keep_rows, txn_of_row[keep_rows]))]
+        # Position inside the transaction, counting changes, truncates and messages.
+        counted = np.ones(len(order), dtype=np.int64)
         tid_sorted = txn_of_row[order]
-        first_of_txn = np.r_[True, tid_sorted[1:] != tid_sorted[:-1]]
-        group_start = np.maximum.accumulate(np.where(first_of_txn, np.arange(len(order)), 0))
-        pos_in_txn = np.arange(len(order)) - group_start
-        position = np.empty(n, dtype=np.int64)
-        position[order] = pos_in_txn
+        first_of_txn = np.r_[True, tid_sorted[1:] != tid_sorted[:-1]] if len(order) else np.zeros(0, bool)
+        csum = np.cumsum(counted)
+        base = np.maximum.accumulate(np.where(first_of_txn, csum - counted, 0)) if len(order) else csum
+        position = np.zeros(n, dtype=np.int64)
+        position[order] = csum - counted - base
+
+        # Relation versions, in the order they take effect.
+        effective = sorted((int(effect_row[i]), i) for i in relation_rows if effect_row[i] >= 0)
+        versions_of: dict[int, list[tuple[int, RelationVersion]]] = collections.defaultdict(list)
+        own: dict[tuple[int, int], list[tuple[int, RelationVersion]]] = collections.defaultdict(list)
+        for eff, i in effective:
+            rel = parsed[i]
+            assert isinstance(rel, po.Relation)
+            try:
+                version = self._add_relation(rel)
+            except DecodeError as exc:
+                raise exc.with_lsn(int(lsns[i])) from exc
+            versions_of[rel.oid].append((eff, version))
+            if stream_of_row[i] >= 0:
+                own[(int(stream_of_row[i]), rel.oid)].append((i, version))
+        for lst in own.values():
+            lst.sort(key=lambda x: x[0])
+
+        def version_at(oid: int, row: int) -> RelationVersion | None:
+            """The version a change at ``row`` was sent with, None if never described."""
+            if stream_of_row[row] >= 0:
+                # A streamed transaction describes its relations itself.
+                mine = own.get((int(stream_of_row[row]), oid), [])
+                k = bisect.bisect_left(mine, row, key=lambda x: x[0]) - 1
+                if k >= 0:
+                    return mine[k][1]
+            known = versions_of.get(oid, [])
+            k = bisect.bisect_left(known, row, key=lambda x: x[0]) - 1
+            return known[k][1] if k >= 0 else at_start.get(oid)
+
+        def undescribed(oid: int, row: int) -> DecodeError:
+            return DecodeError(
+                f"change for relation {oid} that was never described by a Relation message",
+                tag=chr(int(tags[row])), offset=1, lsn=int(lsns[row]),
+            )
+
+        if not len(order):
+            return out
         commit_lsn_of_txn = np.array([t.commit_lsn for t in txns], dtype=np.uint64).view(np.int64)
         ts_of_txn = np.array([t.commit_ts for t in txns], dtype=np.int64) + PG_EPOCH_US
         xid_of_txn = np.array([-1 if t.xid is None else t.xid for t in txns], dtype=np.int64)
 
-        for i in event_rows:
-            if txn_of_row[i] < 0:
-                continue
+        for i in order[is_event[order]].tolist():
             msg = parsed[i]
             tx = txns[int(txn_of_row[i])]
             if isinstance(msg, po.Truncate):
-                versions = tuple(_version_at(rel_rows, at_start, oid, i, int(lsns[i])) for oid in msg.relation_oids)
+                found = [(oid, version_at(oid, i)) for oid in msg.relation_oids]
+                versions = tuple(v for _, v in found if v is not None)
+                if len(versions) < len(found):
+                    raise undescribed(next(oid for oid, v in found if v is None), i)
                 out.truncates.append(TruncateEvent(tx.commit_lsn, 2 * int(position[i]) + 1, versions, msg.options))
             elif isinstance(msg, po.LogicalMessage):
                 out.messages.append(MessageEvent(tx.commit_lsn, 2 * int(position[i]) + 1, msg.lsn, msg))
-        out.truncates.sort(key=lambda t: (t.commit_lsn, t.pos))
 
         change_rows = order[is_change[order]]
         if len(change_rows) == 0:
@@ -512,31 +616,33 @@ class WindowDecoder:
             raise DecodeError("message too short for its relation OID", tag=chr(int(tags[bad])), offset=1, lsn=int(lsns[bad]))
         oids = _be32(u8, oid_pos)
         for oid in np.unique(oids).tolist():
-            sel = change_rows[oids == oid]
-            # Which Relation message describes each row: the last one before it in stream order.
-            known = rel_rows.get(oid, [])
-            bounds = np.array([r for r, _ in known], dtype=np.int64)
-            which = np.searchsorted(bounds, sel, side="left") - 1
-            for w in np.unique(which).tolist():
-                rows_w = sel[which == w]
-                if w >= 0:
-                    version = known[w][1]
-                elif oid in at_start:
-                    version = at_start[oid]
-                else:
-                    bad = int(rows_w[0])
-                    raise DecodeError(
-                        f"change for relation {oid} that was never described by a Relation message",
-                        tag=chr(int(tags[bad])), offset=1, lsn=int(lsns[bad]),
-                    )
+            sel = change_rows[oids == oid]  # in commit order
+            # Which Relation message describes each row; consecutive rows of one version form a batch.
+            known = versions_of.get(oid, [])
+            vers: list[RelationVersion | None] = [at_start.get(oid), *(v for _, v in known)]
+            index_of = {id(v): k for k, v in enumerate(vers)}
+            vidx = np.empty(len(sel), dtype=np.int64)
+            plain = stream_of_row[sel] < 0
+            if plain.any():
+                bounds = np.array([r for r, _ in known], dtype=np.int64)
+                vidx[plain] = np.searchsorted(bounds, sel[plain], side="left")
+            for j in np.flatnonzero(~plain).tolist():
+                v = version_at(oid, int(sel[j]))
+                vidx[j] = 0 if v is None else index_of[id(v)]
+            if vers[0] is None and (vidx == 0).any():
+                raise undescribed(oid, int(sel[np.flatnonzero(vidx == 0)[0]]))
+            breaks = np.flatnonzero(np.r_[True, vidx[1:] != vidx[:-1]])
+            for lo, hi in zip(breaks.tolist(), [*breaks[1:].tolist(), len(sel)], strict=True):
+                described = vers[int(vidx[lo])]
+                assert described is not None
                 batch = self._build_batch(
-                    version, rows, u8, tags, rows_w, in_stream, position, txn_of_row,
+                    described, rows, u8, tags, sel[lo:hi], in_stream, position, txn_of_row,
                     commit_lsn_of_txn, ts_of_txn, xid_of_txn, out.notes,
                 )
-                out.changes.append(ChangeBatch(version, batch))
+                out.changes.append(ChangeBatch(described, batch))
         return out
 
-    def _abort_stream(self, rows: RowChunk, u8: U8, streams: dict[int, _Stream], msg: po.StreamAbort, in_stream: Any) -> None:
+    def _abort_stream(self, rows: RowChunk, u8: U8, streams: dict[int, _Stream], msg: po.StreamAbort) -> None:
         stream = streams.get(msg.xid)
         if stream is None:
             return
@@ -546,12 +652,9 @@ class WindowDecoder:
         # Drop the subtransaction's changes and everything streamed after its first change
         # (its own subtransactions), as PostgreSQL's apply worker does.
         kept: list[tuple[int, int]] = []
-        cut = False
         for lo, hi in stream.ranges:
-            if cut:
-                continue
             idx = np.arange(lo, hi)
-            change = np.isin(u8[rows.starts[idx]], np.array([po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE, po.RELATION, po.TYPE, po.MESSAGE], dtype=np.uint8))
+            change = np.isin(u8[rows.starts[idx]], _STREAMED_TAGS)
             xpos = rows.starts[idx] + 1
             valid = change & (xpos + 4 <= rows.ends[idx])
             xids = np.where(valid, _be32(u8, np.where(valid, xpos, 0)), -1)
@@ -560,15 +663,20 @@ class WindowDecoder:
                 first = int(idx[hit[0]])
                 if first > lo:
                     kept.append((lo, first))
-                cut = True
-            else:
-                kept.append((lo, hi))
+                break
+            kept.append((lo, hi))
         stream.ranges = kept
 
     # Relations ---------------------------------------------------------------------------
 
     def _add_relation(self, rel: po.Relation) -> RelationVersion:
-        codecs = tuple(codec_for(c.type_oid, c.type_modifier, self._catalog) for c in rel.columns)
+        # Declared array dimensions, when the catalog can tell (PostgreSQL does not enforce them).
+        dims_of = getattr(self._catalog, "attndims", None)
+        ndims: dict[str, int] = dims_of(rel.oid) if callable(dims_of) else {}
+        codecs = tuple(
+            codec_for(c.type_oid, c.type_modifier, self._catalog, ndims=max(ndims.get(c.name, 1), 1))
+            for c in rel.columns
+        )
         names = [c.name for c in rel.columns]
         key_names: Sequence[str] | None = self._key_resolver(rel) if self._key_resolver else None
         if key_names is None:
@@ -654,20 +762,10 @@ class WindowDecoder:
 
         # Which rows need a delete of their old key first: updates whose key changed.
         key_changed = np.zeros(len(sel), dtype=bool)
-        upd_old = np.flatnonzero(has_old & has_new)
-        if len(upd_old) and version.key_indexes:
-            buf = rows.buf
-            for j in upd_old.tolist():
-                for c in version.key_indexes:
-                    ko, kn = old_t.kinds[c, j], new_t.kinds[c, j]
-                    if kn == KIND_TOAST:
-                        continue  # key value unchanged and not sent
-                    so, sn = old_t.starts[c, j], new_t.starts[c, j]
-                    lo, ln = old_t.lengths[c, j], new_t.lengths[c, j]
-                    if ko != kn or buf[so : so + lo] != buf[sn : sn + ln]:
-                        key_changed[j] = True
-                        break
-
+        upd_old = has_old & has_new
+        if upd_old.any() and version.key_indexes:
+            for c in version.key_indexes:
+                key_changed |= upd_old & _differs(u8, old_t, new_t, c)
         # Output rows: for each source row, optionally an old-key delete, then the row itself.
         n_out = len(sel) + int(key_changed.sum())
         src = np.repeat(np.arange(len(sel)), 1 + key_changed.astype(np.int64))
@@ -681,10 +779,17 @@ class WindowDecoder:
         arrays: list[pa.Array] = []
         toast_any = np.zeros(n_out, dtype=bool)
         toast_cols: list[npt.NDArray[np.bool_]] = []
+        # REPLICA IDENTITY FULL sends the whole old row ('O'): a value the new tuple leaves
+        # out as unchanged TOAST is the old one.
+        full_old = (has_old & (marker == ord("O")))[src] & ~use_old
         for c, codec in enumerate(version.codecs):
-            kinds = np.where(use_old, old_t.kinds[c, src], new_t.kinds[c, src])
-            cstarts = np.where(use_old, old_t.starts[c, src], new_t.starts[c, src])
-            clens = np.where(use_old, old_t.lengths[c, src], new_t.lengths[c, src])
+            old_k = old_t.kinds[c, src]
+            take_old = use_old | (
+                full_old & (new_t.kinds[c, src] == KIND_TOAST) & ((old_k == KIND_TEXT) | (old_k == KIND_BINARY))
+            )
+            kinds = np.where(take_old, old_k, new_t.kinds[c, src])
+            cstarts = np.where(take_old, old_t.starts[c, src], new_t.starts[c, src])
+            clens = np.where(take_old, old_t.lengths[c, src], new_t.lengths[c, src])
             is_toast = (kinds == KIND_TOAST) & ~use_old
             if is_toast.any():
                 toast_any |= is_toast
