@@ -94,25 +94,26 @@ def _resolve_toast(
         if not cols:
             continue
         i = int(keep[r])
-        unresolved: list[str] = []
-        where_key = keys[i]
+        unresolved: dict[tuple[object, ...], list[str]] = {}  # lake key -> columns to read there
         for col in cols:
-            src, where_key_col = _find_value(i, col, keys, ops, lsns, poss, toasts, rows_of_key)
+            src, where_key = _find_value(i, col, keys, ops, lsns, poss, toasts, rows_of_key)
             if src is None:
-                unresolved.append(col)
-                where_key = where_key_col
+                unresolved.setdefault(where_key, []).append(col)
             else:
                 fills.setdefault(col, {})[r] = src
-        remaining_toast[r] = unresolved or None
-        if unresolved:
-            lookups.append(Lookup(r, where_key, tuple(unresolved)))
+        left = [c for c in cols if any(c in v for v in unresolved.values())]
+        remaining_toast[r] = left or None
+        lookups.extend(Lookup(r, key, tuple(c)) for key, c in unresolved.items())
     names = final.column_names
+    nfinal = final.num_rows
     for col, mapping in fills.items():
-        values = final.column(col).to_pylist()
-        source = changes.column(col)
-        for r, src in mapping.items():
-            values[r] = source[src].as_py()
-        final = final.set_column(names.index(col), col, pa.array(values, type=final.schema.field(col).type))
+        # Take each filled value from ``changes``, the rest from ``final``, in one gather.
+        both = pa.concat_arrays([final.column(col).combine_chunks(), changes.column(col).combine_chunks()])
+        index = np.arange(nfinal, dtype=np.int64)
+        index[np.fromiter(mapping.keys(), np.int64, len(mapping))] = nfinal + np.fromiter(
+            mapping.values(), np.int64, len(mapping)
+        )
+        final = final.set_column(names.index(col), col, both.take(pa.array(index)))
     final = final.set_column(names.index(TOAST_COL), TOAST_COL, pa.array(remaining_toast, type=pa.list_(pa.string())))
     return final, lookups
 
