@@ -65,13 +65,10 @@ META_NAMES = frozenset(f.name for f in META_FIELDS)
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970-01-01
 
 _CHANGE_TAGS = np.array([po.INSERT, po.UPDATE, po.DELETE], dtype=np.uint8)
-# Messages that open or close a transaction or a stream segment.
-_BOUNDARY_TAGS = frozenset(
-    {
-        po.BEGIN, po.COMMIT, po.BEGIN_PREPARE, po.PREPARE, po.COMMIT_PREPARED, po.ROLLBACK_PREPARED,
-        po.STREAM_START, po.STREAM_STOP, po.STREAM_COMMIT, po.STREAM_ABORT, po.STREAM_PREPARE,
-    }
-)
+# Boundary messages that name a streamed transaction's xid right after the tag, and those
+# that name a prepared transaction's gid.
+_XID_TAGS = frozenset({po.STREAM_START, po.STREAM_COMMIT, po.STREAM_ABORT})
+_GID_TAGS = frozenset({po.PREPARE, po.STREAM_PREPARE, po.COMMIT_PREPARED, po.ROLLBACK_PREPARED})
 # Messages a Stream Abort of a subtransaction drops (they carry the subtransaction's xid).
 _STREAMED_TAGS = np.array(
     [po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE, po.RELATION, po.TYPE, po.MESSAGE], dtype=np.uint8
@@ -354,38 +351,44 @@ class WindowDecoder:
         open_prepared: set[str] = set()
         in_segment = False
         cut = 0
-        view = memoryview(rows.buf)
+        buf = rows.buf
+        view = memoryview(buf)
         for i in ctrl.tolist():
             tag = int(tags[i])
-            if tag not in _BOUNDARY_TAGS:
-                continue
-            lsn = int(rows.lsns[i])
-            try:
-                msg = po.parse_message(view[int(rows.starts[i]) : int(rows.ends[i])], lsn=lsn)
-            except DecodeError as exc:
-                raise exc.with_lsn(lsn) from exc
-            if isinstance(msg, po.Begin | po.BeginPrepare):
+            s, e = int(rows.starts[i]), int(rows.ends[i])
+            if tag == po.BEGIN or tag == po.BEGIN_PREPARE:
                 open_plain = True
-            elif isinstance(msg, po.Commit):
+            elif tag == po.COMMIT:
                 open_plain = False
-            elif isinstance(msg, po.Prepare):
-                open_plain = False
-                open_prepared.add(msg.gid)
-            elif isinstance(msg, po.CommitPrepared | po.RollbackPrepared):
-                open_prepared.discard(msg.gid)
-            elif isinstance(msg, po.StreamStart):
-                in_segment = True
-                open_streams.add(msg.xid)
-            elif isinstance(msg, po.StreamStop):
+            elif tag == po.STREAM_STOP:
                 in_segment = False
-            elif isinstance(msg, po.StreamAbort):
-                if msg.subxid == msg.xid:
+            elif tag in _XID_TAGS:
+                if e - s < 5:
+                    raise DecodeError("truncated: xid", tag=chr(tag), offset=1, lsn=int(rows.lsns[i]))
+                xid = int.from_bytes(buf[s + 1 : s + 5], "big")
+                if tag == po.STREAM_START:
+                    in_segment = True
+                    open_streams.add(xid)
+                elif tag == po.STREAM_COMMIT:
+                    open_streams.discard(xid)
+                elif e - s >= 9 and int.from_bytes(buf[s + 5 : s + 9], "big") == xid:
+                    open_streams.discard(xid)  # Stream Abort of the whole transaction
+            elif tag in _GID_TAGS:
+                lsn = int(rows.lsns[i])
+                try:
+                    msg = po.parse_message(view[s:e], lsn=lsn)
+                except DecodeError as exc:
+                    raise exc.with_lsn(lsn) from exc
+                if isinstance(msg, po.Prepare):
+                    open_plain = False
+                    open_prepared.add(msg.gid)
+                elif isinstance(msg, po.StreamPrepare):
                     open_streams.discard(msg.xid)
-            elif isinstance(msg, po.StreamCommit):
-                open_streams.discard(msg.xid)
-            elif isinstance(msg, po.StreamPrepare):
-                open_streams.discard(msg.xid)
-                open_prepared.add(msg.gid)
+                    open_prepared.add(msg.gid)
+                elif isinstance(msg, po.CommitPrepared | po.RollbackPrepared):
+                    open_prepared.discard(msg.gid)
+            else:
+                continue
             if not (open_plain or open_streams or open_prepared or in_segment):
                 cut = i + 1
         if not (open_plain or open_streams or open_prepared or in_segment):
