@@ -75,7 +75,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pg2delta.job import run
 
     config = _config(args)
-    until = parse_lsn(args.until_lsn) if args.until_lsn else None
+    until = parse_lsn(args.until_lsn) if args.until_lsn is not None else None
     report = run(config, until_lsn=until, create_slot=args.create_slot)
     tables: dict[str, dict[str, int]] = {}
     for w in report.windows:
