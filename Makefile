@@ -33,7 +33,7 @@ test-unit: install
 	$(PY) -m pytest -q -m "not integration and not e2e"
 
 lint: install
-	$(VENV)/bin/ruff check src tests tools jobs bench
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
 bench-decode: install postgres
