@@ -187,7 +187,10 @@ class Job:
             info = src.check(create=create)
             assert info.confirmed_flush_lsn is not None
             start = info.confirmed_flush_lsn
-            upper = until_lsn if until_lsn is not None else src.flush_lsn()
+            # Never beyond the server's WAL: the slot cannot go there, and a window recorded in
+            # the applied log as ending there would make every later change look applied.
+            flush = src.flush_lsn()
+            upper = flush if until_lsn is None else min(until_lsn, flush)
             report = RunReport(cfg.source.slot, start, upper, start)
             if start >= upper:
                 log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))
