@@ -231,3 +231,28 @@ def test_unchanged_toast_from_the_lake(pgdb: str, tmp_path: Path) -> None:
         conn.execute("UPDATE fullid SET id = 104 WHERE id = 4")
     _run(pgdb, slot, pub, lake, max_changes=1)  # one transaction per window
     assert_lake_matches(pgdb, lake, context="after partial updates")
+
+
+def test_until_lsn_beyond_the_server(pgdb: str, tmp_path: Path) -> None:
+    """A bound past the server's WAL must not be recorded as applied: later changes would be skipped."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _create_slot(pgdb, slot)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("INSERT INTO acct (id, name) SELECT g, 'first' FROM generate_series(1, 10) g")
+        conn.execute("INSERT INTO events (kind) VALUES ('first')")
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    first = cli("run", *common, "--until-lsn", "FFFF/0", "--json")
+    assert first.returncode == 0, first.stderr
+    assert_lake_matches(pgdb, lake)
+    confirmed = confirmed_lsn(pgdb, slot)
+    assert confirmed is not None
+    assert lsn_int(confirmed) <= _flush_lsn(pgdb)
+    assert json.loads(first.stdout)["to_lsn"] == confirmed, "the report must say where the slot really is"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE acct SET name = 'second' WHERE id <= 5")
+        conn.execute("INSERT INTO events (kind) VALUES ('second')")
+    rest = cli("run", *common)
+    assert rest.returncode == 0, rest.stderr
+    assert_lake_matches(pgdb, lake, context="changes after a run with a bound past the server")
