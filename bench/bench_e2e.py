@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         dsn, n = win.pg.dsn, win.changes
-        t_server, (server_rows, _bytes) = best_of(args.repeat, lambda: server_copy(dsn, win.upto))
+        t_server, (server_rows, first_row) = best_of(args.repeat, lambda: server_copy(dsn, win.upto))
 
         config = cfgmod.load(
             env={}, dsn=dsn, slot=SLOT, publication=PUB, lake=str(lake), engine="embedded",
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         t_engine = timer.seconds["  engine start (pysail)"] + timer.seconds["engine stop"]
         print("rates in changes (Insert/Update messages) per second:")
         print(f"  server  COPY (peek) TO STDOUT, dropped (best of {args.repeat}) {rate(n, t_server)}   <- reference")
+        print(f"          (first row after {first_row:.2f} s, in the last of those runs)")
         print(f"  job     Job(config).run(), end to end           {rate(n, t_job)}")
         print(f"  job     without engine start/stop               {rate(n, t_job - t_engine)}")
         print(f"job stages ({t_job:.2f} s in all; indented stages are part of the one above):")
