@@ -299,6 +299,7 @@ class WindowDecoder:
         self._versions = 0
         self._types: dict[int, po.Type] = {}
         self._pending = RowChunk(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._last_commit_lsn = -1
 
     # Public API ---------------------------------------------------------------------------
 
@@ -431,6 +432,13 @@ class WindowDecoder:
         prepared: dict[str, list[tuple[int, int]]] = {}  # gid -> row ranges
 
         def commit(ranges: list[tuple[int, int]], txn: _Txn) -> None:
+            # Commit order is LSN order; everything downstream orders by commit LSN.
+            if txn.commit_lsn <= self._last_commit_lsn:
+                raise DecodeError(
+                    f"commit LSN {txn.commit_lsn:#x} is not after the previous commit's {self._last_commit_lsn:#x}",
+                    offset=0, lsn=lsn,
+                )
+            self._last_commit_lsn = txn.commit_lsn
             tid = len(txns)
             txns.append(txn)
             for lo, hi in ranges:
