@@ -214,6 +214,31 @@ class _Tuples:
     lengths: I64
 
 
+def _walk_where(
+    u8: U8, pos: I64, ends: I64, ncols: int, present: npt.NDArray[np.bool_]
+) -> tuple[_Tuples, I64, npt.NDArray[np.bool_]]:
+    """:func:`_walk_tuples` for the rows where ``present``; the others read as all-NULL, ok, ending at ``pos``."""
+    if present.all():
+        return _walk_tuples(u8, pos, ends, ncols)
+    n = len(pos)
+    tuples = _Tuples(
+        np.full((ncols, n), KIND_NULL, dtype=np.uint8),
+        np.zeros((ncols, n), dtype=np.int64),
+        np.zeros((ncols, n), dtype=np.int64),
+    )
+    after = pos.copy()
+    ok = np.ones(n, dtype=bool)
+    rows = np.flatnonzero(present)
+    if len(rows):
+        sub, sub_after, sub_ok = _walk_tuples(u8, pos[rows], ends[rows], ncols)
+        tuples.kinds[:, rows] = sub.kinds
+        tuples.starts[:, rows] = sub.starts
+        tuples.lengths[:, rows] = sub.lengths
+        after[rows] = sub_after
+        ok[rows] = sub_ok
+    return tuples, after, ok
+
+
 def _walk_tuples(u8: U8, pos: I64, ends: I64, ncols: int) -> tuple[_Tuples, I64, npt.NDArray[np.bool_]]:
     """Walk TupleData starting at ``pos`` (its Int16 column count) for every row at once.
 
@@ -752,8 +777,7 @@ class WindowDecoder:
         has_old = ((row_tags == po.UPDATE) & ((marker == ord("K")) | (marker == ord("O")))) | (row_tags == po.DELETE)
         if ((row_tags == po.DELETE) & (marker != ord("K")) & (marker != ord("O"))).any():
             fail((row_tags == po.DELETE) & (marker != ord("K")) & (marker != ord("O")), "delete without K or O tuple")
-        old_t, after_old, ok_old = _walk_tuples(u8, p + 1, ends, ncols)
-        ok_old |= ~has_old
+        old_t, after_old, ok_old = _walk_where(u8, p + 1, ends, ncols, has_old)
         if not ok_old.all():
             fail(~ok_old, "malformed old tuple")
         has_new = row_tags != po.DELETE
@@ -762,8 +786,7 @@ class WindowDecoder:
         bad_new = has_new & ((p_new >= ends) | (new_marker != ord("N")))
         if bad_new.any():
             fail(bad_new, "missing N tuple")
-        new_t, after_new, ok_new = _walk_tuples(u8, p_new + 1, ends, ncols)
-        ok_new |= ~has_new
+        new_t, after_new, ok_new = _walk_where(u8, p_new + 1, ends, ncols, has_new)
         if not ok_new.all():
             fail(~ok_new, "malformed new tuple")
         end_pos = np.where(has_new, after_new, after_old)
