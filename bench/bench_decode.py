@@ -378,12 +378,17 @@ def rate(n: int, seconds: float) -> str:
     return f"{n / seconds:>12,.0f} changes/s  ({seconds:6.2f} s)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_window_args(ap: argparse.ArgumentParser) -> None:
+    """The flags that shape the benchmark window (shared with bench_e2e.py)."""
     ap.add_argument("--changes", type=int, default=1_000_000, help="changes in the window (default 1,000,000)")
     ap.add_argument("--pg", type=int, default=15, choices=(15, 18), help="PostgreSQL major version (default 15)")
     ap.add_argument("--txn-rows", type=int, default=1000, help="rows per transaction (default 1000)")
     ap.add_argument("--update-share", type=float, default=0.25, help="share of the changes that are updates")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_window_args(ap)
     ap.add_argument("--repeat", type=int, default=3, help="timings per figure; the best counts (default 3)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile one decode pass, print the top N")
     args = ap.parse_args(argv)

@@ -29,7 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from bench_decode import PUB, SLOT, TABLE, StageTimer, best_of, make_window, rate, server_copy
+from bench_decode import (
+    PUB,
+    SLOT,
+    TABLE,
+    StageTimer,
+    add_window_args,
+    best_of,
+    make_window,
+    rate,
+    server_copy,
+)
 
 import pg2delta.job as jobmod
 from pg2delta import config as cfgmod
@@ -89,10 +99,7 @@ def instrument() -> StageTimer:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--changes", type=int, default=1_000_000, help="changes in the window (default 1,000,000)")
-    ap.add_argument("--pg", type=int, default=15, choices=(15, 18), help="PostgreSQL major version (default 15)")
-    ap.add_argument("--txn-rows", type=int, default=1000, help="rows per transaction (default 1000)")
-    ap.add_argument("--update-share", type=float, default=0.25, help="share of the changes that are updates")
+    add_window_args(ap)
     ap.add_argument("--repeat", type=int, default=3, help="server timings; the best counts (default 3)")
     ap.add_argument("--max-changes", type=int, default=None, help="window.max_changes of the job (default: the job's)")
     ap.add_argument("--keep-lake", action="store_true", help="keep the temporary lake and print where it is")
