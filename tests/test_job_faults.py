@@ -161,8 +161,6 @@ def _key_change_setup(dsn: str, lake: Path) -> tuple[str, list[str]]:
     return slot, args
 
 
-@pytest.mark.xfail(strict=True, reason="replay after a partial window takes unchanged TOAST from the wrong row "
-                                       "(job._fill_lookups reads the lake as it is now, not as of the window start)")
 def test_replay_key_change_then_key_reused(pgdb: str, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     slot, args = _key_change_setup(pgdb, lake)
@@ -180,8 +178,6 @@ def test_replay_key_change_then_key_reused(pgdb: str, tmp_path: Path) -> None:
     assert_lake_matches(pgdb, lake)
 
 
-@pytest.mark.xfail(strict=True, reason="replay after a partial window cannot find unchanged TOAST of a row whose "
-                                       "key went A -> B (applied) -> A (job._fill_lookups only tries the first and last key)")
 def test_replay_key_change_and_back(pgdb: str, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     slot, args = _key_change_setup(pgdb, lake)

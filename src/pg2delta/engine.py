@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import uuid
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,8 @@ class Engine:
 
     @classmethod
     def start(cls, config: EngineConfig, lake: Lake) -> Engine:
+        # pyspark warns about the installed pandas version on import, which we never use.
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark(\.|$)")
         if config.kind not in ENGINES:
             raise ConfigError(f"unknown engine {config.kind!r}; choose one of {', '.join(ENGINES)}")
         try:
@@ -139,7 +142,9 @@ class Engine:
         from pysail.spark import SparkConnectServer
         from pyspark.sql import SparkSession
 
-        os.environ.setdefault("RUST_LOG", "warn")  # pysail logs every session start at info
+        # pysail logs session starts at info and task aborts at shutdown at warn, straight to
+        # stderr; our own log and one-line errors must stay readable there.
+        os.environ.setdefault("RUST_LOG", "error")
         server = SparkConnectServer("127.0.0.1", 0)
         server.start(background=True)
         _, port = server.listening_address
@@ -231,22 +236,52 @@ class Engine:
     def delete_all(self, uri: str) -> None:
         self._sql(f"DELETE FROM {self.target(uri)}", f"DELETE FROM {uri}")
 
-    def read_rows(self, uri: str, key_names: Sequence[str], keys: Sequence[tuple[object, ...]], columns: Sequence[str]) -> list[dict[str, Any]]:
-        """Rows of the Delta table whose key is one of ``keys`` (few: used to fill unchanged TOAST)."""
+    def read_rows(
+        self,
+        uri: str,
+        key_names: Sequence[str],
+        keys: Sequence[tuple[object, ...]],
+        columns: Sequence[str],
+        *,
+        version: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Rows of the Delta table whose key is one of ``keys`` (few: used to fill unchanged TOAST).
+
+        With ``version``, the table as of that Delta version (time travel); columns the table
+        did not have then come back as None.
+        """
         from pg2delta.merge import quote
 
         if not keys or self.lake.delta_version(uri) is None:
             return []
         keyset = pa.table({k: [key[i] for key in keys] for i, k in enumerate(key_names)})
         staged = self.lake.stage(keyset, f"lookup-{uuid.uuid4().hex}")
+        key_view = f"pg2delta_keys_{uuid.uuid4().hex[:12]}"
+        table_view = f"pg2delta_table_{uuid.uuid4().hex[:12]}"
         try:
-            view = f"pg2delta_keys_{uuid.uuid4().hex[:12]}"
-            self.spark.read.parquet(staged).createOrReplaceTempView(view)
+            reader = self.spark.read.format("delta")
+            if version is not None:
+                reader = reader.option("versionAsOf", version)
+            table = reader.load(uri)
+            present = set(table.columns)
+            table.createOrReplaceTempView(table_view)
+            self.spark.read.parquet(staged).createOrReplaceTempView(key_view)
+        except Exception as exc:
+            self.lake.unstage(staged)
+            raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
+        try:
             on = " AND ".join(f"t.{quote(k)} = k.{quote(k)}" for k in key_names)
-            cols = ", ".join(f"t.{quote(c)}" for c in dict.fromkeys([*key_names, *columns]))
-            rows = self._sql(f"SELECT {cols} FROM {self.target(uri)} AS t JOIN {view} AS k ON {on}", f"lookup in {uri}")
+            cols = ", ".join(
+                f"t.{quote(c)}" if c in present else f"NULL AS {quote(c)}" for c in dict.fromkeys([*key_names, *columns])
+            )
+            rows = self._sql(f"SELECT {cols} FROM {table_view} AS t JOIN {key_view} AS k ON {on}", f"lookup in {uri}")
             return [r.asDict(recursive=True) for r in rows]
         finally:
+            for view in (key_view, table_view):
+                try:
+                    self.spark.catalog.dropTempView(view)
+                except Exception:
+                    log.debug("could not drop temp view %s", view)
             self.lake.unstage(staged)
 
     def append(self, uri: str, table: pa.Table) -> None:

@@ -82,6 +82,14 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """Where a table's last logged window left it: the window's end and the Delta version it made."""
+
+    end_lsn: int
+    delta_version: int | None
+
+
 @dataclass
 class TableReport:
     schema: str
@@ -220,7 +228,7 @@ class Job:
         run_id: str,
         start: int,
         upper: int,
-        applied: dict[int, int],
+        applied: dict[int, Applied],
         catalog: PgTypeCatalog,
         key_resolver: Callable[[po.Relation], Sequence[str] | None],
     ) -> WindowReport:
@@ -257,10 +265,11 @@ class Job:
         end = (read.last_commit_end_lsn or start) if read.capped else upper
         window = WindowReport(start, end, read.rows, read.bytes, transactions)
         fault_point("after_read")
-        for n, tw in enumerate(sorted(tables.values(), key=lambda t: t.latest.qualified_name)):
+        ordered = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
+        for n, tw in enumerate(ordered):
             if n > 0:
                 fault_point("between_tables")
-            window.tables.append(self._apply_table(run_id, tw, applied.get(tw.oid, 0), end))
+            window.tables.append(self._apply_table(run_id, tw, applied.get(tw.oid), end))
         fault_point("after_commits")
         applied_tables = [t for t in window.tables if not t.skipped]
         if applied_tables:
@@ -268,8 +277,9 @@ class Job:
         fault_point("before_advance")
         if end > start:
             src.advance(end)
-        for oid in tables:
-            applied[oid] = max(applied.get(oid, 0), end)
+        for tw, table_report in zip(ordered, window.tables, strict=True):
+            if not table_report.skipped:
+                applied[tw.oid] = Applied(end, table_report.delta_version)
         window.seconds = time.monotonic() - t0
         log.info(
             "window %s..%s: %d rows, %d transactions, %d tables, %.2f s",
@@ -279,7 +289,8 @@ class Job:
 
     # --- one table ----------------------------------------------------------------------------
 
-    def _apply_table(self, run_id: str, tw: _TableWindow, applied_lsn: int, window_end: int) -> TableReport:
+    def _apply_table(self, run_id: str, tw: _TableWindow, applied: Applied | None, window_end: int) -> TableReport:
+        applied_lsn = applied.end_lsn if applied else 0
         version = tw.latest
         schema, name = version.qualified_name
         uri = self.lake.table_uri(schema, name)
@@ -324,7 +335,9 @@ class Job:
             key_names = [LSN_COL, POS_COL]
             data_columns = [*data_columns, LSN_COL, POS_COL]
         reduced = reduce_changes(changes, key_names)
-        source = self._fill_lookups(uri, reduced, key_names)
+        # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
+        # crash between tables must not see what the crashed run already merged.
+        source = self._fill_lookups(uri, reduced, key_names, applied.delta_version if applied else None)
         report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
         report.rows_merged = source.num_rows
         staged = self.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
@@ -345,20 +358,18 @@ class Job:
         )
         return report
 
-    def _fill_lookups(self, uri: str, reduced: Reduced, key_names: Sequence[str]) -> pa.Table:
-        """Unchanged-TOAST values the window does not hold, read from the Delta table."""
+    def _fill_lookups(self, uri: str, reduced: Reduced, key_names: Sequence[str], version: int | None) -> pa.Table:
+        """Unchanged-TOAST values the window does not hold, read from the Delta table at ``version``."""
         table = reduced.table
         if not reduced.lookups:
             return table
         columns = sorted({c for lk in reduced.lookups for c in lk.columns})
-        own_keys = [tuple(table.column(k)[lk.row].as_py() for k in key_names) for lk in reduced.lookups]
-        wanted = list(dict.fromkeys([lk.key for lk in reduced.lookups] + own_keys))
-        rows = self.engine.read_rows(uri, key_names, wanted, columns)
+        wanted = list(dict.fromkeys(lk.key for lk in reduced.lookups))
+        rows = self.engine.read_rows(uri, key_names, wanted, columns, version=version)
         found = {tuple(r[k] for k in key_names): r for r in rows}
         values = {c: table.column(c).to_pylist() for c in columns}
-        for lk, own in zip(reduced.lookups, own_keys, strict=True):
-            # A replayed window may already have moved the row to its new key.
-            row = found.get(lk.key) or found.get(own)
+        for lk in reduced.lookups:
+            row = found.get(lk.key)
             if row is None:
                 raise DataError(
                     f"cannot recover the unchanged TOAST value of {', '.join(lk.columns)} in {uri}: "
@@ -398,15 +409,17 @@ class Job:
 
     # --- the applied log --------------------------------------------------------------------
 
-    def _applied_lsns(self) -> dict[int, int]:
-        """Per relation OID, the end of the last window applied to its Delta table."""
+    def _applied_lsns(self) -> dict[int, Applied]:
+        """Per relation OID, the last window logged for its Delta table and the version it made."""
         rows = self.engine.read_table(self.lake.table_uri(LOG_TABLE))
-        out: dict[int, int] = {}
+        out: dict[int, Applied] = {}
         for r in rows:
             if r.get("slot") != self.config.source.slot or r.get("relation_oid") is None:
                 continue
             oid = int(r["relation_oid"])
-            out[oid] = max(out.get(oid, 0), int(r["window_end"]))
+            if oid not in out or int(r["window_end"]) > out[oid].end_lsn:
+                version = r.get("delta_version")
+                out[oid] = Applied(int(r["window_end"]), None if version is None else int(version))
         return out
 
     def _log_window(self, run_id: str, window: WindowReport, tables: dict[int, _TableWindow], reports: list[TableReport]) -> None:
