@@ -184,3 +184,18 @@ def test_second_run_while_the_first_holds_the_lock(source: Source) -> None:
     done = cli(*source.args())
     assert done.returncode == 0, done.stderr[-2000:]
     assert confirmed_lsn(source.dsn, source.slot) != before
+
+
+def test_full_identity_without_key_after_the_engine_started(source: Source) -> None:
+    # The error comes after the engine has started (the applied log is read first): engine
+    # warnings and logs must not join it on stderr.
+    with psycopg.connect(source.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE nokey (a int, b text)")
+        conn.execute("ALTER TABLE nokey REPLICA IDENTITY FULL")
+        conn.execute(f"ALTER PUBLICATION {source.publication} ADD TABLE nokey")
+        conn.execute("INSERT INTO nokey VALUES (1, 'x')")
+        conn.execute("UPDATE nokey SET b = 'y'")
+    before = confirmed_lsn(source.dsn, source.slot)
+    proc = cli(*source.args())
+    assert_one_line_error(proc, EXIT_NEEDS_HUMAN, "public.nokey", "key")
+    assert confirmed_lsn(source.dsn, source.slot) == before

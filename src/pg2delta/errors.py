@@ -32,8 +32,9 @@ EXIT_NEEDS_HUMAN = 78  # EX_CONFIG: do not retry until someone looks
 EXIT_BUSY = 73  # another run holds the slot; the next scheduled run will do the work
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in pg2delta
 
+# For errors that retrying cannot fix; a retryable error of any kind exits EXIT_RETRYABLE.
 EXIT_CODES: dict[ErrorKind, int] = {
-    ErrorKind.CONNECTION: EXIT_RETRYABLE,
+    ErrorKind.CONNECTION: EXIT_NEEDS_HUMAN,  # e.g. a refused login
     ErrorKind.SOURCE_STATE: EXIT_NEEDS_HUMAN,
     ErrorKind.PROTOCOL: EXIT_NEEDS_HUMAN,
     ErrorKind.SCHEMA: EXIT_NEEDS_HUMAN,

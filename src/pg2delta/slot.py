@@ -19,7 +19,7 @@ from psycopg import sql
 
 from pg2delta import pgoutput as po
 from pg2delta.changes import RowChunk
-from pg2delta.errors import ConfigError, ConnectionFailed, DecodeError, ErrorKind, SlotBusy, SourceStateError
+from pg2delta.errors import ConfigError, ConnectionFailed, DecodeError, SlotBusy, SourceStateError
 from pg2delta.lsn import format_lsn
 
 log = logging.getLogger(__name__)
@@ -43,11 +43,8 @@ def connect(dsn: str, *, application_name: str = "pg2delta", connect_timeout: in
     except psycopg.OperationalError as exc:
         text = " ".join(str(exc).split())
         if "password authentication failed" in text or "no password supplied" in text or "does not exist" in text:
-            # Retrying cannot help, and a non-retryable CONNECTION error would still exit 75:
-            # a refused login is a configuration problem for a human (exit 78).
-            raise ConnectionFailed(
-                f"cannot log in to PostgreSQL: {text}", retryable=False, kind=ErrorKind.CONFIG
-            ) from exc
+            # Retrying cannot help: a refused login needs a human (exit 78).
+            raise ConnectionFailed(f"cannot log in to PostgreSQL: {text}", retryable=False) from exc
         raise ConnectionFailed(f"cannot connect to PostgreSQL: {text}") from exc
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"invalid connection string: {exc}") from exc

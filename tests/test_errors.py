@@ -1,0 +1,45 @@
+"""Exit codes a scheduler can act on: retryable or not decides first, then the kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from pg2delta.errors import (
+    EXIT_BUSY,
+    EXIT_NEEDS_HUMAN,
+    EXIT_RETRYABLE,
+    ConfigError,
+    ConnectionFailed,
+    DecodeError,
+    ErrorKind,
+    LakeError,
+    Pg2DeltaError,
+    SlotBusy,
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (ConnectionFailed("lost"), EXIT_RETRYABLE),
+        (ConnectionFailed("refused login", retryable=False), EXIT_NEEDS_HUMAN),
+        (LakeError("throttled", retryable=True), EXIT_RETRYABLE),
+        (LakeError("unwritable"), EXIT_NEEDS_HUMAN),
+        (ConfigError("broken"), EXIT_NEEDS_HUMAN),
+        (SlotBusy("held"), EXIT_BUSY),
+        (DecodeError("bad tuple kind", tag="I", offset=7, lsn=None), EXIT_NEEDS_HUMAN),
+    ],
+)
+def test_exit_code(error: Pg2DeltaError, code: int) -> None:
+    assert error.exit_code == code
+
+
+def test_every_kind_has_an_exit_code() -> None:
+    for kind in ErrorKind:
+        assert Pg2DeltaError("x", kind=kind).exit_code in {EXIT_NEEDS_HUMAN, EXIT_BUSY}
+
+
+def test_one_line() -> None:
+    assert ConnectionFailed("cannot connect:\n  timeout\texpired").one_line() == (
+        "pg2delta: connection error: cannot connect: timeout expired"
+    )
