@@ -21,6 +21,7 @@ from workload import (
     FULLID,
     PAIR,
     TABLES,
+    TableSpec,
     Workload,
     assert_lake_matches,
     cli,
@@ -256,3 +257,31 @@ def test_until_lsn_beyond_the_server(pgdb: str, tmp_path: Path) -> None:
     rest = cli("run", *common)
     assert rest.returncode == 0, rest.stderr
     assert_lake_matches(pgdb, lake, context="changes after a run with a bound past the server")
+
+
+def test_configured_key_with_nulls(pgdb: str, tmp_path: Path) -> None:
+    """A key from the config may hold NULLs: rows with a NULL key part are matched, not duplicated."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    spec = TableSpec("public", "nk", ("a", "b"))
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE nk (a integer, b text, v text)")
+        conn.execute("ALTER TABLE nk REPLICA IDENTITY FULL")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE nk")
+        _create_slot(pgdb, slot)
+        conn.execute("INSERT INTO nk VALUES (1, NULL, 'one'), (2, 'x', 'two'), (NULL, NULL, 'three'), (4, NULL, 'four')")
+    conf = tmp_path / "nk.toml"
+    conf.write_text('[tables."public.nk"]\nkey = ["a", "b"]\n')
+
+    def run_it() -> None:
+        cfg = load(conf, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake))
+        run(cfg)
+        assert_lake_matches(pgdb, lake, [spec])
+
+    run_it()
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE nk SET v = 'uno' WHERE a = 1")
+        conn.execute("UPDATE nk SET v = 'tres' WHERE a IS NULL")
+        conn.execute("DELETE FROM nk WHERE a = 4")
+        conn.execute("UPDATE nk SET b = 'y' WHERE a = 2")
+    run_it()

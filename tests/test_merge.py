@@ -162,6 +162,8 @@ def test_merge_statement_shape() -> None:
     )
     truncating = merge_statement("t", "s", ["id"], ["id"], truncate=True)
     assert truncating.endswith(" WHEN NOT MATCHED BY SOURCE THEN DELETE")
+    null_safe = merge_statement("t", "s", ["a", "b"], ["a", "b"], truncate=False, nullable_keys=True)
+    assert " ON t.`a` <=> s.`a` AND t.`b` <=> s.`b` WHEN " in null_safe
     assert quote("`") == "````" and quote("a b") == "`a b`"
 
 

@@ -244,11 +244,12 @@ class Engine:
         columns: Sequence[str],
         *,
         version: int | None = None,
+        nullable_keys: bool = False,
     ) -> list[dict[str, Any]]:
         """Rows of the Delta table whose key is one of ``keys`` (few: used to fill unchanged TOAST).
 
         With ``version``, the table as of that Delta version (time travel); columns the table
-        did not have then come back as None.
+        did not have then come back as None. ``nullable_keys`` matches keys null-safely.
         """
         from pg2delta.merge import quote
 
@@ -270,7 +271,8 @@ class Engine:
             self.lake.unstage(staged)
             raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
         try:
-            on = " AND ".join(f"t.{quote(k)} = k.{quote(k)}" for k in key_names)
+            eq = "<=>" if nullable_keys else "="
+            on = " AND ".join(f"t.{quote(k)} {eq} k.{quote(k)}" for k in key_names)
             cols = ", ".join(
                 f"t.{quote(c)}" if c in present else f"NULL AS {quote(c)}" for c in dict.fromkeys([*key_names, *columns])
             )

@@ -318,6 +318,7 @@ class Job:
                 )
                 changes = changes.filter(after)
         key_names = list(version.key_names)
+        nullable_keys = bool(self.config.table(schema, name).key)  # primary keys and identity indexes are NOT NULL
         data_columns = [c for c in (changes.column_names if changes is not None else version.column_names) if c not in META_NAMES]
         if changes is None or changes.num_rows == 0:
             if report.truncated and self.lake.delta_version(uri) is not None:
@@ -337,7 +338,9 @@ class Job:
         reduced = reduce_changes(changes, key_names)
         # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
         # crash between tables must not see what the crashed run already merged.
-        source = self._fill_lookups(uri, reduced, key_names, applied.delta_version if applied else None)
+        source = self._fill_lookups(
+            uri, reduced, key_names, applied.delta_version if applied else None, nullable_keys=nullable_keys
+        )
         report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
         report.rows_merged = source.num_rows
         staged = self.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
@@ -346,7 +349,9 @@ class Job:
             self.engine.merge(
                 uri,
                 staged,
-                lambda target, view: merge_statement(target, view, key_names, data_columns, truncate=report.truncated),
+                lambda target, view: merge_statement(
+                    target, view, key_names, data_columns, truncate=report.truncated, nullable_keys=nullable_keys
+                ),
             )
         finally:
             self.lake.unstage(staged)
@@ -358,14 +363,16 @@ class Job:
         )
         return report
 
-    def _fill_lookups(self, uri: str, reduced: Reduced, key_names: Sequence[str], version: int | None) -> pa.Table:
+    def _fill_lookups(
+        self, uri: str, reduced: Reduced, key_names: Sequence[str], version: int | None, *, nullable_keys: bool
+    ) -> pa.Table:
         """Unchanged-TOAST values the window does not hold, read from the Delta table at ``version``."""
         table = reduced.table
         if not reduced.lookups:
             return table
         columns = sorted({c for lk in reduced.lookups for c in lk.columns})
         wanted = list(dict.fromkeys(lk.key for lk in reduced.lookups))
-        rows = self.engine.read_rows(uri, key_names, wanted, columns, version=version)
+        rows = self.engine.read_rows(uri, key_names, wanted, columns, version=version, nullable_keys=nullable_keys)
         found = {tuple(r[k] for k in key_names): r for r in rows}
         values = {c: table.column(c).to_pylist() for c in columns}
         for lk in reduced.lookups:

@@ -169,9 +169,15 @@ def merge_statement(
     columns: Sequence[str],
     *,
     truncate: bool,
+    nullable_keys: bool = False,
 ) -> str:
-    """``MERGE INTO`` applying a reduced source; ``truncate`` also deletes every row the source lacks."""
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key_names)
+    """``MERGE INTO`` applying a reduced source; ``truncate`` also deletes every row the source lacks.
+
+    ``nullable_keys``: the key may hold NULLs (a key from the config rather than a primary key or
+    replica identity index), so it is matched with null-safe equality.
+    """
+    eq = "<=>" if nullable_keys else "="
+    on = " AND ".join(f"t.{quote(k)} {eq} s.{quote(k)}" for k in key_names)
     sets = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
     cols = ", ".join(quote(c) for c in columns)
     vals = ", ".join(f"s.{quote(c)}" for c in columns)
