@@ -88,6 +88,17 @@ def test_slot_of_another_plugin(source: Source) -> None:
     assert confirmed_lsn(source.dsn, other) == before
 
 
+def test_two_phase_slot(source: Source) -> None:
+    other = f"tp_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(source.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (other,))
+        conn.execute("INSERT INTO acct (id) VALUES (1000)")
+    before = confirmed_lsn(source.dsn, other)
+    proc = cli(*source.args(slot=other))
+    assert_one_line_error(proc, EXIT_NEEDS_HUMAN, other, "two-phase")
+    assert confirmed_lsn(source.dsn, other) == before
+
+
 def test_unreachable_server(tmp_path: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

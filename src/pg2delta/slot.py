@@ -164,6 +164,13 @@ class SlotSource:
             raise SourceStateError(
                 f"slot {self.slot!r} uses plugin {info.plugin!r} ({info.slot_type}); pg2delta needs a logical pgoutput slot"
             )
+        if info.two_phase:
+            # Such a slot sends a prepared transaction at PREPARE time, before it is decided; a
+            # window ending between PREPARE and COMMIT PREPARED would lose or wrongly apply it.
+            raise SourceStateError(
+                f"slot {self.slot!r} was created with two-phase decoding, which pg2delta does not support: "
+                "create a slot without it (pg2delta run --create-slot with a new --slot name)"
+            )
         (dbname,) = self._query("SELECT current_database()")[0]
         if info.database != dbname:
             raise SourceStateError(f"slot {self.slot!r} belongs to database {info.database!r}, not {dbname!r}")
