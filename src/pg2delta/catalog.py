@@ -4,15 +4,21 @@ The value decoder (:mod:`pg2delta.typemap`) resolves built-in types from the gen
 table in :mod:`pg2delta._oids`; user-defined types (domains, enums, composites, ranges,
 extension types and their arrays) need the catalog of the source database. Lookups are
 cached for the life of the catalog object: a job run creates one per source connection.
+
+The catalog also prints binary values of types pg2delta has no decoder for
+(:meth:`PgTypeCatalog.render_binary`): the server reads them with the type's own receive
+function and prints them with its output function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
+from pg2delta.errors import ConnectionFailed
 from pg2delta.typemap import TypeInfo
 
 _TYPE_QUERY = """
@@ -34,6 +40,16 @@ WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
 """
 
 
+# Parameters per statement when printing binary values (the protocol allows 65535).
+_RENDER_BATCH = 1000
+# The session settings text forms assume (see pg2delta.typemap); set once before printing.
+_RENDER_SETTINGS = (
+    "SELECT set_config('DateStyle', 'ISO', false), set_config('IntervalStyle', 'postgres', false), "
+    "set_config('TimeZone', 'UTC', false), set_config('extra_float_digits', '3', false), "
+    "set_config('bytea_output', 'hex', false)"
+)
+
+
 class PgTypeCatalog:
     """:class:`~pg2delta.typemap.TypeCatalog` backed by ``pg_type`` and ``pg_range`` (cached).
 
@@ -44,6 +60,13 @@ class PgTypeCatalog:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
         self._cache: dict[int, TypeInfo | None] = {}
+        self._render_ready = False
+
+    def _query(self, query: str, params: tuple[object, ...]) -> list[Any]:
+        try:
+            return self._conn.execute(query, params).fetchall()
+        except psycopg.OperationalError as exc:
+            raise ConnectionFailed(f"lost the catalog connection to PostgreSQL: {' '.join(str(exc).split())}") from exc
 
     def type_info(self, oid: int) -> TypeInfo | None:
         if oid not in self._cache:
@@ -54,7 +77,7 @@ class PgTypeCatalog:
         """Look up many types in one query (and the types they refer to, transitively)."""
         todo = {o for o in oids if o not in self._cache}
         while todo:
-            rows = self._conn.execute(_TYPE_QUERY, (sorted(todo),)).fetchall()
+            rows = self._query(_TYPE_QUERY, (sorted(todo),))
             found: dict[int, TypeInfo] = {}
             for oid, nsp, name, typtype, base, base_typmod, elem, subtype, send in rows:
                 found[int(oid)] = TypeInfo(
@@ -81,5 +104,43 @@ class PgTypeCatalog:
         PostgreSQL does not enforce them; pass ``max(attndims, 1)`` as ``ndims`` to
         :func:`pg2delta.typemap.codec_for` for array columns.
         """
-        rows = self._conn.execute(_ATTNDIMS_QUERY, (relation_oid,)).fetchall()
+        rows = self._query(_ATTNDIMS_QUERY, (relation_oid,))
         return {str(name): int(nd) for name, nd in rows}
+
+    def render_binary(self, type_oid: int, values: Sequence[bytes]) -> list[str]:
+        """The text output of binary values of type ``type_oid``, as the server prints them.
+
+        Each value goes to the server as a binary parameter of that type (read by the type's
+        receive function, typmod -1) and comes back in text format (its output function),
+        under the settings pg2delta's text forms assume (this changes the session's
+        ``DateStyle``, ``IntervalStyle``, ``TimeZone``, ``extra_float_digits`` and
+        ``bytea_output``). Bytes the receive function rejects raise ValueError; a lost
+        connection raises :class:`~pg2delta.errors.ConnectionFailed`.
+        """
+        if not self._render_ready:
+            self._query(_RENDER_SETTINGS, ())
+            self._render_ready = True
+        out: list[str] = []
+        encoding = self._conn.info.encoding
+        for i in range(0, len(values), _RENDER_BATCH):
+            chunk = list(values[i : i + _RENDER_BATCH])
+            query = "SELECT " + ", ".join(f"${k + 1}" for k in range(len(chunk)))
+            try:
+                res = self._conn.pgconn.exec_params(
+                    query.encode(), chunk, [type_oid] * len(chunk), [1] * len(chunk), 0
+                )
+            except psycopg.OperationalError as exc:
+                raise ConnectionFailed(f"lost the catalog connection to PostgreSQL: {exc}") from exc
+            if res.status != pq.ExecStatus.TUPLES_OK:
+                err = psycopg.errors.error_from_result(res, encoding=encoding)
+                if self._conn.pgconn.status != pq.ConnStatus.OK:
+                    raise ConnectionFailed(f"lost the catalog connection to PostgreSQL: {err.diag.message_primary}") from err
+                # The statement only reads the parameters: what the server refuses is the bytes
+                # (invalid_binary_representation, "insufficient data left in message", ...).
+                raise ValueError(err.diag.message_primary or "invalid value") from None
+            for k in range(len(chunk)):
+                value = res.get_value(0, k)
+                if value is None:  # a receive function never returns NULL for non-NULL input
+                    raise ValueError("the server printed NULL")
+                out.append(bytes(value).decode(encoding))
+        return out

@@ -70,9 +70,13 @@ never logged with the value):
   too) and any ``extra_float_digits >= 1``. Binary values rendered to text (time,
   interval, composites, ranges ...) are printed as PostgreSQL prints them with those
   settings and ``TimeZone=UTC``.
-* Binary values of a type that has no binary decoder here (an extension type whose
-  send function is not a text send) raise DecodeError naming the type; their text
-  format passes through as a string.
+* **Types without a decoder here** (extension types such as PostGIS geometry, and
+  built-ins such as point, tsvector, pg_lsn) are strings in PostgreSQL's text form.
+  Their text format passes through; their binary format (pgoutput sends binary for
+  every type that has a send function) is printed by the source server itself: the
+  catalog's ``render_binary`` sends the bytes back as binary parameters of that type
+  and reads the output function's text (one round trip per column chunk, distinct
+  values only). Without a catalog that can do this they raise DecodeError.
 """
 
 from __future__ import annotations
@@ -141,6 +145,15 @@ class TypeInfo:
 
 class TypeCatalog(Protocol):
     def type_info(self, oid: int) -> TypeInfo | None: ...
+
+
+class TextRenderer(Protocol):
+    """Optional catalog capability: print binary values of a type as its text output, in order.
+
+    Raises ValueError when the bytes are not a value of the type.
+    """
+
+    def render_binary(self, type_oid: int, values: Sequence[bytes]) -> list[str]: ...
 
 
 _EXACT = decimal.Context(prec=1000, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
@@ -1152,16 +1165,55 @@ class _IntVector(_Time):
         return " ".join(str(int.from_bytes(data[s : s + n], "big", signed=True)) for s, n in items if n >= 0)
 
 
+_OPAQUE_CACHE_BYTES = 16 << 20
+
+
 class _Opaque(_Time):
-    """A type with no binary decoder here: text passes through, binary raises."""
+    """A type with no binary decoder here: text passes through; binary is printed by the server.
 
-    binary_ok = False
+    pgoutput sends every type that has a binary send function in binary, so extension types
+    (and a few built-ins such as point or tsvector) arrive as bytes only their own receive
+    function understands. The catalog's :meth:`TextRenderer.render_binary` asks the source
+    server to read them back and print them with the type's output function: the same text
+    the value has in text format. Without such a catalog they raise DecodeError.
+    """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, oid: int = 0, catalog: object = None) -> None:
         self.name = name
+        self.oid = oid
+        render = getattr(catalog, "render_binary", None)
+        self._render: Callable[[int, Sequence[bytes]], list[str]] | None = render if callable(render) else None
+        self._cache: dict[bytes, str] = {}  # recent values (repeat across chunks), bounded
+        self._cached_bytes = 0
+
+    def _texts(self, values: Sequence[bytes]) -> list[str]:
+        if self._render is None or not self.oid:
+            raise _Bad(f"no binary decoder for type {self.name} and no source server to print it")
+        cache = self._cache
+        todo = [v for v in dict.fromkeys(values) if v not in cache]
+        if todo:
+            try:
+                texts = self._render(self.oid, todo)
+            except ValueError as exc:
+                raise _Bad(f"the server cannot read this binary value: {exc}") from None
+            found = dict(zip(todo, texts, strict=True))
+            out = [cache[v] if v in cache else found[v] for v in values]
+            if self._cached_bytes > _OPAQUE_CACHE_BYTES:
+                cache.clear()
+                self._cached_bytes = 0
+            cache.update(found)
+            self._cached_bytes += sum(len(v) + len(t) for v, t in found.items())
+            return out
+        return [cache[v] for v in values]
 
     def ref_binary(self, data: bytes, notes: Notes) -> Any:
-        raise _Bad(f"no binary decoder for type {self.name}; use text format (binary=false) for it")
+        return self._texts([data])[0]
+
+    def vec_binary(self, part: _Part) -> pa.Array | None:
+        try:
+            return pa.array(self._texts(part.values()), type=pa.string())
+        except _Bad:
+            return None  # the per-value path finds the row and says what is wrong
 
 
 # -------------------------------------------------------- composite, range, arrays
@@ -1522,6 +1574,7 @@ _BUILTIN: dict[str, Callable[[], _Handler]] = {
     "json": _text_like,
     "xml": _text_like,
     "unknown": _text_like,
+    "refcursor": _text_like,
     "char": _Char,
     "jsonb": _Jsonb,
     "bytea": _Bytea,
@@ -1686,7 +1739,7 @@ def codec_for(
         return _builtin_codec(builtin, type_modifier, catalog, ndims)
     info = catalog.type_info(type_oid) if catalog is not None else None
     if info is None:
-        return ColumnCodec(f"oid {type_oid}", _Opaque(f"oid {type_oid}"))
+        return ColumnCodec(f"oid {type_oid}", _Opaque(f"oid {type_oid}", type_oid, catalog))
     label = f"{info.namespace}.{info.name}"
     if info.typtype == "d" and info.base_oid:
         base = codec_for(
@@ -1706,7 +1759,7 @@ def codec_for(
         return ColumnCodec(label, _Multirange(info.subtype_oid, catalog))
     if info.send_proc in _TEXT_SENDS:
         return ColumnCodec(label, _TextLike())
-    return ColumnCodec(label, _Opaque(label))
+    return ColumnCodec(label, _Opaque(label, type_oid, catalog))
 
 
 def _builtin_codec(t: _oids.BuiltinType, typmod: int, catalog: TypeCatalog | None, ndims: int) -> ColumnCodec:
@@ -1725,7 +1778,7 @@ def _builtin_codec(t: _oids.BuiltinType, typmod: int, catalog: TypeCatalog | Non
         return ColumnCodec(label, _Multirange(t.subtype_oid, catalog))
     if t.name == "record":
         return ColumnCodec(label, _Composite(catalog))
-    return ColumnCodec(label, _Opaque(label))
+    return ColumnCodec(label, _Opaque(label, t.oid, catalog))
 
 
 def arrow_schema(
@@ -1747,6 +1800,7 @@ __all__ = [
     "KIND_TEXT",
     "KIND_TOAST",
     "ColumnCodec",
+    "TextRenderer",
     "TypeCatalog",
     "TypeInfo",
     "arrow_schema",
