@@ -78,6 +78,7 @@ CREATE TYPE exttext (INPUT = exttext_in, OUTPUT = exttext_out, INTERNALLENGTH = 
 #            (UTC for tstz), otherwise the nearest bound (the clamping rule)
 #   text     the server's col::text
 #   out      the type's output function (format('%s', col)); inet::text would add /32
+#   clamparr one-dimensional arrays of those three: every element clamped the same way (in SQL)
 #   textarr  the server's col::text[] (arrays of text-mapped types)
 #   money    col::numeric (money -> decimal(19,2))
 COLUMNS: list[tuple[str, str, list[str], str]] = [
@@ -202,7 +203,9 @@ COLUMNS: list[tuple[str, str, list[str], str]] = [
     ("c_f8arr", "float8[]", ["'{1.5,-Infinity,NULL,NaN}'", "'{NaN}'"], "py"),
     ("c_f4arr", "float4[]", ["'{NaN,0.1,Infinity,NULL}'"], "f4"),
     ("c_boolarr", "bool[]", ["'{t,NULL,f}'"], "py"),
-    ("c_tsarr", "timestamptz[]", ['\'{"2020-01-01 00:00:00+00","1999-12-31 23:59:59.5+03",NULL}\''], "py"),
+    ("c_tsarr", "timestamptz[]", ['\'{"2020-01-01 00:00:00+00","1999-12-31 23:59:59.5+03",NULL,infinity}\''], "clamparr"),
+    ("c_tsntzarr", "timestamp[]", ["'{-infinity,\"10000-01-01 00:00:00\",NULL,\"2020-01-01 10:00:00\"}'"], "clamparr"),
+    ("c_datearr1", "date[]", ["'{infinity,\"0044-03-15 BC\",2020-01-01,NULL}'"], "clamparr"),
     ("c_datearr", "date[][]", ["'{{2020-01-01,NULL},{1999-12-31,0001-01-01}}'"], "py"),
     ("c_bytearr", "bytea[]", ["'{\"\\\\\\\\x00ff\",NULL}'"], "py"),
     ("c_uuidarr", "uuid[]", ["'{A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11,NULL}'"], "textarr"),
@@ -293,9 +296,17 @@ def _float32(v: Any) -> Any:
     return None if v is None else float(np.float32(v))
 
 
-def _expected_column(conn: psycopg.Connection[Any], name: str, kind: str) -> list[Any]:
+def _expected_column(conn: psycopg.Connection[Any], name: str, typ: str, kind: str) -> list[Any]:
     """What the lake must hold for column ``name``, row by row in id order, asked of PostgreSQL."""
-    if kind == "text":
+    if kind == "clamparr":
+        elem = typ.removesuffix("[]")
+        lo, hi = ("0001-01-01", "9999-12-31") if elem == "date" else ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999")
+        q = (
+            f"SELECT CASE WHEN {name} IS NOT NULL THEN ARRAY(SELECT CASE WHEN v < '{lo}'::{elem} THEN '{lo}'::{elem} "
+            f"WHEN v > '{hi}'::{elem} THEN '{hi}'::{elem} ELSE v END FROM unnest({name}) WITH ORDINALITY AS u(v, i) "
+            "ORDER BY i) END FROM matrix ORDER BY id"
+        )
+    elif kind == "text":
         q = f"SELECT {name}::text FROM matrix ORDER BY id"
     elif kind == "out":
         q = f"SELECT CASE WHEN {name} IS NOT NULL THEN format('%s', {name}) END FROM matrix ORDER BY id"
@@ -353,7 +364,7 @@ def _expected(dsn: str, version: int, xml: bool) -> tuple[list[int], dict[str, l
         conn.execute("SET DateStyle = ISO; SET IntervalStyle = postgres; SET TimeZone = 'UTC'")
         conn.execute("SET extra_float_digits = 3")
         ids = [r[0] for r in conn.execute("SELECT id FROM matrix ORDER BY id").fetchall()]
-        return ids, {name: _expected_column(conn, name, kind) for name, _t, kind in _columns(version, xml)}
+        return ids, {name: _expected_column(conn, name, typ, kind) for name, typ, kind in _columns(version, xml)}
 
 
 def _rule_counts(dsn: str, version: int, xml: bool) -> dict[str, int]:
