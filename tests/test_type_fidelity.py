@@ -52,6 +52,7 @@ SETUP = r"""
 CREATE TYPE mood AS ENUM ('happy', 'sad', 'with space');
 CREATE DOMAIN posnum AS numeric(10,3) CHECK (VALUE > 0);
 CREATE DOMAIN shorttext AS varchar(20);
+CREATE DOMAIN place AS point;
 CREATE TYPE comp AS (a int4, b text, c numeric, d timestamptz, e int4[], f float8, g bytea, h bool, i point);
 CREATE TYPE textrange AS RANGE (subtype = text);
 -- An extension-like base type with a binary send function of its own (int4's), unknown to
@@ -80,6 +81,9 @@ CREATE TYPE exttext (INPUT = exttext_in, OUTPUT = exttext_out, INTERNALLENGTH = 
 #   out      the type's output function (format('%s', col)); inet::text would add /32
 #   clamparr one-dimensional arrays of those three: every element clamped the same way (in SQL)
 #   textarr  the server's col::text[] (arrays of text-mapped types)
+#   dims / dimstext  arrays whose values have more or fewer dimensions than declared: more are
+#            flattened in order (unnest), fewer wrapped in outer lists (ARRAY[col]); as psycopg
+#            loads them / as text elements
 #   money    col::numeric (money -> decimal(19,2))
 COLUMNS: list[tuple[str, str, list[str], str]] = [
     ("c_bool", "bool", ["true", "false"], "py"),
@@ -194,7 +198,9 @@ COLUMNS: list[tuple[str, str, list[str], str]] = [
     ("c_domain", "posnum", ["1.234", "99999.5"], "py"),
     ("c_domtext", "shorttext", ["'short'", "''"], "text"),
     ("c_int4arr", "int4[]", ["'{1,NULL,3}'", "'{}'", "'[0:1]={5,6}'", "'{NULL}'"], "py"),
-    ("c_int4arr2", "int4[][]", ["'{{1,2},{NULL,4}}'", "'{}'", "'{{7}}'", "'{{1,NULL,3},{4,5,6}}'"], "py"),
+    ("c_int4arr2", "int4[][]", ["'{{1,2},{NULL,4}}'", "'{}'", "'{{7}}'", "'{{1,NULL,3},{4,5,6}}'", "'{8,NULL}'"], "dims"),
+    # declared one-dimensional, holding more (PostgreSQL does not enforce declared dimensions)
+    ("c_int4flat", "int4[]", ["'{{1,2},{3,NULL}}'", "'{1,2}'", "'{{{1}},{{2}}}'", "'{}'"], "dims"),
     ("c_int8arr3", "int8[][][]", ["'{{{1,NULL},{3,4}},{{5,6},{7,8}}}'", "'{{{9}}}'"], "py"),
     ("c_textarr", "text[]", ['\'{"a b","","NULL",NULL,"x\\"y",é,"{}"}\'', "'{a,b}'"], "textarr"),
     ("c_textarr2", "text[][]", ["'{{a,NULL},{\"c d\",\"\"}}'"], "textarr"),
@@ -248,6 +254,8 @@ COLUMNS: list[tuple[str, str, list[str], str]] = [
     ("c_aclitem", "aclitem", ["'postgres=arwdDxt/postgres'"], "text"),
     ("c_extint", "extint", ["'42'", "'-2147483648'"], "text"),
     ("c_exttext", "exttext", ["'anything, as text'", "''"], "text"),
+    ("c_extintarr", "extint[]", ["'{1,NULL,-3}'", "'{{1,2},{3,4}}'"], "dimstext"),
+    ("c_place", "place", ["'(3,4)'"], "text"),
 ]
 
 # Large values that PostgreSQL keeps out of line (TOAST): an update that does not touch them
@@ -259,14 +267,18 @@ TOAST_COLUMNS = [
 GENERATED = ("c_gen", "int8", "GENERATED ALWAYS AS (c_int8 / 2 + c_int4) STORED", "py")
 
 
-def _literal_columns(xml: bool) -> list[tuple[str, str, list[str], str]]:
+INFINITE_INTERVAL = ("c_ivinf", "interval", ["'infinity'", "'-infinity'", "'1 day'"], "text")  # PG 17+
+
+
+def _literal_columns(version: int, xml: bool) -> list[tuple[str, str, list[str], str]]:
     """COLUMNS, without xml on a server built without libxml (the PostgreSQL 18 wheel)."""
-    return [c for c in COLUMNS if xml or c[1] != "xml"]
+    cols = [c for c in COLUMNS if xml or c[1] != "xml"]
+    return [*cols, INFINITE_INTERVAL] if version >= 17 else cols
 
 
 def _columns(version: int, xml: bool) -> list[tuple[str, str, str]]:
     """(name, type, kind) of every column but id, in table order."""
-    cols = [(n, t, k) for n, t, _v, k in _literal_columns(xml)] + [(n, t, k) for n, t, _e, k in TOAST_COLUMNS]
+    cols = [(n, t, k) for n, t, _v, k in _literal_columns(version, xml)] + [(n, t, k) for n, t, _e, k in TOAST_COLUMNS]
     if version >= 18:
         cols.append((GENERATED[0], GENERATED[1], GENERATED[3]))
     return cols
@@ -305,6 +317,17 @@ def _expected_column(conn: psycopg.Connection[Any], name: str, typ: str, kind: s
             f"SELECT CASE WHEN {name} IS NOT NULL THEN ARRAY(SELECT CASE WHEN v < '{lo}'::{elem} THEN '{lo}'::{elem} "
             f"WHEN v > '{hi}'::{elem} THEN '{hi}'::{elem} ELSE v END FROM unnest({name}) WITH ORDINALITY AS u(v, i) "
             "ORDER BY i) END FROM matrix ORDER BY id"
+        )
+    elif kind in ("dims", "dimstext"):
+        declared = typ.count("[]")
+        elem_cast, cast = ("::text", "::text[]") if kind == "dimstext" else ("", "")
+        flat = f"ARRAY(SELECT v{elem_cast} FROM unnest({name}) WITH ORDINALITY AS u(v, i) ORDER BY i)"
+        pads = declared - 1  # the values here that have fewer dimensions have one
+        padded = "ARRAY[" * pads + f"{name}{cast}" + "]" * pads
+        q = (
+            f"SELECT CASE WHEN array_ndims({name}) > {declared} THEN {flat} "
+            f"WHEN array_ndims({name}) < {declared} THEN {padded} ELSE {name}{cast} END "
+            "FROM matrix ORDER BY id"
         )
     elif kind == "text":
         q = f"SELECT {name}::text FROM matrix ORDER BY id"
@@ -369,9 +392,19 @@ def _expected(dsn: str, version: int, xml: bool) -> tuple[list[int], dict[str, l
 
 def _rule_counts(dsn: str, version: int, xml: bool) -> dict[str, int]:
     """How many values of the table each rule applies to, as PostgreSQL counts them."""
-    parts: dict[str, list[str]] = {"timestamp_clamped": [], "date_clamped": [], "numeric_nan_nulled": []}
+    parts: dict[str, list[str]] = {
+        "timestamp_clamped": [],
+        "date_clamped": [],
+        "numeric_nan_nulled": [],
+        "array_dims_flattened": [],
+        "array_dims_padded": [],
+    }
     for name, typ, _kind in _columns(version, xml):
         base = typ.replace("[]", "")
+        if "[]" in typ:
+            k = typ.count("[]")
+            parts["array_dims_flattened"].append(f"(SELECT count(*) FROM matrix WHERE array_ndims({name}) > {k})")
+            parts["array_dims_padded"].append(f"(SELECT count(*) FROM matrix WHERE array_ndims({name}) < {k})")
         if "[]" in typ:  # every element of the arrays
             value, target = f"(SELECT count(*) FROM matrix, unnest({name}) v WHERE {{cond}})", "v"
         else:
@@ -495,7 +528,7 @@ def _scenario(server: ThrowawayPostgres, tmp: Path) -> list[Snapshot]:
                 xml = True
             except psycopg.errors.FeatureNotSupported:
                 xml = False
-            literal = _literal_columns(xml)
+            literal = _literal_columns(version, xml)
             cols = [f"{n} {t}" for n, t, _v, _k in literal] + [f"{n} {t}" for n, t, _e, _k in TOAST_COLUMNS]
             if version >= 18:
                 cols.append(" ".join(GENERATED[:3]))

@@ -285,8 +285,12 @@ def test_arrays() -> None:
     assert codec_for(OID["_int4"], -1, ndims=2).arrow_type == pa.list_(pa.list_(pa.int32()))
     got, _ = run(OID["_int4"], [int_array([1, 2, None, 4], [2, 2]), b"\x00" * 12], KIND_BINARY, ndims=2)
     assert got == [[[1, 2], [None, 4]], []]
-    with pytest.raises(DecodeError, match="2 dimensions, the column codec was built for 1"):
-        run(OID["_int4"], [b"{{1},{2}}"], KIND_TEXT)
+    # PostgreSQL does not enforce declared dimensions: more are flattened, fewer padded (counted)
+    got, notes = run(OID["_int4"], [b"{{1},{2}}", b"{{{1,2},{3,4}},{{5,6},{7,NULL}}}"], KIND_TEXT)
+    assert got == [[1, 2], [1, 2, 3, 4, 5, 6, 7, None]] and notes["array_dims_flattened"] == 2
+    got, notes = run(OID["_int4"], [int_array([1, 2, 3, 4, 5, 6], [1, 2, 3]), int_array([7, 8])], KIND_BINARY, ndims=2)
+    assert got == [[[1, 2, 3], [4, 5, 6]], [[7, 8]]]
+    assert notes["array_dims_flattened"] == 1 and notes["array_dims_padded"] == 1
     got, _ = run(OID["_text"], [b'{"a b","",NULL,"NULL","x\\"y"}'], KIND_TEXT)
     assert got == [["a b", "", None, "NULL", 'x"y']]
     got, notes = run(OID["_numeric"], [b"{1.5,NaN}"], KIND_TEXT, typmod_numeric(5, 1))

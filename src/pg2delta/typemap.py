@@ -58,13 +58,16 @@ never logged with the value):
   en_US, de_DE ...); text-format money is parsed as ``-$1,234.56``-like text, any
   currency symbol or thousands separator ignored.
 * **Arrays**: ``codec_for(..., ndims=1)`` (the default) maps ``T[]`` to ``list<T>``;
-  ``ndims=k`` maps to k nested lists (``int4[][]`` -> ``list<list<int32>>``), row-major.
-  A value with more dimensions than the codec was built for raises DecodeError (the
-  column needs ``ndims`` from ``pg_attribute.attndims``, see
-  :meth:`pg2delta.catalog.PgTypeCatalog.attndims`); a value with fewer dimensions is
-  nested inside single-element lists only if it is empty (``{}`` -> ``[]``), otherwise
-  it raises too. PostgreSQL lower bounds other than 1 (``'[0:1]={1,2}'``) are dropped
-  and counted in ``notes['array_lower_bound_dropped']``.
+  ``ndims=k`` maps to k nested lists (``int4[][]`` -> ``list<list<int32>>``), row-major
+  (the job passes ``pg_attribute.attndims``, see
+  :meth:`pg2delta.catalog.PgTypeCatalog.attndims`). PostgreSQL does not enforce declared
+  dimensions, so a value may have more or fewer than the column: more are flattened
+  into the outermost list, in order (``{{1,2},{3,4}}`` in an ``int4[]`` column ->
+  ``[1, 2, 3, 4]``), counted in ``notes['array_dims_flattened']``; fewer are wrapped in
+  single-element outer lists (``{1,2}`` in ``int4[][]`` -> ``[[1, 2]]``), counted in
+  ``notes['array_dims_padded']``. Empty arrays are ``[]``. PostgreSQL lower bounds
+  other than 1 (``'[0:1]={1,2}'``) are dropped and counted in
+  ``notes['array_lower_bound_dropped']``.
 * **Text forms** assume the session settings of a logical replication client:
   ``DateStyle=ISO``, ``IntervalStyle=postgres``, ``bytea_output=hex`` (escape is read
   too) and any ``extra_float_digits >= 1``. Binary values rendered to text (time,
@@ -1485,8 +1488,16 @@ class _Array(_Handler):
             notes["array_lower_bound_dropped"] += 1
         if not dims or 0 in dims:
             return []
-        if len(dims) != self.ndims:
-            raise _Bad(f"array value has {len(dims)} dimensions, the column codec was built for {self.ndims}")
+        if len(dims) > self.ndims:  # PostgreSQL does not enforce declared dimensions
+            notes["array_dims_flattened"] += 1
+            extra = len(dims) - self.ndims
+            lead = 1
+            for d in dims[: extra + 1]:
+                lead *= d
+            return [lead, *dims[extra + 1 :]]
+        if len(dims) < self.ndims:
+            notes["array_dims_padded"] += 1
+            return [1] * (self.ndims - len(dims)) + dims
         return dims
 
     def build(self, part: _Part, binary: bool, reference: bool) -> pa.Array:
