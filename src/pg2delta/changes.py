@@ -705,6 +705,10 @@ class WindowDecoder:
 
     # Relations ---------------------------------------------------------------------------
 
+    def relation_version(self, rel: po.Relation) -> RelationVersion:
+        """Codecs, key and Arrow schema of ``rel``, resolved as for a Relation message (the bootstrap copy uses this)."""
+        return self._add_relation(rel)
+
     def _add_relation(self, rel: po.Relation) -> RelationVersion:
         # Declared array dimensions, when the catalog can tell (PostgreSQL does not enforce them).
         dims_of = getattr(self._catalog, "attndims", None)

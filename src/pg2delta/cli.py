@@ -52,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--create-slot", action="store_true", default=None, help="create the slot if it is missing")
     run.add_argument("--max-changes", type=int, help="rows per window (default from config)")
     run.add_argument("--max-bytes", type=int, help="bytes per window (default from config)")
+    boot = sub.add_parser(
+        "bootstrap", help="create the slot and copy every published table into the lake as of its start"
+    )
+    _common(boot)
+    boot.add_argument("--parallel", type=int, default=2, help="tables copied at once (default 2)")
+    boot.add_argument(
+        "--resume", action="store_true",
+        help="the slot exists but the lake holds no bootstrap of it: copy every published table at a new snapshot",
+    )
     status = sub.add_parser("status", help="show the slot's position, lag and the lake's applied LSN per table")
     _common(status)
     return parser
@@ -106,6 +115,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_NOTHING_TO_DO if report.nothing_to_do else EXIT_OK
 
 
+def _cmd_bootstrap(args: argparse.Namespace) -> int:
+    from pg2delta.bootstrap import run_bootstrap
+
+    config = _config(args)
+    report = run_bootstrap(config, parallel=args.parallel, resume=args.resume)
+    summary = {
+        "slot": report.slot,
+        "start_lsn": format_lsn(report.start_lsn),
+        "created_slot": report.created_slot,
+        "already_copied": report.already_copied,
+        "tables": {
+            f"{t.schema}.{t.table}": {
+                "rows": t.rows, "as_of_lsn": format_lsn(t.snapshot_lsn), "delta_version": t.delta_version,
+                "seconds": round(t.seconds, 3),
+            }
+            for t in report.copied
+        },
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"pg2delta bootstrap: slot {report.slot} {'created' if report.created_slot else 'resumed'}, "
+            f"lake starts at {summary['start_lsn']}; {len(report.copied)} table(s) copied"
+            + (f", {len(report.already_copied)} copied before" if report.already_copied else "")
+        )
+        for t in report.copied:
+            print(f"  {t.schema}.{t.table}: {t.rows} rows as of {format_lsn(t.snapshot_lsn)} -> delta version {t.delta_version}")
+    return EXIT_OK
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from pg2delta.status import status
 
@@ -137,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _cmd_run(args)
+        if args.command == "bootstrap":
+            return _cmd_bootstrap(args)
         return _cmd_status(args)
     except Pg2DeltaError as exc:
         print(exc.one_line(), file=sys.stderr)

@@ -233,6 +233,23 @@ class Engine:
             except Exception:
                 log.debug("could not drop temp view %s", view)
 
+    def replace_table(self, uri: str, staged_dir: str) -> None:
+        """Make the Delta table at ``uri`` hold exactly the Parquet files under ``staged_dir``, in one commit.
+
+        The table is created when missing; an existing one is overwritten (schema included),
+        so readers see either the old table or the whole new one, never part of it.
+        """
+        try:
+            (
+                self.spark.read.parquet(staged_dir)
+                .write.format("delta")
+                .mode("overwrite")
+                .option("overwriteSchema", "true")
+                .save(uri)
+            )
+        except Exception as exc:
+            raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
+
     def delete_all(self, uri: str) -> None:
         self._sql(f"DELETE FROM {self.target(uri)}", f"DELETE FROM {uri}")
 

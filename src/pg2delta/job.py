@@ -71,6 +71,7 @@ LOG_SCHEMA = pa.schema(
         ("deletes", pa.int64()),
         ("truncated", pa.bool_()),
         ("applied_at", pa.timestamp("us", tz="UTC")),
+        ("kind", pa.string()),  # 'window', or 'bootstrap' for a table's initial copy (pg2delta.bootstrap)
     ]
 )
 
@@ -173,6 +174,7 @@ class Job:
         self.lake = Lake(config.lake_root)
         self._engine_factory = engine_factory or (lambda lake: Engine.start(config.engine, lake))
         self._engine: Engine | None = None
+        self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
 
     @property
     def engine(self) -> Engine:
@@ -204,6 +206,10 @@ class Job:
                 log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))
                 return report
             self.lake.check_writable()
+            from pg2delta.bootstrap import copy_new_tables
+
+            # Tables added to the publication since the lake's bootstrap are copied first.
+            self._bootstrapped = copy_new_tables(self, src)
             applied = self._applied_lsns()
             run_id = uuid.uuid4().hex
             catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog")
@@ -296,6 +302,11 @@ class Job:
         uri = self.lake.table_uri(schema, name)
         report = TableReport(schema, name, uri)
         if applied_lsn >= window_end:
+            report.skipped = True
+            return report
+        if applied is None and self._bootstrapped:
+            # Added to the publication after this run started: the next run copies it at a later snapshot.
+            log.info("skipped %s.%s: not copied yet, the next run copies it", schema, name)
             report.skipped = True
             return report
         truncates = [t for t in tw.truncates if t.commit_lsn >= applied_lsn]
@@ -448,6 +459,7 @@ class Job:
                 "deletes": t.deletes,
                 "truncated": t.truncated,
                 "applied_at": now.as_py(),
+                "kind": "window",
             }
             for t in reports
         ]

@@ -36,8 +36,8 @@ def status(config: Config) -> dict[str, Any]:
         try:
             latest: dict[int, dict[str, Any]] = {}
             for row in engine.read_table(lake.table_uri(LOG_TABLE)):
-                if row.get("slot") != config.source.slot:
-                    continue
+                if row.get("slot") != config.source.slot or row.get("relation_oid") is None:
+                    continue  # rows without a table mark a bootstrap's start
                 oid = int(row["relation_oid"])
                 if oid not in latest or int(row["window_end"]) > int(latest[oid]["window_end"]):
                     latest[oid] = row

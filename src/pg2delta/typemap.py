@@ -1661,6 +1661,11 @@ class ColumnCodec:
     def __repr__(self) -> str:
         return f"ColumnCodec({self.pg_type!r}, {self.arrow_type})"
 
+    @property
+    def server_printed(self) -> bool:
+        """True for types pg2delta has no decoder for: their values are stored as the server prints them."""
+        return isinstance(self._h, _Opaque)
+
     def decode(
         self,
         buf: bytes,

@@ -1,0 +1,796 @@
+"""Bootstrap: every published table copied into Delta exactly as of the replication slot's start.
+
+``pg2delta bootstrap``
+
+1. takes the slot's advisory lock and checks the publication and the lake; the slot must not
+   exist yet (an existing slot resumes an interrupted bootstrap of this lake, or needs ``--resume``);
+2. creates the slot on a replication connection with
+   ``CREATE_REPLICATION_SLOT <slot> LOGICAL pgoutput (SNAPSHOT 'export')``: the server returns the
+   slot's consistent point L and exports a snapshot that holds exactly the transactions whose commit
+   record starts before L, while the slot will emit exactly those whose commit record starts at or
+   after L (its ``confirmed_flush_lsn`` is L);
+3. records L in the applied log as the lake's start (a ``kind = 'bootstrap'`` row without a table);
+4. copies every published table with worker connections that import that snapshot
+   (``REPEATABLE READ``, ``SET TRANSACTION SNAPSHOT``), several tables at once: ``COPY (SELECT
+   <published columns> FROM <table> WHERE <row filter>) TO STDOUT (FORMAT binary)``, decoded
+   column-wise into Arrow by the change path's own codecs, written as Parquet chunks under the
+   lake's staging area (memory is bounded by one chunk per worker), then made visible in ONE Delta
+   commit that replaces the table: a reader sees no table or the whole copy, never part of it;
+5. records each finished table in the applied log as applied through L (``kind = 'bootstrap'``).
+
+``pg2delta run`` then applies, per table, only the changes whose commit LSN is at or after the LSN
+the table was copied at (the job's applied-LSN filter), so nothing is lost or applied twice, for
+keyless (insert-only) tables too.
+
+**Copies at a later snapshot.** An exported snapshot lives only as long as the replication
+connection that exported it. Tables copied later get a snapshot of their own from a TEMPORARY slot
+created the same way: a resumed bootstrap (tables the interrupted one did not finish), and tables
+added to the publication after the bootstrap (``run`` copies them first, before its windows). The
+temporary slot's consistent point L2 is at or after the main slot's position (both come from the
+same WAL; the main slot cannot be ahead of the server); the table is recorded as applied through L2
+and the main slot's changes of it before L2, which the snapshot holds already, are skipped. In a
+bootstrapped lake, ``run`` skips the changes of a published table that has no copy yet (one added
+to the publication while the run was reading): the next run copies it at a snapshot after them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+from psycopg import pq as libpq
+from psycopg import sql
+
+from pg2delta import pgoutput as po
+from pg2delta.catalog import PgTypeCatalog
+from pg2delta.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
+from pg2delta.errors import ConfigError, ConnectionFailed, DecodeError, SourceStateError
+from pg2delta.lsn import format_lsn
+from pg2delta.slot import SlotSource, connect
+from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT
+
+if TYPE_CHECKING:
+    from pg2delta.job import Job
+
+log = logging.getLogger(__name__)
+
+KIND_BOOTSTRAP = "bootstrap"  # applied-log rows written by a copy (``kind`` column)
+STAGING = "_pg2delta/staging/bootstrap"
+DEFAULT_PARALLEL = 2
+
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_COPY_HEADER_LEN = 19
+_CHUNK_ROWS = 65_536  # rows decoded at once per worker
+_CHUNK_BYTES = 32 << 20
+_FILE_ROWS = 1_048_576  # rows per staged Parquet file
+_PROGRESS_SECONDS = 5.0
+
+I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[np.uint8]
+
+
+# --- what the lake already holds ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LakeBootstrap:
+    """What the applied log says about the bootstrap of one slot's lake."""
+
+    start_lsn: int | None  # the slot's consistent point when the bootstrap created it; None: never bootstrapped
+    copied: dict[int, int]  # relation OID -> LSN its copy is as of (only copies of this bootstrap)
+
+
+def lake_state(rows: Sequence[dict[str, Any]], slot: str) -> LakeBootstrap:
+    """Read the bootstrap rows of ``slot`` from the applied log's rows."""
+    mine = [r for r in rows if r.get("slot") == slot and r.get("kind") == KIND_BOOTSTRAP]
+    starts = [int(r["window_end"]) for r in mine if r.get("relation_oid") is None]
+    if not starts:
+        return LakeBootstrap(None, {})
+    start = max(starts)  # a slot dropped and bootstrapped again starts later: older copies do not count
+    copied: dict[int, int] = {}
+    for r in mine:
+        if r.get("relation_oid") is None or int(r["window_end"]) < start:
+            continue
+        oid = int(r["relation_oid"])
+        copied[oid] = max(copied.get(oid, 0), int(r["window_end"]))
+    return LakeBootstrap(start, copied)
+
+
+# --- what the publication holds ----------------------------------------------------------------
+
+_TABLES_QUERY = """
+SELECT c.oid::int8, pt.schemaname::text, pt.tablename::text, c.relkind::text, c.relreplident::text,
+       pt.attnames::text[], pt.rowfilter::text, c.reltuples::float8
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = %s
+ORDER BY 2, 3
+"""
+
+# Columns in attribute order, whether the column's type has a binary send function (for an
+# array: its element's too), and whether the column is part of the replica identity index.
+_COLUMNS_QUERY = """
+SELECT a.attname::text, a.atttypid::int8, a.atttypmod::int4, a.attgenerated::text,
+       t.typsend <> 0 AND coalesce(e.typsend <> 0, true),
+       coalesce(a.attnum = ANY(i.indkey), false)
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+LEFT JOIN LATERAL (
+    SELECT x.indkey::int2[] AS indkey FROM pg_index x
+    WHERE x.indrelid = a.attrelid AND CASE %s WHEN 'd' THEN x.indisprimary WHEN 'i' THEN x.indisreplident ELSE false END
+    LIMIT 1
+) i ON true
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedTable:
+    """One table of the publication as pgoutput publishes it: columns, key flags, row filter."""
+
+    relation: po.Relation  # what a Relation message of the table carries
+    partitioned: bool
+    row_filter: str | None
+    text_columns: frozenset[str]  # types without a binary send function: copied as text
+    estimated_rows: int | None  # pg_class.reltuples, for progress
+
+    @property
+    def oid(self) -> int:
+        return self.relation.oid
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.relation.namespace}.{self.relation.name}"
+
+
+def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[PublishedTable]:
+    """The publication's tables with their published columns (PostgreSQL 15+ column lists) and row filters."""
+    out: list[PublishedTable] = []
+    for oid, schema, name, relkind, replident, attnames, rowfilter, reltuples in conn.execute(
+        _TABLES_QUERY, (publication,)
+    ).fetchall():
+        wanted = None if attnames is None else set(attnames)
+        columns: list[po.RelationColumn] = []
+        text_columns: set[str] = set()
+        for att, typ, typmod, generated, has_send, in_identity in conn.execute(
+            _COLUMNS_QUERY, (replident, oid)
+        ).fetchall():
+            if (att not in wanted) if wanted is not None else bool(generated):
+                continue
+            key = replident == "f" or bool(in_identity)
+            columns.append(po.RelationColumn(1 if key else 0, str(att), int(typ), int(typmod)))
+            if not has_send:
+                text_columns.add(str(att))
+        rel = po.Relation(None, int(oid), str(schema), str(name), str(replident), tuple(columns))
+        estimate = int(reltuples) if reltuples is not None and reltuples >= 0 else None
+        out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate))
+    return out
+
+
+# --- snapshots ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    slot: str
+    consistent_lsn: int
+    name: str  # for SET TRANSACTION SNAPSHOT
+
+
+class ExportedSnapshot:
+    """A replication connection that created a slot and exported its snapshot; keep it idle while copying."""
+
+    def __init__(self, dsn: str, slot: str, *, temporary: bool, connect_timeout: int = 10) -> None:
+        try:
+            self.conn = psycopg.connect(
+                dsn, autocommit=True, replication="database", application_name="pg2delta bootstrap",
+                connect_timeout=connect_timeout,
+            )
+        except psycopg.OperationalError as exc:
+            text = " ".join(str(exc).split())
+            if "replication" in text or "password" in text or "does not exist" in text:
+                raise ConnectionFailed(
+                    f"cannot open a replication connection (the role needs REPLICATION and pg_hba.conf a "
+                    f"replication entry for this database): {text}",
+                    retryable=False,
+                ) from exc
+            raise ConnectionFailed(f"cannot open a replication connection: {text}") from exc
+        command = sql.SQL("CREATE_REPLICATION_SLOT {} {} LOGICAL pgoutput (SNAPSHOT 'export')").format(
+            sql.Identifier(slot), sql.SQL("TEMPORARY") if temporary else sql.SQL("")
+        )
+        try:
+            res = self.conn.pgconn.exec_(command.as_bytes(self.conn))
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise ConnectionFailed(f"lost the replication connection creating slot {slot!r}: {exc}") from exc
+        if res.status != libpq.ExecStatus.TUPLES_OK:
+            err = psycopg.errors.error_from_result(res, encoding=self.conn.info.encoding)
+            self.close()
+            text = " ".join((err.diag.message_primary or str(err)).split())
+            if isinstance(err, psycopg.errors.DuplicateObject):
+                raise SourceStateError(
+                    f"replication slot {slot!r} was created by someone else meanwhile: {text}"
+                ) from err
+            raise SourceStateError(f"cannot create replication slot {slot!r}: {text}") from err
+        values = [res.get_value(0, i) for i in range(res.nfields)]
+        names = [bytes(res.fname(i) or b"").decode() for i in range(res.nfields)]
+        row = {n: bytes(v).decode() if v is not None else None for n, v in zip(names, values, strict=True)}
+        lsn, snap = row.get("consistent_point"), row.get("snapshot_name")
+        if not lsn or not snap:
+            self.close()
+            raise SourceStateError(f"the server did not export a snapshot for slot {slot!r}")
+        hi, lo = lsn.split("/")
+        self.snapshot = Snapshot(slot, (int(hi, 16) << 32) | int(lo, 16), snap)
+        log.info(
+            "created %sslot %s at %s, exported snapshot %s",
+            "temporary " if temporary else "", slot, lsn, snap,
+        )
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            log.debug("could not close the replication connection")
+
+    def __enter__(self) -> ExportedSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_snapshot(conn: psycopg.Connection[Any], snapshot: Snapshot) -> None:
+    """Make ``conn`` (autocommit) read as of ``snapshot``, in a read-only REPEATABLE READ transaction."""
+    try:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot.name)))
+        # Text forms of types without a decoder, as the change path has them.
+        conn.execute("SET LOCAL TimeZone = 'UTC'")
+    except (psycopg.errors.InvalidParameterValue, psycopg.errors.UndefinedObject) as exc:
+        raise SourceStateError(
+            f"the snapshot exported by slot {snapshot.slot!r} can no longer be imported "
+            f"({' '.join(str(exc).split())}): its replication connection closed; run pg2delta bootstrap "
+            "again, it copies the tables still missing at a new snapshot"
+        ) from exc
+    except psycopg.OperationalError as exc:
+        raise ConnectionFailed(f"lost a copy connection: {' '.join(str(exc).split())}") from exc
+
+
+# --- COPY binary rows -> Arrow --------------------------------------------------------------------
+
+
+def _be16(u8: U8, pos: I64) -> I64:
+    return (u8[pos].astype(np.int64) << 8) | u8[pos + 1]
+
+
+def _be32(u8: U8, pos: I64) -> I64:
+    return (
+        (u8[pos].astype(np.int64) << 24)
+        | (u8[pos + 1].astype(np.int64) << 16)
+        | (u8[pos + 2].astype(np.int64) << 8)
+        | u8[pos + 3]
+    )
+
+
+def walk_copy_rows(
+    u8: U8, starts: I64, ends: I64, ncols: int
+) -> tuple[U8, I64, I64, npt.NDArray[np.bool_]]:
+    """Walk binary COPY rows (Int16 field count, then Int32 length or -1 and the bytes per field) column-wise.
+
+    Returns ``kinds`` (KIND_BINARY or KIND_NULL), ``starts`` and ``lengths`` as (column, row)
+    arrays, and a mask of the rows that are well formed.
+    """
+    n = len(starts)
+    kinds = np.empty((ncols, n), dtype=np.uint8)
+    cstarts = np.empty((ncols, n), dtype=np.int64)
+    clens = np.empty((ncols, n), dtype=np.int64)
+    ok = starts + 2 <= ends
+    p = np.where(ok, starts, 0)
+    ok &= _be16(u8, p) == ncols
+    p = p + 2
+    for c in range(ncols):
+        ok &= p + 4 <= ends
+        p = np.where(ok, p, 0)
+        ln = _be32(u8, p)
+        null = ln == 0xFFFFFFFF
+        ok &= null | ((ln < 2**31) & (p + 4 + ln <= ends))
+        kinds[c] = np.where(null, KIND_NULL, KIND_BINARY)
+        cstarts[c] = p + 4
+        clens[c] = np.where(null, 0, ln)
+        p = p + 4 + np.where(null | ~ok, 0, ln)
+    ok &= p == ends
+    return kinds, cstarts, clens, ok
+
+
+@dataclass(frozen=True, slots=True)
+class CopyPlan:
+    """How one table is copied: the COPY statement, the codecs, and the Arrow schema of the Delta table."""
+
+    table: PublishedTable
+    version: RelationVersion
+    keyless: bool  # no key: rows carry _pg2delta_lsn = 0 and a row number, as the change path keys them
+    schema: pa.Schema
+    text_columns: tuple[bool, ...]
+
+    @classmethod
+    def make(cls, table: PublishedTable, version: RelationVersion) -> CopyPlan:
+        keyless = not version.key_indexes
+        fields = [version.schema.field(c.name) for c in table.relation.columns]
+        if keyless:
+            meta = {f.name: f for f in META_FIELDS}
+            fields += [meta[LSN_COL], meta[POS_COL]]
+        text = tuple(
+            c.name in table.text_columns or codec.server_printed
+            for c, codec in zip(table.relation.columns, version.codecs, strict=True)
+        )
+        return cls(table, version, keyless, pa.schema(fields), text)
+
+    def statement(self) -> sql.Composed:
+        cols: list[sql.Composable] = []
+        for c, as_text in zip(self.table.relation.columns, self.text_columns, strict=True):
+            ident = sql.Identifier(c.name)
+            if as_text:
+                # The type's output function, as pgoutput's text format and the change path's server printing give it.
+                cols.append(sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(c=ident))
+            else:
+                cols.append(ident)
+        rel = self.table.relation
+        query = sql.SQL("SELECT {cols} FROM {only}{table}").format(
+            cols=sql.SQL(", ").join(cols) if cols else sql.SQL("NULL"),
+            only=sql.SQL("") if self.table.partitioned else sql.SQL("ONLY "),
+            table=sql.Identifier(rel.namespace, rel.name),
+        )
+        if self.table.row_filter:
+            query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(self.table.row_filter))
+        return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query)
+
+    def decode(self, pieces: list[bytes], first_row: int, notes: collections.Counter[str]) -> pa.RecordBatch:
+        """COPY rows -> one record batch of the Delta table's schema."""
+        rel = self.table.relation
+        ncols = len(rel.columns)
+        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+        buf = b"".join(pieces)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        u8 = np.frombuffer(buf, dtype=np.uint8)
+        # A SELECT without columns still sends one NULL field per row.
+        kinds, cstarts, clens, ok = walk_copy_rows(u8, starts, ends, max(ncols, 1))
+        if not ok.all():
+            bad = int(np.flatnonzero(~ok)[0])
+            raise DecodeError(f"malformed binary COPY row {first_row + bad} of {self.table.qualified}", offset=0)
+        arrays: list[pa.Array] = []
+        for c, codec in enumerate(self.version.codecs):
+            k = kinds[c]
+            if self.text_columns[c]:
+                k = np.where(k == KIND_NULL, KIND_NULL, KIND_TEXT).astype(np.uint8)
+            try:
+                arrays.append(codec.decode(buf, cstarts[c], clens[c], k, notes))
+            except DecodeError as exc:
+                raise DecodeError(
+                    f"column {rel.columns[c].name!r} of {self.table.qualified}, copy row {first_row}+: {exc.reason}"
+                ) from exc
+        n = len(pieces)
+        if self.keyless:
+            arrays.append(pa.array(np.zeros(n, dtype=np.int64)))
+            arrays.append(pa.array(np.arange(first_row, first_row + n, dtype=np.int64)))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+# --- progress -------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """Rows copied, rate and ETA (from pg_class.reltuples), logged every few seconds; no row values."""
+
+    def __init__(self, tables: Sequence[PublishedTable]) -> None:
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self.last = self.t0
+        self.total_tables = len(tables)
+        self.estimate = sum(t.estimated_rows or 0 for t in tables)
+        self.rows = 0
+        self.done_tables = 0
+        self.current: dict[str, tuple[int, int | None]] = {}
+
+    def update(self, table: PublishedTable, table_rows: int, new_rows: int) -> None:
+        with self.lock:
+            self.rows += new_rows
+            self.current[table.qualified] = (table_rows, table.estimated_rows)
+            now = time.monotonic()
+            if now - self.last < _PROGRESS_SECONDS:
+                return
+            self.last = now
+            rate = self.rows / max(now - self.t0, 1e-9)
+            if self.estimate > self.rows and rate > 0:
+                eta = f"{(self.estimate - self.rows) / rate:.0f} s"
+            else:
+                eta = "unknown"
+            each = ", ".join(
+                f"{name} {done}" + (f"/~{est} ({min(100.0, 100.0 * done / est):.0f}%)" if est else "")
+                for name, (done, est) in sorted(self.current.items())
+            )
+            log.info(
+                "bootstrap: %d/%d tables done, %d of ~%d rows, %.0f rows/s, eta %s; copying %s",
+                self.done_tables, self.total_tables, self.rows, self.estimate, rate, eta, each,
+            )
+
+    def finished(self, table: PublishedTable) -> None:
+        with self.lock:
+            self.done_tables += 1
+            self.current.pop(table.qualified, None)
+
+
+# --- the copy --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TableCopy:
+    schema: str
+    table: str
+    relation_oid: int
+    rows: int
+    snapshot_lsn: int
+    delta_version: int | None
+    seconds: float
+    path: str
+
+
+@dataclass
+class BootstrapReport:
+    slot: str
+    start_lsn: int  # the lake's start: the slot's consistent point when bootstrap created it
+    created_slot: bool
+    copied: list[TableCopy] = field(default_factory=list)
+    already_copied: list[str] = field(default_factory=list)  # finished by an earlier, interrupted bootstrap
+
+
+class Copier:
+    """Copies tables into the lake at one exported snapshot, ``parallel`` tables at a time."""
+
+    def __init__(self, job: Job, snapshot: Snapshot, run_id: str, *, parallel: int) -> None:
+        self.job = job
+        self.snapshot = snapshot
+        self.run_id = run_id
+        self.parallel = max(1, parallel)
+        self.engine_lock = threading.Lock()
+        self.staging = f"{STAGING}/{job.config.source.slot}/{run_id}"
+
+    def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
+        catalog = PgTypeCatalog(catalog_conn)
+        decoder = WindowDecoder(catalog, self.job._key_resolver(catalog_conn))
+        return [CopyPlan.make(t, decoder.relation_version(t.relation)) for t in tables]
+
+    def copy_all(self, plans: Sequence[CopyPlan]) -> list[TableCopy]:
+        if not plans:
+            return []
+        progress = _Progress([p.table for p in plans])
+        todo = sorted(plans, key=lambda p: -(p.table.estimated_rows or 0))  # the largest first
+        queue_lock = threading.Lock()
+        results: list[TableCopy] = []
+        dsn = self.job.config.source.dsn
+        timeout = self.job.config.source.connect_timeout
+
+        def worker() -> list[TableCopy]:
+            done: list[TableCopy] = []
+            conn = connect(dsn, application_name="pg2delta bootstrap copy", connect_timeout=timeout)
+            try:
+                open_snapshot(conn, self.snapshot)
+                while True:
+                    with queue_lock:
+                        if not todo:
+                            return done
+                        plan = todo.pop(0)
+                    done.append(self._copy_table(conn, plan, progress))
+            finally:
+                conn.close()
+
+        with ThreadPoolExecutor(max_workers=min(self.parallel, len(plans)), thread_name_prefix="pg2delta-copy") as pool:
+            futures = [pool.submit(worker) for _ in range(min(self.parallel, len(plans)))]
+            errors: list[BaseException] = []
+            for f in futures:
+                try:
+                    results.extend(f.result())
+                except BaseException as exc:
+                    errors.append(exc)
+                    with queue_lock:
+                        todo.clear()  # the other workers finish their table and stop
+            if errors:
+                raise errors[0]
+        return results
+
+    def _copy_table(self, conn: psycopg.Connection[Any], plan: CopyPlan, progress: _Progress) -> TableCopy:
+        from pg2delta.job import fault_point
+
+        t0 = time.monotonic()
+        rel = plan.table.relation
+        lake = self.job.lake
+        stage_rel = f"{self.staging}/{rel.namespace}.{rel.name}"
+        stage_dir = f"{lake.path}/{stage_rel}"
+        lake.fs.create_dir(stage_dir, recursive=True)
+        notes: collections.Counter[str] = collections.Counter()
+        rows = 0
+        files = 0
+        writer: pq.ParquetWriter | None = None
+        file_rows = 0
+
+        def write(batch: pa.RecordBatch) -> None:
+            nonlocal writer, files, file_rows
+            if writer is None or file_rows >= _FILE_ROWS:
+                if writer is not None:
+                    writer.close()
+                out = lake.fs.open_output_stream(f"{stage_dir}/part-{files:05d}.parquet")
+                writer = pq.ParquetWriter(out, plan.schema, compression="zstd")
+                files += 1
+                file_rows = 0
+            writer.write_batch(batch)
+            file_rows += batch.num_rows
+
+        pieces: list[bytes] = []
+        piece_bytes = 0
+        header_seen = False
+
+        def flush() -> None:
+            nonlocal pieces, piece_bytes, rows
+            if not pieces:
+                return
+            write(plan.decode(pieces, rows, notes))
+            n = len(pieces)
+            rows += n
+            pieces, piece_bytes = [], 0
+            progress.update(plan.table, rows, n)
+            fault_point("bootstrap_mid_table")
+
+        try:
+            with conn.cursor() as cur, cur.copy(plan.statement()) as copy:
+                for data in copy:
+                    piece = bytes(data)
+                    if not header_seen:
+                        if not piece.startswith(_COPY_SIGNATURE):
+                            raise DecodeError(f"COPY of {plan.table.qualified} without binary signature", offset=0)
+                        piece = piece[_COPY_HEADER_LEN:]
+                        header_seen = True
+                        if not piece:
+                            continue
+                    if piece == b"\xff\xff":
+                        continue
+                    pieces.append(piece)
+                    piece_bytes += len(piece)
+                    if len(pieces) >= _CHUNK_ROWS or piece_bytes >= _CHUNK_BYTES:
+                        flush()
+            flush()
+            if writer is None:  # an empty table: one empty file gives the schema
+                write(pa.RecordBatch.from_pylist([], schema=plan.schema))
+        except psycopg.OperationalError as exc:
+            raise ConnectionFailed(f"lost the connection copying {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
+        except psycopg.Error as exc:
+            raise SourceStateError(f"cannot copy {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
+        finally:
+            if writer is not None:
+                writer.close()
+        for name, count in sorted(notes.items()):
+            log.warning("copy note: %s: %s = %d", plan.table.qualified, name, count)
+
+        uri = lake.table_uri(rel.namespace, rel.name)
+        with self.engine_lock:
+            self.job.engine.replace_table(uri, lake.table_uri(stage_rel))
+            version = lake.delta_version(uri)
+            self._log(plan.table, rows, version)
+        fault_point("bootstrap_after_table")
+        try:
+            lake.fs.delete_dir(stage_dir)
+        except OSError:
+            log.warning("could not remove staging folder %s", stage_dir)
+        progress.finished(plan.table)
+        seconds = time.monotonic() - t0
+        log.info(
+            "copied %s: %d rows at %s in %.1f s (%.0f rows/s) -> delta version %s",
+            plan.table.qualified, rows, format_lsn(self.snapshot.consistent_lsn), seconds,
+            rows / max(seconds, 1e-9), version,
+        )
+        return TableCopy(rel.namespace, rel.name, rel.oid, rows, self.snapshot.consistent_lsn, version, seconds, uri)
+
+    def _log(self, table: PublishedTable | None, rows: int, version: int | None) -> None:
+        append_log_row(self.job, self.run_id, self.snapshot.consistent_lsn, table, rows, version)
+
+
+def append_log_row(job: Job, run_id: str, lsn: int, table: PublishedTable | None, rows: int, version: int | None) -> None:
+    """A ``kind = 'bootstrap'`` row: a table copied as of ``lsn``, or (no table) the lake's start."""
+    from pg2delta.job import LOG_SCHEMA, LOG_TABLE
+
+    now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    row = {
+        "run_id": run_id,
+        "slot": job.config.source.slot,
+        "window_start": lsn,
+        "window_end": lsn,
+        "window_end_lsn": format_lsn(lsn),
+        "relation_oid": table.oid if table else None,
+        "schema_name": table.relation.namespace if table else None,
+        "table_name": table.relation.name if table else None,
+        "delta_version": version,
+        "inserts": rows,
+        "updates": 0,
+        "deletes": 0,
+        "truncated": False,
+        "applied_at": now.as_py(),
+        "kind": KIND_BOOTSTRAP,
+    }
+    job.engine.append(job.lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
+
+
+def _clean_staging(job: Job) -> None:
+    """Remove what an interrupted copy of this slot staged (never visible in any Delta table)."""
+    path = f"{job.lake.path}/{STAGING}/{job.config.source.slot}"
+    try:
+        job.lake.fs.delete_dir(path)
+        log.info("removed staging files of an interrupted copy")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+
+
+def _read_state(job: Job) -> LakeBootstrap:
+    from pg2delta.job import LOG_TABLE
+
+    return lake_state(job.engine.read_table(job.lake.table_uri(LOG_TABLE)), job.config.source.slot)
+
+
+def copy_at_new_snapshot(job: Job, src: SlotSource, missing: set[int], *, parallel: int) -> list[TableCopy]:
+    """Copy the tables ``missing`` (OIDs) at the snapshot of a temporary slot created now."""
+    cfg = job.config
+    info = src.slot_info()
+    tmp = f"pg2delta_tmp_{uuid.uuid4().hex[:16]}"
+    run_id = uuid.uuid4().hex
+    _clean_staging(job)
+    with ExportedSnapshot(cfg.source.dsn, tmp, temporary=True, connect_timeout=cfg.source.connect_timeout) as exported:
+        snap = exported.snapshot
+        if info is not None and info.confirmed_flush_lsn is not None and snap.consistent_lsn < info.confirmed_flush_lsn:
+            raise SourceStateError(
+                f"the new snapshot ({format_lsn(snap.consistent_lsn)}) is before slot {cfg.source.slot!r} "
+                f"({format_lsn(info.confirmed_flush_lsn)}); nothing was copied"
+            )
+        copier = Copier(job, snap, run_id, parallel=parallel)
+        catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
+        try:
+            # The publication as of the snapshot: the tables the slot publishes from its consistent point.
+            open_snapshot(catalog_conn, snap)
+            tables = [t for t in published_tables(catalog_conn, cfg.source.publication) if t.oid in missing]
+            plans = copier.plans(catalog_conn, tables)
+            catalog_conn.execute("COMMIT")
+            return copier.copy_all(plans)
+        finally:
+            catalog_conn.close()
+
+
+def copy_new_tables(job: Job, src: SlotSource, *, parallel: int = DEFAULT_PARALLEL) -> bool:
+    """Before a run's windows: copy the published tables a bootstrapped lake has no copy of.
+
+    Returns whether the lake was bootstrapped for this slot (then the run skips the changes of
+    tables without a copy). A lake never bootstrapped is left alone: its tables are created from
+    the first changes the slot sends, as before.
+    """
+    state = _read_state(job)
+    if state.start_lsn is None:
+        return False
+    published = published_tables(src.conn, job.config.source.publication)
+    missing = {t.oid for t in published if t.oid not in state.copied}
+    if missing:
+        names = sorted(t.qualified for t in published if t.oid in missing)
+        log.info("the publication has %d table(s) the lake has no copy of: %s; copying them first", len(names), ", ".join(names))
+        copy_at_new_snapshot(job, src, missing, parallel=parallel)
+    return True
+
+
+def bootstrap(job: Job, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:
+    """``pg2delta bootstrap``: create the slot and copy every published table as of its consistent point.
+
+    On a slot that exists, resume: copy the tables the lake has no copy of (an interrupted
+    bootstrap) at a new snapshot. A slot the lake knows nothing of needs ``resume=True``.
+    """
+    cfg = job.config
+    if parallel < 1:
+        raise ConfigError("--parallel must be at least 1")
+    with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
+        src.lock()
+        info = src.slot_info()
+        if info is not None:
+            src.check()  # the slot is usable (plugin, database, not invalidated, not in use)
+        elif not src._query("SELECT 1 FROM pg_publication WHERE pubname = %s", (cfg.source.publication,)):
+            (dbname,) = src._query("SELECT current_database()")[0]
+            raise SourceStateError(f"publication {cfg.source.publication!r} does not exist in database {dbname!r}")
+        if src.server_version < 150000:
+            raise SourceStateError("pg2delta bootstrap needs PostgreSQL 15 or newer (publication column lists and row filters)")
+        job.lake.check_writable()
+        state = _read_state(job)
+        if info is not None:
+            assert info.confirmed_flush_lsn is not None
+            if state.start_lsn is None and not resume:
+                raise SourceStateError(
+                    f"replication slot {cfg.source.slot!r} already exists and the lake at {cfg.lake_root} holds no "
+                    "bootstrap of it: pass --resume to copy every published table at a new snapshot and keep the "
+                    f"slot's later changes, or drop the slot (SELECT pg_drop_replication_slot('{cfg.source.slot}')) "
+                    "and bootstrap again"
+                )
+            start = state.start_lsn
+            if start is None:
+                start = info.confirmed_flush_lsn
+                append_log_row(job, uuid.uuid4().hex, start, None, 0, None)
+                state = LakeBootstrap(start, {})
+            published = published_tables(src.conn, cfg.source.publication)
+            report = BootstrapReport(cfg.source.slot, start, created_slot=False)
+            report.already_copied = sorted(t.qualified for t in published if t.oid in state.copied)
+            missing = {t.oid for t in published if t.oid not in state.copied}
+            log.info(
+                "resuming the bootstrap of slot %s: %d table(s) copied already, %d to copy",
+                cfg.source.slot, len(report.already_copied), len(missing),
+            )
+            if missing:
+                report.copied = copy_at_new_snapshot(job, src, missing, parallel=parallel)
+            return report
+
+        run_id = uuid.uuid4().hex
+        _clean_staging(job)
+        with ExportedSnapshot(cfg.source.dsn, cfg.source.slot, temporary=False,
+                              connect_timeout=cfg.source.connect_timeout) as exported:
+            snap = exported.snapshot
+            append_log_row(job, run_id, snap.consistent_lsn, None, 0, None)
+            report = BootstrapReport(cfg.source.slot, snap.consistent_lsn, created_slot=True)
+            copier = Copier(job, snap, run_id, parallel=parallel)
+            catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
+            try:
+                open_snapshot(catalog_conn, snap)
+                tables = published_tables(catalog_conn, cfg.source.publication)
+                plans = copier.plans(catalog_conn, tables)
+                catalog_conn.execute("COMMIT")
+                log.info(
+                    "copying %d table(s) as of %s with %d worker(s)",
+                    len(plans), format_lsn(snap.consistent_lsn), min(parallel, max(len(plans), 1)),
+                )
+                report.copied = copier.copy_all(plans)
+            finally:
+                catalog_conn.close()
+        return report
+
+
+def run_bootstrap(config: Any, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:
+    """The function the CLI and jobs/ call: a job's engine, one bootstrap, engine stopped."""
+    from pg2delta.job import Job
+
+    job = Job(config)
+    try:
+        return bootstrap(job, parallel=parallel, resume=resume)
+    finally:
+        job.close()
+
+
+__all__ = [
+    "BootstrapReport",
+    "Copier",
+    "CopyPlan",
+    "ExportedSnapshot",
+    "LakeBootstrap",
+    "PublishedTable",
+    "TableCopy",
+    "bootstrap",
+    "copy_new_tables",
+    "lake_state",
+    "published_tables",
+    "run_bootstrap",
+    "walk_copy_rows",
+]
