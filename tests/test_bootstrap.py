@@ -1,0 +1,347 @@
+"""Bootstrap: the initial copy at the slot's exported snapshot, then ``run``, equal to PostgreSQL.
+
+Every test writes to the tables while the copy runs (a background workload), so the boundary
+between the snapshot and the slot's changes is exercised: a change on both sides would show as a
+doubled row in the keyless table, a change on neither side as a missing or stale row.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from pg2delta.bootstrap import run_bootstrap
+from pg2delta.config import load
+from pg2delta.job import FAULT_ENV, LOG_TABLE, run
+from workload import (
+    TABLES,
+    TableSpec,
+    Workload,
+    assert_lake_matches,
+    cli,
+    confirmed_lsn,
+    create_schema,
+    lsn_int,
+)
+
+pytestmark = pytest.mark.e2e
+
+ROWS = 60_000  # rows preloaded into acct; the benchmark uses 1 M
+
+
+def _names() -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    return f"slot_{tag}", f"pub_{tag}"
+
+
+def _preload(dsn: str, rows: int = ROWS) -> None:
+    """Rows that exist before the slot; keys far from the workload's own new keys."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO acct (id, big, name, amount, at, doc, flag, blob, body) "
+            "SELECT 1000000 + g, g * 7919, 'pre ' || g, (g %% 10007) * 0.25, "
+            "timestamptz '2021-01-01 00:00:00+00' + g * interval '1 minute', jsonb_build_object('g', g, 's', 'x'), "
+            "CASE WHEN g %% 3 = 0 THEN NULL ELSE g %% 2 = 0 END, decode(lpad(to_hex(g), 8, '0'), 'hex'), "
+            "CASE WHEN g %% 500 = 0 THEN repeat(md5(g::text), 300) END "
+            "FROM generate_series(1, %s) g",
+            (rows,),
+        )
+        conn.execute(
+            "INSERT INTO shop.pair SELECT 'r' || (g %% 3) || '-p', 1000000 + g, g, 'note ' || g, now() "
+            "FROM generate_series(1, %s) g",
+            (rows // 4,),
+        )
+        conn.execute(
+            "INSERT INTO fullid SELECT 1000000 + g, 'v' || g, g * 0.5, g %% 2 = 0, NULL FROM generate_series(1, %s) g",
+            (rows // 4,),
+        )
+        conn.execute(
+            "INSERT INTO events SELECT now(), 'pre', g %% 7, NULL, NULL FROM generate_series(1, %s) g", (rows // 2,)
+        )
+        conn.execute("ANALYZE")
+
+
+class Background:
+    """The seeded workload, phase after phase in a thread, until :meth:`finish`."""
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        self.wl = Workload(dsn, seed).__enter__()
+        self.stop = threading.Event()
+        self.phases = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.wl.phase(12, truncate=False)
+                self.phases += 1
+        except BaseException as exc:  # re-raised in finish()
+            self.error = exc
+
+    def __enter__(self) -> Background:
+        self.thread.start()
+        while self.phases == 0 and self.thread.is_alive():
+            self.stop.wait(0.05)
+        return self
+
+    def finish(self) -> int:
+        self.stop.set()
+        self.thread.join(timeout=120)
+        self.wl.__exit__()
+        if self.error is not None:
+            raise self.error
+        return self.phases
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.stop.is_set():
+            self.finish()
+
+
+def _config(dsn: str, slot: str, pub: str, lake: Path) -> Any:
+    return load(None, env={}, dsn=dsn, slot=slot, publication=pub, lake=str(lake))
+
+
+def _log_rows(lake: Path, slot: str) -> list[dict[str, Any]]:
+    return [r for r in DeltaTable(str(lake / LOG_TABLE)).to_pyarrow_table().to_pylist() if r["slot"] == slot]
+
+
+def _version(lake: Path, spec: TableSpec) -> int | None:
+    path = lake / spec.schema / spec.name
+    return DeltaTable(str(path)).version() if (path / "_delta_log").is_dir() else None
+
+
+def test_bootstrap_under_a_concurrent_workload_then_run(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _preload(pgdb)
+    cfg = _config(pgdb, slot, pub, lake)
+    with Background(pgdb, 41) as bg:
+        report = run_bootstrap(cfg)
+        during = bg.phases
+        bg.finish()
+    assert report.created_slot
+    assert {f"{t.schema}.{t.table}" for t in report.copied} == {t.qualified for t in TABLES}
+    assert all(t.snapshot_lsn == report.start_lsn for t in report.copied)
+    copied = {f"{t.schema}.{t.table}": t.rows for t in report.copied}
+    assert copied["public.acct"] >= ROWS - 200, copied  # the workload deletes a few preloaded rows
+    assert confirmed_lsn(pgdb, slot) is not None and lsn_int(confirmed_lsn(pgdb, slot) or "") == report.start_lsn
+    rows = _log_rows(lake, slot)
+    assert [r["window_end"] for r in rows if r["relation_oid"] is None] == [report.start_lsn]
+    assert sorted(r["table_name"] for r in rows if r["kind"] == "bootstrap" and r["relation_oid"]) == sorted(
+        t.name for t in TABLES
+    )
+
+    after = run(cfg)
+    assert during > 0 and after.changes > 0, "the workload did not write while the bootstrap ran"
+    assert_lake_matches(pgdb, lake, context="bootstrap under a workload, then run")
+    assert not list((lake / "_pg2delta" / "staging").rglob("*.parquet")), "staging files left behind"
+
+
+def test_bootstrap_killed_after_a_table_then_resumed(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _preload(pgdb, ROWS // 2)
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    with Background(pgdb, 43) as bg:
+        killed = cli("bootstrap", *common, "--parallel", "1", env={FAULT_ENV: "bootstrap_after_table"})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        assert confirmed_lsn(pgdb, slot) is not None, "the slot must survive the kill"
+        done = {spec.qualified: _version(lake, spec) for spec in TABLES}
+        finished = [name for name, v in done.items() if v is not None]
+        assert finished == ["public.acct"], done  # the largest table goes first
+        resumed = cli("bootstrap", *common, "--json")
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        bg.finish()
+    report = json.loads(resumed.stdout)
+    assert report["created_slot"] is False
+    assert report["already_copied"] == ["public.acct"]
+    assert sorted(report["tables"]) == sorted(t.qualified for t in TABLES if t.qualified != "public.acct")
+    assert _version(lake, TABLES[0]) == done["public.acct"], "a finished table was copied again"
+    # The resumed tables are as of a later snapshot than the slot's start.
+    assert all(lsn_int(t["as_of_lsn"]) > lsn_int(report["start_lsn"]) for t in report["tables"].values())
+
+    again = cli("run", *common)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, context="bootstrap killed after a table, resumed, run")
+
+
+def test_bootstrap_killed_mid_table_exposes_nothing(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _preload(pgdb, ROWS // 2)
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    with Background(pgdb, 47) as bg:
+        killed = cli("bootstrap", *common, "--parallel", "1", env={FAULT_ENV: "bootstrap_mid_table"})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        # Staged rows exist, but no table is visible: a reader never sees a half-loaded table.
+        assert list((lake / "_pg2delta" / "staging").rglob("*.parquet"))
+        assert all(_version(lake, spec) is None for spec in TABLES)
+        resumed = cli("bootstrap", *common, "--json")
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        bg.finish()
+    assert sorted(json.loads(resumed.stdout)["tables"]) == sorted(t.qualified for t in TABLES)
+    assert not list((lake / "_pg2delta" / "staging").rglob("*.parquet")), "staging files of the killed copy left"
+    again = cli("run", *common)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, context="bootstrap killed mid-table, resumed, run")
+
+
+EXTRA = TableSpec("public", "extra", ("id",))
+
+
+def _extra_writer(dsn: str, stop: threading.Event, errors: list[BaseException]) -> None:
+    """Inserts, updates and deletes on the table added later, in small transactions."""
+    n = 0
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                n += 1
+                with conn.transaction():
+                    conn.execute("INSERT INTO extra VALUES (%s, %s, %s)", (500_000 + n, f"new {n}", n))
+                    conn.execute("UPDATE extra SET n = n + 1, v = v || '+' WHERE id = %s", (1 + (n * 37) % 20_000,))
+                    conn.execute("DELETE FROM extra WHERE id = %s", (1 + (n * 101) % 20_000,))
+                conn.execute("INSERT INTO events (kind, n) VALUES ('extra', %s)", (n,))
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def test_table_added_to_the_publication_mid_workload(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _preload(pgdb, ROWS // 4)
+    cfg = _config(pgdb, slot, pub, lake)
+    with Background(pgdb, 53) as bg:
+        run_bootstrap(cfg)
+        run(cfg)
+        with psycopg.connect(pgdb, autocommit=True) as conn:
+            conn.execute("CREATE TABLE extra (id integer PRIMARY KEY, v text, n integer)")
+            conn.execute("INSERT INTO extra SELECT g, 'old ' || g, g FROM generate_series(1, 20000) g")
+            conn.execute("ANALYZE extra")
+        stop, errors = threading.Event(), []
+        writer = threading.Thread(target=_extra_writer, args=(pgdb, stop, errors), daemon=True)
+        writer.start()
+        try:
+            with psycopg.connect(pgdb, autocommit=True) as conn:
+                conn.execute(f'ALTER PUBLICATION "{pub}" ADD TABLE extra')
+            first = run(cfg)  # copies extra at a snapshot of its own, then applies everyone's changes
+            stop.wait(0.5)
+        finally:
+            stop.set()
+            writer.join(timeout=60)
+        assert not errors, errors
+        bg.finish()
+    assert any(t.table == "extra" for w in first.windows for t in w.tables), "the run applied no change of extra"
+    boot = [r for r in _log_rows(lake, slot) if r["table_name"] == "extra" and r["kind"] == "bootstrap"]
+    assert len(boot) == 1 and boot[0]["inserts"] >= 20_000 - 200
+    run(cfg)
+    assert_lake_matches(pgdb, lake, (*TABLES, EXTRA), context="a table added to the publication mid-workload")
+
+
+def test_run_skips_a_table_added_while_it_read(pgdb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table that joins the publication after run's check: its changes wait for the next run's copy."""
+    import pg2delta.bootstrap as bootstrap_module
+
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    cfg = _config(pgdb, slot, pub, lake)
+    run_bootstrap(cfg)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE extra (id integer PRIMARY KEY, v text, n integer)")
+        conn.execute("INSERT INTO extra SELECT g, 'old ' || g, g FROM generate_series(1, 100) g")
+        conn.execute(f'ALTER PUBLICATION "{pub}" ADD TABLE extra')
+        conn.execute("UPDATE extra SET n = -n WHERE id <= 10")
+        conn.execute("INSERT INTO acct (id, name) VALUES (1, 'a')")
+    # As if the table had joined the publication after the run's check: nothing is copied first.
+    real = bootstrap_module.copy_new_tables
+    monkeypatch.setattr(bootstrap_module, "copy_new_tables", lambda job, src, **kw: True)
+    report = run(cfg)
+    assert [t.skipped for w in report.windows for t in w.tables if t.table == "extra"] == [True]
+    assert _version(lake, EXTRA) is None, "a table without a copy must not be created from its changes"
+    monkeypatch.setattr(bootstrap_module, "copy_new_tables", real)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE extra SET v = 'later' WHERE id > 90")
+    run(cfg)
+    assert_lake_matches(pgdb, lake, (*TABLES, EXTRA), context="table skipped, then copied")
+
+
+def test_row_filter_and_column_list(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE filt (id integer PRIMARY KEY, a text, secret text, n integer)")
+        conn.execute("INSERT INTO filt SELECT g, 'a' || g, 'hidden', g FROM generate_series(1, 5000) g")
+        conn.execute(f'CREATE PUBLICATION "{pub}" FOR TABLE filt (id, a, n) WHERE (id % 2 = 0)')
+    cfg = _config(pgdb, slot, pub, lake)
+    report = run_bootstrap(cfg)
+    assert [t.rows for t in report.copied] == [2500]
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE filt SET n = n * 10, secret = 'changed' WHERE id % 5 = 0")
+        conn.execute("UPDATE filt SET id = id + 10001 WHERE id BETWEEN 101 AND 140")  # odd <-> even: in and out
+        conn.execute("DELETE FROM filt WHERE id % 7 = 0")
+        conn.execute("INSERT INTO filt SELECT g, 'b' || g, 'hidden', -g FROM generate_series(6000, 6100) g")
+    run(cfg)
+    table = DeltaTable(str(lake / "public" / "filt")).to_pyarrow_table()
+    assert table.column_names == ["id", "a", "n"]
+    got = sorted(zip(*(table.column(c).to_pylist() for c in ("id", "a", "n")), strict=True))
+    with psycopg.connect(pgdb) as conn:
+        want = sorted(conn.execute("SELECT id, a, n FROM filt WHERE id % 2 = 0").fetchall())
+    assert got == want
+
+
+def test_bootstrap_refuses_an_existing_slot_without_a_bootstrap(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute("INSERT INTO acct (id, name) VALUES (1, 'a')")
+    before = confirmed_lsn(pgdb, slot)
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    refused = cli("bootstrap", *common)
+    assert refused.returncode == 78, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already exists" in lines[0] and "--resume" in lines[0], refused.stderr
+    assert confirmed_lsn(pgdb, slot) == before
+    assert not lake.exists() or not any(lake.rglob("_delta_log")), "the refused bootstrap wrote to the lake"
+    # --resume takes the slot as it is: every table copied at a new snapshot, the slot's later changes kept.
+    resumed = cli("bootstrap", *common, "--resume", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads(resumed.stdout)["start_lsn"] == before
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE acct SET name = 'b' WHERE id = 1")
+    assert cli("run", *common).returncode == 0
+    assert_lake_matches(pgdb, lake)
+
+
+def test_bootstrap_errors_touch_nothing(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    missing_pub = cli("bootstrap", "--dsn", pgdb, "--slot", slot, "--publication", "nope", "--lake", str(lake))
+    assert missing_pub.returncode == 78, missing_pub.stderr
+    assert len(missing_pub.stderr.strip().splitlines()) == 1 and "publication 'nope'" in missing_pub.stderr
+    assert confirmed_lsn(pgdb, slot) is None, "the slot was created although the publication is missing"
+    assert not lake.exists()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    down = cli("bootstrap", "--dsn", f"host=127.0.0.1 port={port} user=postgres dbname=x connect_timeout=2",
+               "--slot", slot, "--publication", pub, "--lake", str(lake))
+    assert down.returncode == 75, down.stderr
+    assert len(down.stderr.strip().splitlines()) == 1 and "cannot connect" in down.stderr
