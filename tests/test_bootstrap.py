@@ -345,3 +345,27 @@ def test_bootstrap_errors_touch_nothing(pgdb: str, tmp_path: Path) -> None:
                "--slot", slot, "--publication", pub, "--lake", str(lake))
     assert down.returncode == 75, down.stderr
     assert len(down.stderr.strip().splitlines()) == 1 and "cannot connect" in down.stderr
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_snapshot_that_is_gone_stops_the_copy(pgdb: str, tmp_path: Path, parallel: int) -> None:
+    """The exported snapshot dies with its replication connection: say so, write nothing."""
+    from pg2delta.bootstrap import Copier, Snapshot, published_tables
+    from pg2delta.errors import ErrorKind, Pg2DeltaError
+    from pg2delta.job import Job
+
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    job = Job(_config(pgdb, slot, pub, lake))
+    try:
+        with psycopg.connect(pgdb, autocommit=True) as conn:
+            copier = Copier(job, Snapshot(slot, 1, "00000003-0000FFFF-1"), "run", parallel=parallel)
+            plans = copier.plans(conn, published_tables(conn, pub))
+        with pytest.raises(Pg2DeltaError) as err:
+            copier.copy_all(plans)
+    finally:
+        job.close()
+    assert err.value.kind is ErrorKind.SOURCE_STATE and err.value.exit_code == 78
+    assert "can no longer be imported" in str(err.value) and "bootstrap again" in str(err.value)
+    assert not lake.exists() or not any(lake.rglob("_delta_log"))

@@ -37,12 +37,15 @@ from __future__ import annotations
 
 import collections
 import logging
+import multiprocessing
+import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from queue import Empty
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,7 +59,16 @@ from psycopg import sql
 from pg2delta import pgoutput as po
 from pg2delta.catalog import PgTypeCatalog
 from pg2delta.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
-from pg2delta.errors import ConfigError, ConnectionFailed, DecodeError, SourceStateError
+from pg2delta.config import Config
+from pg2delta.engine import Lake
+from pg2delta.errors import (
+    ConfigError,
+    ConnectionFailed,
+    DecodeError,
+    ErrorKind,
+    Pg2DeltaError,
+    SourceStateError,
+)
 from pg2delta.lsn import format_lsn
 from pg2delta.slot import SlotSource, connect
 from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT
@@ -460,14 +472,18 @@ class BootstrapReport:
 
 
 class Copier:
-    """Copies tables into the lake at one exported snapshot, ``parallel`` tables at a time."""
+    """Copies tables into the lake at one exported snapshot, ``parallel`` tables at a time.
+
+    With ``parallel`` > 1 every table is read, decoded and staged in a worker process of its
+    own (the decode is CPU-bound Python and numpy: threads would share one core through the
+    GIL); the Delta commits and the applied log stay in this process, one table at a time.
+    """
 
     def __init__(self, job: Job, snapshot: Snapshot, run_id: str, *, parallel: int) -> None:
         self.job = job
         self.snapshot = snapshot
         self.run_id = run_id
         self.parallel = max(1, parallel)
-        self.engine_lock = threading.Lock()
         self.staging = f"{STAGING}/{job.config.source.slot}/{run_id}"
 
     def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
@@ -475,137 +491,241 @@ class Copier:
         decoder = WindowDecoder(catalog, self.job._key_resolver(catalog_conn))
         return [CopyPlan.make(t, decoder.relation_version(t.relation)) for t in tables]
 
+    def _stage_rel(self, table: PublishedTable) -> str:
+        return f"{self.staging}/{table.relation.namespace}.{table.relation.name}"
+
     def copy_all(self, plans: Sequence[CopyPlan]) -> list[TableCopy]:
         if not plans:
             return []
         progress = _Progress([p.table for p in plans])
         todo = sorted(plans, key=lambda p: -(p.table.estimated_rows or 0))  # the largest first
-        queue_lock = threading.Lock()
-        results: list[TableCopy] = []
-        dsn = self.job.config.source.dsn
-        timeout = self.job.config.source.connect_timeout
+        if self.parallel == 1 or len(todo) == 1:
+            return self._copy_here(todo, progress)
+        return self._copy_in_workers(todo, progress)
 
-        def worker() -> list[TableCopy]:
-            done: list[TableCopy] = []
-            conn = connect(dsn, application_name="pg2delta bootstrap copy", connect_timeout=timeout)
-            try:
-                open_snapshot(conn, self.snapshot)
-                while True:
-                    with queue_lock:
-                        if not todo:
-                            return done
-                        plan = todo.pop(0)
-                    done.append(self._copy_table(conn, plan, progress))
-            finally:
-                conn.close()
-
-        with ThreadPoolExecutor(max_workers=min(self.parallel, len(plans)), thread_name_prefix="pg2delta-copy") as pool:
-            futures = [pool.submit(worker) for _ in range(min(self.parallel, len(plans)))]
-            errors: list[BaseException] = []
-            for f in futures:
-                try:
-                    results.extend(f.result())
-                except BaseException as exc:
-                    errors.append(exc)
-                    with queue_lock:
-                        todo.clear()  # the other workers finish their table and stop
-            if errors:
-                raise errors[0]
-        return results
-
-    def _copy_table(self, conn: psycopg.Connection[Any], plan: CopyPlan, progress: _Progress) -> TableCopy:
+    def _copy_here(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
         from pg2delta.job import fault_point
 
-        t0 = time.monotonic()
-        rel = plan.table.relation
-        lake = self.job.lake
-        stage_rel = f"{self.staging}/{rel.namespace}.{rel.name}"
-        stage_dir = f"{lake.path}/{stage_rel}"
-        lake.fs.create_dir(stage_dir, recursive=True)
-        notes: collections.Counter[str] = collections.Counter()
-        rows = 0
-        files = 0
-        writer: pq.ParquetWriter | None = None
-        file_rows = 0
-
-        def write(batch: pa.RecordBatch) -> None:
-            nonlocal writer, files, file_rows
-            if writer is None or file_rows >= _FILE_ROWS:
-                if writer is not None:
-                    writer.close()
-                out = lake.fs.open_output_stream(f"{stage_dir}/part-{files:05d}.parquet")
-                writer = pq.ParquetWriter(out, plan.schema, compression="zstd")
-                files += 1
-                file_rows = 0
-            writer.write_batch(batch)
-            file_rows += batch.num_rows
-
-        pieces: list[bytes] = []
-        piece_bytes = 0
-        header_seen = False
-
-        def flush() -> None:
-            nonlocal pieces, piece_bytes, rows
-            if not pieces:
-                return
-            write(plan.decode(pieces, rows, notes))
-            n = len(pieces)
-            rows += n
-            pieces, piece_bytes = [], 0
-            progress.update(plan.table, rows, n)
-            fault_point("bootstrap_mid_table")
-
+        cfg = self.job.config
+        results: list[TableCopy] = []
+        conn = connect(cfg.source.dsn, application_name="pg2delta bootstrap copy", connect_timeout=cfg.source.connect_timeout)
         try:
-            with conn.cursor() as cur, cur.copy(plan.statement()) as copy:
-                for data in copy:
-                    piece = bytes(data)
-                    if not header_seen:
-                        if not piece.startswith(_COPY_SIGNATURE):
-                            raise DecodeError(f"COPY of {plan.table.qualified} without binary signature", offset=0)
-                        piece = piece[_COPY_HEADER_LEN:]
-                        header_seen = True
-                        if not piece:
-                            continue
-                    if piece == b"\xff\xff":
-                        continue
-                    pieces.append(piece)
-                    piece_bytes += len(piece)
-                    if len(pieces) >= _CHUNK_ROWS or piece_bytes >= _CHUNK_BYTES:
-                        flush()
-            flush()
-            if writer is None:  # an empty table: one empty file gives the schema
-                write(pa.RecordBatch.from_pylist([], schema=plan.schema))
-        except psycopg.OperationalError as exc:
-            raise ConnectionFailed(f"lost the connection copying {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
-        except psycopg.Error as exc:
-            raise SourceStateError(f"cannot copy {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
-        finally:
-            if writer is not None:
-                writer.close()
-        for name, count in sorted(notes.items()):
-            log.warning("copy note: %s: %s = %d", plan.table.qualified, name, count)
+            open_snapshot(conn, self.snapshot)
+            for plan in todo:
+                t0 = time.monotonic()
 
+                def report(rows: int, new: int, plan: CopyPlan = plan) -> None:
+                    progress.update(plan.table, rows, new)
+                    fault_point("bootstrap_mid_table")
+
+                stage_dir = f"{self.job.lake.path}/{self._stage_rel(plan.table)}"
+                rows, notes = stage_table(conn, plan, self.job.lake, stage_dir, report)
+                results.append(self._commit(plan.table, rows, notes, t0, progress))
+        finally:
+            conn.close()
+        return results
+
+    def _copy_in_workers(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
+        from pg2delta.job import fault_point
+
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that runs the engine's threads
+        queue: Any = ctx.Queue()
+        results: list[TableCopy] = []
+        by_oid = {p.table.oid: p for p in todo}
+        level = logging.getLogger("pg2delta").getEffectiveLevel()
+        with ProcessPoolExecutor(
+            max_workers=min(self.parallel, len(todo)), mp_context=ctx, initializer=_init_worker, initargs=(queue, level)
+        ) as pool:
+            started: dict[Future[_Staged], tuple[CopyPlan, float]] = {}
+            for plan in todo:
+                task = _StageTask(
+                    self.job.config, self.snapshot, plan.table,
+                    f"{self.job.lake.path}/{self._stage_rel(plan.table)}", os.getpid(),
+                )
+                started[pool.submit(_stage_in_worker, task)] = (plan, time.monotonic())
+            pending = set(started)
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                    while True:
+                        try:
+                            oid, rows, new = queue.get_nowait()
+                        except Empty:
+                            break
+                        progress.update(by_oid[oid].table, rows, new)
+                        fault_point("bootstrap_mid_table")
+                    for fut in done:
+                        plan, t0 = started[fut]
+                        staged = fut.result()
+                        if staged.error is not None:
+                            kind, message, retryable = staged.error
+                            raise Pg2DeltaError(message, kind=ErrorKind(kind), retryable=retryable)
+                        results.append(self._commit(plan.table, staged.rows, staged.notes, t0, progress))
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+        return results
+
+    def _commit(
+        self, table: PublishedTable, rows: int, notes: dict[str, int], t0: float, progress: _Progress
+    ) -> TableCopy:
+        """Make the staged copy of ``table`` visible in one Delta commit and record it in the applied log."""
+        from pg2delta.job import fault_point
+
+        for name, count in sorted(notes.items()):
+            log.warning("copy note: %s: %s = %d", table.qualified, name, count)
+        rel = table.relation
+        lake = self.job.lake
+        stage_rel = self._stage_rel(table)
         uri = lake.table_uri(rel.namespace, rel.name)
-        with self.engine_lock:
-            self.job.engine.replace_table(uri, lake.table_uri(stage_rel))
-            version = lake.delta_version(uri)
-            self._log(plan.table, rows, version)
+        self.job.engine.replace_table(uri, lake.table_uri(stage_rel))
+        version = lake.delta_version(uri)
+        append_log_row(self.job, self.run_id, self.snapshot.consistent_lsn, table, rows, version)
         fault_point("bootstrap_after_table")
         try:
-            lake.fs.delete_dir(stage_dir)
+            lake.fs.delete_dir(f"{lake.path}/{stage_rel}")
         except OSError:
-            log.warning("could not remove staging folder %s", stage_dir)
-        progress.finished(plan.table)
+            log.warning("could not remove staging folder %s", stage_rel)
+        progress.finished(table)
         seconds = time.monotonic() - t0
         log.info(
             "copied %s: %d rows at %s in %.1f s (%.0f rows/s) -> delta version %s",
-            plan.table.qualified, rows, format_lsn(self.snapshot.consistent_lsn), seconds,
+            table.qualified, rows, format_lsn(self.snapshot.consistent_lsn), seconds,
             rows / max(seconds, 1e-9), version,
         )
         return TableCopy(rel.namespace, rel.name, rel.oid, rows, self.snapshot.consistent_lsn, version, seconds, uri)
 
-    def _log(self, table: PublishedTable | None, rows: int, version: int | None) -> None:
-        append_log_row(self.job, self.run_id, self.snapshot.consistent_lsn, table, rows, version)
+
+def stage_table(
+    conn: psycopg.Connection[Any],
+    plan: CopyPlan,
+    lake: Lake,
+    stage_dir: str,
+    report: Callable[[int, int], None],
+) -> tuple[int, dict[str, int]]:
+    """COPY one table on ``conn`` (inside the snapshot) into Parquet files under ``stage_dir``.
+
+    Memory holds one chunk of rows at a time. ``report(rows so far, new rows)`` is called after
+    every chunk. Returns the rows copied and the decoder's notes (clamped values and the like).
+    """
+    lake.fs.create_dir(stage_dir, recursive=True)
+    notes: collections.Counter[str] = collections.Counter()
+    rows = 0
+    files = 0
+    writer: pq.ParquetWriter | None = None
+    file_rows = 0
+
+    def write(batch: pa.RecordBatch) -> None:
+        nonlocal writer, files, file_rows
+        if writer is None or file_rows >= _FILE_ROWS:
+            if writer is not None:
+                writer.close()
+            out = lake.fs.open_output_stream(f"{stage_dir}/part-{files:05d}.parquet")
+            # Staging files live minutes: a fast codec; the Delta files are the engine's to compress.
+            writer = pq.ParquetWriter(out, plan.schema, compression="lz4")
+            files += 1
+            file_rows = 0
+        writer.write_batch(batch)
+        file_rows += batch.num_rows
+
+    pieces: list[bytes] = []
+    piece_bytes = 0
+    header_seen = False
+
+    def flush() -> None:
+        nonlocal pieces, piece_bytes, rows
+        if not pieces:
+            return
+        write(plan.decode(pieces, rows, notes))
+        n = len(pieces)
+        rows += n
+        pieces, piece_bytes = [], 0
+        report(rows, n)
+
+    try:
+        with conn.cursor() as cur, cur.copy(plan.statement()) as copy:
+            for data in copy:
+                piece = bytes(data)
+                if not header_seen:
+                    if not piece.startswith(_COPY_SIGNATURE):
+                        raise DecodeError(f"COPY of {plan.table.qualified} without binary signature", offset=0)
+                    piece = piece[_COPY_HEADER_LEN:]
+                    header_seen = True
+                    if not piece:
+                        continue
+                if piece == b"\xff\xff":
+                    continue
+                pieces.append(piece)
+                piece_bytes += len(piece)
+                if len(pieces) >= _CHUNK_ROWS or piece_bytes >= _CHUNK_BYTES:
+                    flush()
+        flush()
+        if writer is None:  # an empty table: one empty file gives the schema
+            write(pa.RecordBatch.from_pylist([], schema=plan.schema))
+    except psycopg.OperationalError as exc:
+        raise ConnectionFailed(f"lost the connection copying {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
+    except psycopg.Error as exc:
+        raise SourceStateError(f"cannot copy {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows, dict(notes)
+
+
+# --- worker processes ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _StageTask:
+    config: Config
+    snapshot: Snapshot
+    table: PublishedTable
+    stage_dir: str
+    parent_pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    rows: int = 0
+    notes: dict[str, int] = field(default_factory=dict)
+    error: tuple[str, str, bool] | None = None  # kind, message, retryable of a Pg2DeltaError
+
+
+_progress_queue: Any = None
+
+
+def _init_worker(queue: Any, level: int) -> None:
+    global _progress_queue
+    _progress_queue = queue
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _stage_in_worker(task: _StageTask) -> _Staged:
+    """In a worker process: import the snapshot, COPY one table, stage it; the parent commits it."""
+    from pg2delta.job import Job
+
+    cfg = task.config
+    job = Job(cfg)  # for its lake and key rules; no engine is started here
+    try:
+        conn = connect(cfg.source.dsn, application_name="pg2delta bootstrap copy", connect_timeout=cfg.source.connect_timeout)
+        catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
+        try:
+            open_snapshot(conn, task.snapshot)
+            decoder = WindowDecoder(PgTypeCatalog(catalog_conn), job._key_resolver(catalog_conn))
+            plan = CopyPlan.make(task.table, decoder.relation_version(task.table.relation))
+
+            def report(rows: int, new: int) -> None:
+                if os.getppid() != task.parent_pid:
+                    os._exit(1)  # the bootstrap that started this copy is gone: stop staging
+                _progress_queue.put((task.table.oid, rows, new))
+
+            rows, notes = stage_table(conn, plan, job.lake, task.stage_dir, report)
+            return _Staged(rows, notes)
+        finally:
+            conn.close()
+            catalog_conn.close()
+    except Pg2DeltaError as exc:
+        return _Staged(error=(exc.kind.value, str(exc), exc.retryable))
 
 
 def append_log_row(job: Job, run_id: str, lsn: int, table: PublishedTable | None, rows: int, version: int | None) -> None:
