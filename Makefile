@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-unit test-integration lint typecheck bench bench-decode postgres clean
+.PHONY: install demo test test-unit test-integration lint typecheck bench bench-decode bench-bootstrap postgres clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench-decode: install postgres
 
 bench: install postgres
 	$(PY) bench/bench_e2e.py
+
+bench-bootstrap: install postgres
+	$(PY) bench/bench_bootstrap.py
 
 clean:
 	rm -rf $(VENV) var lake .pytest_cache .mypy_cache .ruff_cache

@@ -369,3 +369,23 @@ def test_a_snapshot_that_is_gone_stops_the_copy(pgdb: str, tmp_path: Path, paral
     assert err.value.kind is ErrorKind.SOURCE_STATE and err.value.exit_code == 78
     assert "can no longer be imported" in str(err.value) and "bootstrap again" in str(err.value)
     assert not lake.exists() or not any(lake.rglob("_delta_log"))
+
+
+def test_partitioned_table_published_through_its_root(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE parted (id integer PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE parted_a PARTITION OF parted FOR VALUES FROM (0) TO (1000)")
+        conn.execute("CREATE TABLE parted_b PARTITION OF parted FOR VALUES FROM (1000) TO (100000)")
+        conn.execute("INSERT INTO parted SELECT g, 'v' || g FROM generate_series(1, 3000) g")
+        conn.execute(f'CREATE PUBLICATION "{pub}" FOR TABLE parted WITH (publish_via_partition_root = true)')
+    cfg = _config(pgdb, slot, pub, lake)
+    report = run_bootstrap(cfg)
+    assert [(t.table, t.rows) for t in report.copied] == [("parted", 3000)]
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE parted SET v = v || '!' WHERE id % 10 = 0")
+        conn.execute("DELETE FROM parted WHERE id % 7 = 0")
+        conn.execute("INSERT INTO parted SELECT g, 'w' || g FROM generate_series(5000, 5100) g")
+    run(cfg)
+    assert_lake_matches(pgdb, lake, (TableSpec("public", "parted", ("id",)),))
