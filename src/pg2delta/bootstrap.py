@@ -530,11 +530,12 @@ class Copier:
 
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs the engine's threads
         queue: Any = ctx.Queue()
+        abort: Any = ctx.Event()  # set when a table failed: the others stop at their next chunk
         results: list[TableCopy] = []
         by_oid = {p.table.oid: p for p in todo}
         level = logging.getLogger("pg2delta").getEffectiveLevel()
         with ProcessPoolExecutor(
-            max_workers=min(self.parallel, len(todo)), mp_context=ctx, initializer=_init_worker, initargs=(queue, level)
+            max_workers=min(self.parallel, len(todo)), mp_context=ctx, initializer=_init_worker, initargs=(queue, abort, level)
         ) as pool:
             started: dict[Future[_Staged], tuple[CopyPlan, float]] = {}
             for plan in todo:
@@ -562,6 +563,7 @@ class Copier:
                             raise Pg2DeltaError(message, kind=ErrorKind(kind), retryable=retryable)
                         results.append(self._commit(plan.table, staged.rows, staged.notes, t0, progress))
             except BaseException:
+                abort.set()
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
         return results
@@ -692,11 +694,12 @@ class _Staged:
 
 
 _progress_queue: Any = None
+_abort: Any = None
 
 
-def _init_worker(queue: Any, level: int) -> None:
-    global _progress_queue
-    _progress_queue = queue
+def _init_worker(queue: Any, abort: Any, level: int) -> None:
+    global _progress_queue, _abort
+    _progress_queue, _abort = queue, abort
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -717,6 +720,8 @@ def _stage_in_worker(task: _StageTask) -> _Staged:
             def report(rows: int, new: int) -> None:
                 if os.getppid() != task.parent_pid:
                     os._exit(1)  # the bootstrap that started this copy is gone: stop staging
+                if _abort.is_set():
+                    raise SourceStateError("stopped: another table of this bootstrap failed")
                 _progress_queue.put((task.table.oid, rows, new))
 
             rows, notes = stage_table(conn, plan, job.lake, task.stage_dir, report)
