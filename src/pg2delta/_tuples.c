@@ -367,13 +367,47 @@ release_buf:
     return result;
 }
 
+/* What numeric_scaled needs to know about the target decimal(precision, scale). */
+typedef struct {
+    int scale;
+    int k;              /* base-10000 fractional positions that cover `scale` decimals */
+    int last_mul;       /* the last position (-k) counts 10^(scale - 4(k-1)) ... */
+    int last_div;       /* ... of its digit divided by 10^(4k - scale) */
+    __int128 limit;     /* 10^precision */
+    __int128 max_10000; /* the largest value that can still be multiplied by 10000 below limit */
+    __int128 max_last;  /* the same for last_mul */
+} NumericSpec;
+
+static NumericSpec
+numeric_spec(int precision, int scale)
+{
+    NumericSpec s = {.scale = scale, .k = (scale + 3) / 4, .last_mul = 1, .last_div = 1, .limit = 1};
+    for (int j = 0; j < precision; j++)
+        s.limit *= 10;
+    if (s.k) {
+        for (int j = 0; j < scale - 4 * (s.k - 1); j++)
+            s.last_mul *= 10;
+        for (int j = 0; j < 4 * s.k - scale; j++)
+            s.last_div *= 10;
+    }
+    s.max_10000 = (s.limit - 1) / 10000;
+    s.max_last = (s.limit - 1) / s.last_mul;
+    return s;
+}
+
+static inline int
+digit_at(const uint8_t *p, int i)
+{
+    return p[8 + 2 * i] << 8 | p[9 + 2 * i];
+}
+
 /* One binary numeric (PostgreSQL's numeric_send: Int16 ndigits, Int16 weight, UInt16 sign,
  * Int16 dscale, then ndigits base-10000 digits, the first at 10000^weight) as the integer
  * value * 10^scale, below 10^precision in magnitude. Returns 1 for a number, 0 for NaN, -1
  * for anything else (infinities, out of range, more fractional digits than scale or dscale,
  * malformed): the caller's reference path decides what those are. */
 static int
-numeric_scaled(const uint8_t *p, int64_t len, int scale, __int128 limit, __int128 *out)
+numeric_scaled(const uint8_t *p, int64_t len, const NumericSpec *spec, __int128 *out)
 {
     if (len < 8)
         return -1;
@@ -384,45 +418,39 @@ numeric_scaled(const uint8_t *p, int64_t len, int scale, __int128 limit, __int12
     if (ndigits < 0 || len != 8 + 2 * (int64_t)ndigits || dscale < 0)
         return -1;
     for (int i = 0; i < ndigits; i++)
-        if ((p[8 + 2 * i] << 8 | p[9 + 2 * i]) >= 10000)
+        if (digit_at(p, i) >= 10000)
             return -1;
     if (sign == 0xC000)
         return 0;
     if (sign != 0x0000 && sign != 0x4000)
         return -1;
-    /* Horner over base-10000 positions weight .. -k (k positions cover `scale` decimals);
-     * the last one is scaled by 10^(scale - 4(k-1)) instead of 10000. */
-    int k = (scale + 3) / 4;
-    int last_mul = 1, last_div = 1;
-    for (int j = 0; j < scale - 4 * (k - 1) && k; j++)
-        last_mul *= 10;
-    for (int j = 0; j < 4 * k - scale; j++)
-        last_div *= 10;
+    /* Horner over base-10000 positions weight .. -k; the last one (-k) is scaled by last_mul
+     * after dropping the decimals past `scale`, which must be zeros. */
+    int k = spec->k;
     __int128 v = 0;
     for (int pos = weight; pos >= -k; pos--) {
         int i = weight - pos;
-        int d = i < ndigits ? (p[8 + 2 * i] << 8 | p[9 + 2 * i]) : 0;
-        int mul = 10000;
+        int d = i < ndigits ? digit_at(p, i) : 0;
         if (k && pos == -k) {
-            if (d % last_div)
+            if (d % spec->last_div || v > spec->max_last)
                 return -1;
-            mul = last_mul;
-            d /= last_div;
+            v = v * spec->last_mul + d / spec->last_div;
+        } else {
+            if (v > spec->max_10000)
+                return -1;
+            v = v * 10000 + d;
         }
-        if (v > (limit - 1) / mul)
-            return -1;
-        v = v * mul + d;
-        if (v >= limit)
+        if (v >= spec->limit)
             return -1;
     }
     /* digits below position -k must be zero */
     for (int i = weight + k + 1 > 0 ? weight + k + 1 : 0; i < ndigits; i++)
-        if (p[8 + 2 * i] | p[9 + 2 * i])
+        if (digit_at(p, i))
             return -1;
     /* and so must the decimals between dscale and scale (numeric_out prints dscale of them) */
-    if (dscale < scale) {
+    if (dscale < spec->scale) {
         __int128 unit = 1;
-        for (int j = dscale; j < scale; j++)
+        for (int j = dscale; j < spec->scale; j++)
             unit *= 10;
         if (v % unit)
             return -1;
@@ -474,14 +502,12 @@ numeric_decimal128(PyObject *self, PyObject *args)
             goto release_all;
         }
     }
-    __int128 limit = 1;
-    for (int j = 0; j < precision; j++)
-        limit *= 10;
+    NumericSpec spec = numeric_spec(precision, scale);
     Py_ssize_t first_other = -1;
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < n; i++) {
         __int128 v = 0;
-        int r = numeric_scaled(buf + starts[i], lengths[i], scale, limit, &v);
+        int r = numeric_scaled(buf + starts[i], lengths[i], &spec, &v);
         if (r < 0) {
             first_other = i;
             break;

@@ -40,6 +40,8 @@ from pg2delta.typemap import (
     KIND_NULL,
     KIND_TEXT,
     KIND_TOAST,
+    TS_MAX_US,
+    TS_MIN_US,
     ColumnCodec,
     TypeCatalog,
     codec_for,
@@ -72,6 +74,8 @@ _CHANGE_TAGS = np.array([po.INSERT, po.UPDATE, po.DELETE], dtype=np.uint8)
 # that name a prepared transaction's gid.
 _XID_TAGS = frozenset({po.STREAM_START, po.STREAM_COMMIT, po.STREAM_ABORT})
 _GID_TAGS = frozenset({po.PREPARE, po.STREAM_PREPARE, po.COMMIT_PREPARED, po.ROLLBACK_PREPARED})
+# Where the commit timestamp is in the messages that commit a transaction.
+_COMMIT_TS_AT = {po.COMMIT: 18, po.STREAM_COMMIT: 22, po.COMMIT_PREPARED: 18}
 # Messages a Stream Abort of a subtransaction drops (they carry the subtransaction's xid).
 _STREAMED_TAGS = np.array(
     [po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE, po.RELATION, po.TYPE, po.MESSAGE], dtype=np.uint8
@@ -165,9 +169,11 @@ class RowChunk:
         return cls(b"".join(d for _, d in rows), lsns, starts, ends)
 
     def take(self, lo: int, hi: int) -> RowChunk:
-        """Rows [lo, hi) as a compact chunk of their own."""
+        """Rows [lo, hi): the leading rows share this chunk's buffer, later ones are copied compactly."""
         if lo >= hi:
             return RowChunk(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if lo == 0:
+            return RowChunk(self.buf, self.lsns[:hi], self.starts[:hi], self.ends[:hi])
         base = int(self.starts[lo])
         top = int(self.ends[hi - 1])
         return RowChunk(
@@ -452,6 +458,12 @@ class WindowDecoder:
                 raise DecodeError(
                     f"commit LSN {txn.commit_lsn:#x} is not after the previous commit's {self._last_commit_lsn:#x}",
                     offset=0, lsn=lsn,
+                )
+            if not TS_MIN_US <= txn.commit_ts + PG_EPOCH_US <= TS_MAX_US:
+                # A real server's clock cannot be there; the lake could not hold it either.
+                tag = int(tags[i])
+                raise DecodeError(
+                    "commit timestamp outside 0001-01-01 .. 9999-12-31", tag=chr(tag), offset=_COMMIT_TS_AT.get(tag), lsn=lsn
                 )
             self._last_commit_lsn = txn.commit_lsn
             tid = len(txns)
@@ -807,8 +819,11 @@ class WindowDecoder:
         arrays: list[pa.Array] = []
         toast_any = np.zeros(n_out, dtype=bool)
         toast_cols: list[npt.NDArray[np.bool_]] = []
+        any_old = bool(use_old.any())
         for c, (codec, (kinds, cstarts, clens)) in enumerate(zip(version.codecs, columns, strict=True)):
-            is_toast = (kinds == KIND_TOAST) & ~use_old
+            is_toast = kinds == KIND_TOAST
+            if any_old:
+                is_toast &= ~use_old
             if is_toast.any():
                 toast_any |= is_toast
             toast_cols.append(is_toast)
@@ -827,13 +842,17 @@ class WindowDecoder:
             toast = pa.array(lists, type=pa.list_(pa.string()))
         else:
             toast = pa.nulls(n_out, type=pa.list_(pa.string()))
-        ops = pa.array(op.view("S1").astype(str), type=pa.string())
+        # One-character strings: offsets 0, 1, 2, ... over the op bytes.
+        ops = pa.Array.from_buffers(
+            pa.string(), n_out, [None, pa.py_buffer(np.arange(n_out + 1, dtype=np.int32)), pa.py_buffer(op)]
+        )
+        xids = xid_of_txn[tid]
         meta = [
             pa.array(commit_lsn_of_txn[tid], type=pa.int64()),
             pa.array(pos, type=pa.int64()),
             ops,
             toast,
-            pa.array(xid_of_txn[tid], type=pa.int64(), mask=xid_of_txn[tid] < 0),
+            pa.array(xids, type=pa.int64(), mask=xids < 0),
             pa.array(ts_of_txn[tid], type=pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         ]
         return pa.RecordBatch.from_arrays([*arrays, *meta], schema=version.schema)

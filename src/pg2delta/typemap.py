@@ -1621,33 +1621,37 @@ class ColumnCodec:
             notes = collections.Counter()
         kinds = np.asarray(kinds, dtype=np.uint8)
         n = len(kinds)
-        is_t = kinds == KIND_TEXT
-        is_b = kinds == KIND_BINARY
-        valid = is_t | is_b
-        odd = np.flatnonzero(~valid & (kinds != KIND_NULL) & (kinds != KIND_TOAST))
-        if len(odd):
-            raise DecodeError(
-                f"{self.pg_type} value at row {int(odd[0])}: unknown value kind {int(kinds[odd[0]])}"
-            )
-        nvalid = int(np.count_nonzero(valid))
-        if nvalid == 0:
-            return pa.nulls(n, type=self.arrow_type)
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         if len(starts) != n or len(lengths) != n:
             raise DecodeError(f"{self.pg_type}: starts, lengths and kinds differ in length")
-        vs, vl = starts[valid], lengths[valid]
-        oob = np.flatnonzero((vs < 0) | (vl < 0) | (vs + vl > len(buf)))
-        if len(oob):
-            row = int(np.flatnonzero(valid)[oob[0]])
-            raise DecodeError(f"{self.pg_type} value at row {row}: byte range outside the buffer")
+        is_b = kinds == KIND_BINARY
+        n_b = int(np.count_nonzero(is_b))
+        if n_b == n:  # all binary, no NULLs (the usual case with binary replication)
+            is_t = valid = np.zeros(0, dtype=bool)
+            t_rows, b_rows = np.zeros(0, dtype=np.int64), np.arange(n, dtype=np.int64)
+            nvalid = n
+        else:
+            is_t = kinds == KIND_TEXT
+            valid = is_t | is_b
+            odd = np.flatnonzero(~valid & (kinds != KIND_NULL) & (kinds != KIND_TOAST))
+            if len(odd):
+                raise DecodeError(
+                    f"{self.pg_type} value at row {int(odd[0])}: unknown value kind {int(kinds[odd[0]])}"
+                )
+            t_rows, b_rows = np.flatnonzero(is_t), np.flatnonzero(is_b)
+            nvalid = len(t_rows) + len(b_rows)
+        if nvalid == 0:
+            return pa.nulls(n, type=self.arrow_type)
         raw = np.frombuffer(buf, dtype=np.uint8)
-        t_rows = np.flatnonzero(is_t)
-        b_rows = np.flatnonzero(is_b)
         parts = []
         for rows, binary in ((t_rows, False), (b_rows, True)):
             if len(rows):
-                part = _Part(buf, raw, starts[rows], lengths[rows], rows, notes)
+                rs, rl = (starts, lengths) if len(rows) == n else (starts[rows], lengths[rows])
+                if len(rs) and (rs.min() < 0 or rl.min() < 0 or (rs + rl).max() > len(buf)):
+                    oob = np.flatnonzero((rs < 0) | (rl < 0) | (rs + rl > len(buf)))
+                    raise DecodeError(f"{self.pg_type} value at row {int(rows[oob[0]])}: byte range outside the buffer")
+                part = _Part(buf, raw, rs, rl, rows, notes)
                 parts.append(self._decode_part(part, binary, reference))
         if len(parts) == 1 and nvalid == n:
             return parts[0]
