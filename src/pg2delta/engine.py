@@ -218,6 +218,40 @@ class Engine:
         except Exception as exc:
             raise LakeError(f"cannot create or widen delta table {uri}: {' '.join(str(exc).split())[:500]}") from exc
 
+    def table_types(self, uri: str) -> dict[str, str] | None:
+        """The Delta table's columns and their Spark type names, in order; None if there is no table."""
+        if self.lake.delta_version(uri) is None:
+            return None
+        try:
+            schema = self.spark.read.format("delta").load(uri).schema
+            return {f.name: f.dataType.simpleString() for f in schema.fields}
+        except Exception as exc:
+            raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def rewrite(self, uri: str, casts: dict[str, str], *, drop: Sequence[str] = ()) -> None:
+        """Rewrite the Delta table with the columns in ``casts`` cast to wider Spark types, without ``drop``.
+
+        One commit (an overwrite with ``overwriteSchema``) that both Apache Spark with delta-spark
+        and pysail accept; pysail has no ``ALTER TABLE``, and Delta's in-place type widening needs a
+        table feature that not every reader supports. Earlier versions stay readable (time travel).
+        """
+        from pg2delta.merge import quote
+
+        try:
+            df = self.spark.read.format("delta").load(uri)
+            cols = [
+                f"CAST({quote(c)} AS {casts[c]}) AS {quote(c)}" if c in casts else quote(c)
+                for c in df.columns
+                if c not in drop
+            ]
+            df.selectExpr(*cols).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(uri)
+        except Exception as exc:
+            raise LakeError(f"cannot rewrite {uri} with new column types: {' '.join(str(exc).split())[:500]}") from exc
+        log.info(
+            "rewrote %s: wider columns %s, dropped columns %s",
+            uri, ", ".join(f"{c} {t}" for c, t in sorted(casts.items())) or "none", ", ".join(drop) or "none",
+        )
+
     def merge(self, uri: str, staged: str, statement_for: Any) -> None:
         """Run the MERGE built by ``statement_for(target, source_view)`` with ``staged`` as the source."""
         view = f"pg2delta_src_{uuid.uuid4().hex[:12]}"
