@@ -39,6 +39,7 @@ class WindowConfig:
 
 PARTITION_MODES = ("leaf", "root")
 DROPPED_COLUMN_MODES = ("keep", "drop")
+NARROWING_MODES = ("refuse", "keep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,9 @@ class TableConfig:
     # Columns dropped in PostgreSQL (and the old names of renamed columns): "keep" leaves them in
     # the Delta table (their values stay, new rows hold NULL); "drop" removes them (a rewrite).
     dropped_columns: str = "keep"
+    # A column whose type becomes narrower (int8 -> int4, numeric(12,2) -> numeric(10,2)): "refuse"
+    # stops the run (exit 78, nothing applied); "keep" leaves the Delta column at its wider type.
+    narrowing: str = "refuse"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +170,10 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
         if "." not in name or not isinstance(settings, dict):
             raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
         key = settings.get("key", [])
-        unknown_settings = set(settings) - {"key", "partitions", "dropped_columns"}
+        unknown_settings = set(settings) - {"key", "partitions", "dropped_columns", "narrowing"}
         if unknown_settings:
             raise ConfigError(
-                f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: dropped_columns, key, partitions)"
+                f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: dropped_columns, key, narrowing, partitions)"
             )
         if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
             raise ConfigError(f"[tables.{name!r}]: key must be a list of column names, like key = [\"col\", ...]")
@@ -181,7 +185,10 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
             raise ConfigError(
                 f"[tables.{name!r}]: dropped_columns must be one of {', '.join(DROPPED_COLUMN_MODES)}, not {dropped!r}"
             )
-        tables[name] = TableConfig(key=tuple(key), partitions=partitions, dropped_columns=dropped)
+        narrowing = settings.get("narrowing", "refuse")
+        if narrowing not in NARROWING_MODES:
+            raise ConfigError(f"[tables.{name!r}]: narrowing must be one of {', '.join(NARROWING_MODES)}, not {narrowing!r}")
+        tables[name] = TableConfig(key=tuple(key), partitions=partitions, dropped_columns=dropped, narrowing=narrowing)
 
     config = Config(source=source, lake_root=lake_root, engine=engine, window=window, tables=tables)
     validate(config)

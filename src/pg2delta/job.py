@@ -427,6 +427,7 @@ class Job:
             self.engine.table_types(uri),
             shapes,
             where=f" (in the changes from {format_lsn(start)} to {format_lsn(end)})",
+            narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
         )
 
     @staticmethod

@@ -11,7 +11,7 @@ every shape a window holds for a Delta table with the columns the Delta table al
   column) are **kept**: they are left alone by updates and NULL in new rows;
 * a column whose type changed to one Delta can hold every old value of (int2 -> int4 ->
   int8, float4 -> float8, int -> float8, int -> decimal wide enough, decimal precision and
-  scale growing together, date -> timestamp without time zone) is **widened**;
+  scale growing together) is **widened**;
 * any other change (a narrowing, or a type of another kind) is refused with a
   :class:`SchemaError` naming the table, the column, both types and what to do, before
   anything of the window is applied.
@@ -65,6 +65,34 @@ def spark_type(t: pa.DataType) -> str:
     return str(t)
 
 
+_SIMPLE = {
+    "boolean": pa.bool_(),
+    "smallint": pa.int16(),
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+}
+
+
+def arrow_type(spark: str) -> pa.DataType | None:
+    """The Arrow type of a Delta column of Spark type ``spark`` (the inverse of :func:`spark_type`)."""
+    if spark in _SIMPLE:
+        return _SIMPLE[spark]
+    m = _DECIMAL.fullmatch(spark)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    if spark.startswith("array<") and spark.endswith(">"):
+        inner = arrow_type(spark[6:-1])
+        return None if inner is None else pa.list_(inner)
+    return None
+
+
 def widens(old: str, new: str) -> bool:
     """True when a Delta column of Spark type ``old`` can become ``new`` keeping every value exactly."""
     if old == new:
@@ -81,8 +109,6 @@ def widens(old: str, new: str) -> bool:
     if m_old and m_new:
         p1, s1, p2, s2 = (int(m_old.group(1)), int(m_old.group(2)), int(m_new.group(1)), int(m_new.group(2)))
         return s2 >= s1 and p2 - s2 >= p1 - s1
-    if old == "date" and new == "timestamp_ntz":
-        return True
     if old.startswith("array<") and new.startswith("array<"):
         return widens(old[6:-1], new[6:-1])
     return False
@@ -117,11 +143,14 @@ def plan(
     shapes: Sequence[Shape],
     *,
     where: str = "",
+    narrowing: str = "refuse",
 ) -> Plan:
     """The evolution of the Delta table of ``table`` (its columns ``delta_types``, None if there is
     none yet) that lets it hold changes of every shape in ``shapes`` (in the order they came).
 
-    Raises :class:`SchemaError` for a type change Delta cannot follow, or for shapes with
+    ``narrowing = "keep"`` lets a column whose type became narrower keep its wider Delta type
+    (every new value fits); by default a narrowing is refused like any other change Delta cannot
+    follow. Raises :class:`SchemaError` for a type change Delta cannot follow, or for shapes with
     different keys (the job cuts windows at key changes; only changes inside one transaction
     can still meet here).
     """
@@ -148,19 +177,22 @@ def plan(
             if old is None or widens(old, new):
                 current[name] = new
                 arrow[name] = t
+            elif widens(new, old) and narrowing == "keep" and (wide := arrow_type(old)) is not None:
+                arrow[name] = wide
             elif widens(new, old):
                 raise SchemaError(
                     f"table {table} column {name} changed type from {old} to {new}{where}, a narrowing "
-                    "that pg2delta does not apply to the lake: change the column back to a type at least as "
-                    f"wide as {old} in PostgreSQL, or make the lake's copy of this table again from a snapshot "
-                    "(delete its Delta table, re-create the slot and bootstrap); nothing of this window was applied"
+                    "that pg2delta does not apply to the lake: to keep the Delta column {old} and store the "
+                    f"narrower values in it, set [tables.\"{table}\"] narrowing = \"keep\" in the config; or make the "
+                    "lake's copy of this table again from a snapshot (delete its Delta table, re-create the slot and "
+                    "bootstrap); nothing of this window was applied"
                 )
             else:
                 raise SchemaError(
                     f"table {table} column {name} changed type from {old} to {new}{where}, which Delta cannot "
-                    f"follow in place: change the column back in PostgreSQL, or add a new column of type {new} "
-                    "instead of changing this one, or make the lake's copy of this table again from a snapshot "
-                    "(delete its Delta table, re-create the slot and bootstrap); nothing of this window was applied"
+                    "follow in place: make the lake's copy of this table again from a snapshot (delete its Delta "
+                    "table, re-create the slot and bootstrap), or, before the next such change, add a new column of "
+                    f"type {new} instead of changing this one; nothing of this window was applied"
                 )
     before = dict(delta_types or {})
     added = tuple(n for n in order if n not in before)
