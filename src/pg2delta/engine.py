@@ -20,7 +20,7 @@ import os
 import re
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,9 +193,10 @@ class Engine:
         except Exception as exc:  # pyspark raises many unrelated types; keep the cause chain
             raise LakeError(f"{what} failed: {' '.join(str(exc).split())[:500]}") from exc
 
-    def ensure_table(self, uri: str, staged: str, columns: Sequence[str]) -> bool:
+    def ensure_table(self, uri: str, staged: str, columns: Sequence[str], current: Collection[str] | None = None) -> bool:
         """Create the Delta table, or add columns it lacks, with the schema of ``columns`` of ``staged``.
 
+        ``current``: the table's columns when the caller knows them (saves reading its schema).
         Returns True when the table's schema changed.
         """
         from pg2delta.merge import quote
@@ -207,10 +208,11 @@ class Engine:
                 df.write.format("delta").mode("append").save(uri)
                 log.info("created delta table %s", uri)
                 return True
-            current = set(self.spark.read.format("delta").load(uri).columns)
-            if set(columns) - current:
+            if current is None:
+                current = set(self.spark.read.format("delta").load(uri).columns)
+            if set(columns) - set(current):
                 df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
-                log.info("added columns %s to %s", sorted(set(columns) - current), uri)
+                log.info("added columns %s to %s", sorted(set(columns) - set(current)), uri)
                 return True
             return False
         except LakeError:

@@ -534,7 +534,7 @@ class Job:
             self.engine.rewrite(uri, {}, drop=drop)
         staged = self.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
         try:
-            self.engine.ensure_table(uri, staged, data_columns)
+            self.engine.ensure_table(uri, staged, data_columns, (pl.existing - set(drop)) if pl.existing else None)
             self.engine.merge(
                 uri,
                 staged,
