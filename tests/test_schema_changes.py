@@ -518,6 +518,16 @@ def test_partitions_via_root(pgdb: str, tmp_path: Path) -> None:
     # PostgreSQL sends no deletes for a detached partition's rows: they stay in the root's Delta
     # table as they were when it was detached (the later update of m1 is not published).
     assert_lake_equals(pgdb, lake, "public.m", ["id", "k"], extra_rows=in_m1)
+    # A TRUNCATE of one partition is not sent in this mode (only one of the root is).
+    with psycopg.connect(pgdb) as conn:
+        in_m2 = {(r[0], r[1]): {"id": r[0], "k": r[1], "v": r[2]} for r in conn.execute("SELECT id, k, v FROM m2")}
+    assert in_m2
+    _sql(pgdb, "TRUNCATE m2")
+    _run(pgdb, slot, pub, lake)
+    assert_lake_equals(pgdb, lake, "public.m", ["id", "k"], extra_rows=in_m1 | in_m2)
+    _sql(pgdb, "TRUNCATE m", "INSERT INTO m VALUES (1, 150, 'after truncate')")
+    _run(pgdb, slot, pub, lake)
+    assert_lake_equals(pgdb, lake, "public.m", ["id", "k"])
 
 
 def test_partitions_as_leaf_tables(pgdb: str, tmp_path: Path) -> None:
@@ -530,6 +540,11 @@ def test_partitions_as_leaf_tables(pgdb: str, tmp_path: Path) -> None:
     assert not (lake / "public" / "m").exists()
     for part in ("m1", "m2", "m3"):
         assert_lake_equals(pgdb, lake, f"public.{part}", ["id", "k"])
+    _sql(pgdb, "TRUNCATE m1", "INSERT INTO m VALUES (1, 1, 'after truncate')", "TRUNCATE m")
+    _sql(pgdb, "INSERT INTO m VALUES (2, 150, 'after truncate')")
+    _run(pgdb, slot, pub, lake)
+    for part in ("m1", "m2", "m3"):
+        assert_lake_equals(pgdb, lake, f"public.{part}", ["id", "k"], context="after truncates")
 
 
 def test_partitions_mapped_to_root(pgdb: str, tmp_path: Path) -> None:
@@ -545,6 +560,15 @@ def test_partitions_mapped_to_root(pgdb: str, tmp_path: Path) -> None:
     _run(pgdb, slot, pub, lake, conf, max_changes=3)
     assert sorted(p.name for p in (lake / "public").iterdir()) == ["m"]
     assert_lake_equals(pgdb, lake, "public.m", ["id", "k"])
+    _sql(pgdb, "INSERT INTO m VALUES (40, 40, 'x')", "TRUNCATE m", "INSERT INTO m VALUES (1, 150, 'after truncate')")
+    _run(pgdb, slot, pub, lake, conf)
+    assert_lake_equals(pgdb, lake, "public.m", ["id", "k"], context="after TRUNCATE of the root")
+    # Some partitions only: the rows to delete from the root's Delta table are not known.
+    _sql(pgdb, "INSERT INTO m VALUES (2, 2, 'y')", "TRUNCATE m1")
+    slot_at = confirmed_lsn(pgdb, slot)
+    proc = _cli_run(pgdb, slot, pub, lake, conf)
+    assert_refused(proc, "truncate of partition(s) public.m1", 'partitions = "leaf"')
+    assert confirmed_lsn(pgdb, slot) == slot_at
 
 
 # --- tables renamed and moved ---------------------------------------------------------------------

@@ -409,10 +409,34 @@ class Job:
             tgt.parts.append(tw)
         return list(out.values())
 
+    def _check_partition_truncates(self, tgt: _Target) -> None:
+        """A TRUNCATE of some partitions of a root that maps them into one Delta table is refused:
+        which of its rows were in those partitions is not known. TRUNCATE of the root (every leaf) is fine."""
+        if all(tw.oid == tgt.owner for tw in tgt.parts) or not any(tw.truncates for tw in tgt.parts):
+            return
+        leaves = {
+            int(r[0])
+            for r in self._catalog_conn.execute(
+                "SELECT relid::oid::int8 FROM pg_partition_tree(%s::oid::regclass) WHERE isleaf", (tgt.owner,)
+            ).fetchall()
+        }
+        for tw in tgt.parts:
+            for t in tw.truncates:
+                truncated = {v.oid for v in t.relations}
+                if not leaves <= truncated:
+                    raise SchemaError(
+                        f"TRUNCATE of partition(s) {', '.join('.'.join(v.qualified_name) for v in t.relations)} at "
+                        f"{format_lsn(t.commit_lsn)}, whose changes go to the Delta table of {tgt.schema}.{tgt.table} "
+                        "(partitions = \"root\"): pg2delta cannot tell which rows of that Delta table were in them; "
+                        "delete those rows in the lake yourself and move the slot past that transaction, or use "
+                        "partitions = \"leaf\" for this table"
+                    )
+
     def _plan(self, tgt: _Target, applied: Applied | None, start: int, end: int) -> Plan | None:
         """How the Delta table must change for the window's changes (None when it has none to merge)."""
         if applied is not None and applied.end_lsn >= end:
             return None
+        self._check_partition_truncates(tgt)
         shapes: list[Shape] = []
         for tw in tgt.parts:
             for b in tw.batches:
