@@ -601,3 +601,39 @@ def test_table_renamed_and_moved_keeps_its_delta_table(pgdb: str, tmp_path: Path
     assert_refused(proc, "public.orig", "relation oid")
     assert confirmed_lsn(pgdb, slot) == slot_at
     assert_lake_equals(pgdb, lake, "arch.renamed", ["id"], target="public.orig")
+
+
+# --- crashes --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["after_schema_change", "after_commits"])
+def test_crash_after_a_schema_change_then_rerun(pgdb: str, tmp_path: Path, point: str) -> None:
+    """SIGKILL after the Delta table was widened, had columns dropped and added, before the MERGE (or
+    before the applied log): the slot stays, and the rerun (with other window caps) gives the same lake."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    conf = tmp_path / "drop.toml"
+    conf.write_text('[tables."public.cr"]\ndropped_columns = "drop"\n')
+    _setup(pgdb, slot, pub, "CREATE TABLE cr (id int PRIMARY KEY, s int2, gone text, big text)", "cr")
+    _sql(pgdb, "INSERT INTO cr SELECT g, g, 'g' || g, repeat(md5(g::text), 300) FROM generate_series(1, 6) g")
+    _run(pgdb, slot, pub, lake, conf)
+    _txn(
+        pgdb,
+        "UPDATE cr SET s = 10 WHERE id = 1",
+        "ALTER TABLE cr ALTER s TYPE int8, DROP COLUMN gone, ADD COLUMN extra numeric(5,1)",
+        "UPDATE cr SET s = 5000000000, extra = 1.5 WHERE id = 2",  # big is unchanged TOAST
+        "INSERT INTO cr (id, s) VALUES (7, 7)",
+        "UPDATE cr SET id = 30 WHERE id = 3",
+    )
+    _sql(pgdb, "UPDATE cr SET extra = 2.5 WHERE id = 4", "DELETE FROM cr WHERE id = 5")
+    before = confirmed_lsn(pgdb, slot)
+    args = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake), "--config", str(conf)]
+    crashed = cli(*args, env={"PG2DELTA_CRASH_AT": point})
+    assert crashed.returncode == -9, (crashed.returncode, crashed.stderr[-2000:])
+    assert confirmed_lsn(pgdb, slot) == before
+    if point == "after_schema_change":
+        types = lake_types(lake, "public", "cr")
+        # gone is still in a shape of this window (the transaction's first change): it goes with the next one.
+        assert types["s"] == pa.int64() and "gone" in types and "extra" in types, types
+    _run(pgdb, slot, pub, lake, conf, max_changes=1)
+    assert_lake_equals(pgdb, lake, "public.cr", ["id"], null_in_lake={"extra": []})

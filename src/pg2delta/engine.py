@@ -220,12 +220,16 @@ class Engine:
         except Exception as exc:
             raise LakeError(f"cannot create or widen delta table {uri}: {' '.join(str(exc).split())[:500]}") from exc
 
-    def table_types(self, uri: str) -> dict[str, str] | None:
-        """The Delta table's columns and their Spark type names, in order; None if there is no table."""
+    def table_types(self, uri: str, *, version: int | None = None) -> dict[str, str] | None:
+        """The Delta table's columns and their Spark type names, in order (as of ``version``, default
+        the latest); None if there is no table."""
         if self.lake.delta_version(uri) is None:
             return None
         try:
-            schema = self.spark.read.format("delta").load(uri).schema
+            reader = self.spark.read.format("delta")
+            if version is not None:
+                reader = reader.option("versionAsOf", version)
+            schema = reader.load(uri).schema
             return {f.name: f.dataType.simpleString() for f in schema.fields}
         except Exception as exc:
             raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc

@@ -446,9 +446,11 @@ class Job:
         if not shapes:
             return None
         uri = self.lake.table_uri(tgt.schema, tgt.table)
+        # The table as the last logged window left it: a replay after a crash plans the same
+        # changes the crashed run did (they are idempotent), whatever of them it committed.
         return plan(
             f"{tgt.schema}.{tgt.table}",
-            self.engine.table_types(uri),
+            self.engine.table_types(uri, version=applied.delta_version if applied else None),
             shapes,
             where=f" (in the changes from {format_lsn(start)} to {format_lsn(end)})",
             narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
@@ -559,6 +561,9 @@ class Job:
         staged = self.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
         try:
             self.engine.ensure_table(uri, staged, data_columns, (pl.existing - set(drop)) if pl.existing else None)
+            if pl.existing and pl.added:
+                self._warn_defaults(tgt, pl.added)
+            fault_point("after_schema_change")
             self.engine.merge(
                 uri,
                 staged,
@@ -575,6 +580,21 @@ class Job:
             ", truncated" if report.truncated else "", report.delta_version,
         )
         return report
+
+    def _warn_defaults(self, tgt: _Target, added: Sequence[str]) -> None:
+        """Say so when PostgreSQL reads older rows of an added column as its default (the lake holds NULL)."""
+        if self._catalog_conn is None:
+            return
+        rows = self._catalog_conn.execute(
+            "SELECT DISTINCT attname FROM pg_attribute WHERE attrelid = ANY(%s::oid[]) AND attname = ANY(%s) "
+            "AND atthasmissing AND NOT attisdropped",
+            ([tw.oid for tw in tgt.parts], list(added)),
+        ).fetchall()
+        for (col,) in rows:
+            log.warning(
+                "column %s of %s.%s was added with a default: rows not written since hold NULL in the lake "
+                "(PostgreSQL sends nothing for them)", col, tgt.schema, tgt.table,
+            )
 
     def _fill_lookups(
         self,
