@@ -436,21 +436,37 @@ def test_primary_key_changed_between_transactions(pgdb: str, tmp_path: Path) -> 
     assert_lake_equals(pgdb, lake, "public.pk", ["code"])
 
 
-def test_primary_key_dropped(pgdb: str, tmp_path: Path) -> None:
-    """No key and REPLICA IDENTITY DEFAULT: PostgreSQL publishes inserts only; they are appended."""
+def test_primary_key_dropped_and_added_again(pgdb: str, tmp_path: Path) -> None:
+    """No key and REPLICA IDENTITY DEFAULT: PostgreSQL publishes inserts only; they are appended.
+    A primary key added later is used for the changes after it."""
     slot, pub = _names()
     lake = tmp_path / "lake"
     _setup(pgdb, slot, pub, "CREATE TABLE nk2 (id int PRIMARY KEY, v text)", "nk2")
+
+    def lake_pairs() -> list[tuple[Any, Any]]:
+        return sorted((r["id"], r["v"]) for r in _lake_table(lake, "public", "nk2").select(["id", "v"]).to_pylist())
+
+    def pg_pairs() -> list[tuple[Any, Any]]:
+        with psycopg.connect(pgdb) as conn:
+            return sorted(conn.execute("SELECT id, v FROM nk2").fetchall())
+
     _sql(pgdb, "INSERT INTO nk2 VALUES (1, 'a'), (2, 'b')", "UPDATE nk2 SET v = 'a2' WHERE id = 1")
-    _sql(pgdb, "ALTER TABLE nk2 DROP CONSTRAINT nk2_pkey", "INSERT INTO nk2 VALUES (3, 'c'), (3, 'c-again')")
+    _sql(pgdb, "ALTER TABLE nk2 DROP CONSTRAINT nk2_pkey", "INSERT INTO nk2 VALUES (3, 'c'), (5, 'e')")
     _run(pgdb, slot, pub, lake)
     _sql(pgdb, "INSERT INTO nk2 VALUES (4, 'd')")
+    _run(pgdb, slot, pub, lake, max_changes=1)
+    assert lake_pairs() == pg_pairs()
+    assert "_pg2delta_lsn" in _lake_table(lake, "public", "nk2").column_names
+    _sql(
+        pgdb,
+        "INSERT INTO nk2 VALUES (6, 'f')",
+        "ALTER TABLE nk2 ADD PRIMARY KEY (id)",
+        "UPDATE nk2 SET v = 'c2' WHERE id = 3",  # a row the lake got while the table had no key
+        "DELETE FROM nk2 WHERE id = 1",
+        "UPDATE nk2 SET id = 50 WHERE id = 5",
+    )
     _run(pgdb, slot, pub, lake)
-    table = _lake_table(lake, "public", "nk2")
-    got = sorted((r["id"], r["v"]) for r in table.select(["id", "v"]).to_pylist())
-    with psycopg.connect(pgdb) as conn:
-        want = sorted(conn.execute("SELECT id, v FROM nk2").fetchall())
-    assert got == want
+    assert lake_pairs() == pg_pairs()
 
 
 def test_key_change_inside_a_transaction_is_refused(pgdb: str, tmp_path: Path) -> None:
