@@ -495,6 +495,32 @@ def test_key_change_inside_a_transaction_is_refused(pgdb: str, tmp_path: Path) -
     assert confirmed_lsn(pgdb, slot) == slot_at
 
 
+def test_full_identity_primary_key_changed_between_runs(pgdb: str, tmp_path: Path) -> None:
+    """REPLICA IDENTITY FULL tables are keyed on the primary key the catalog has when the job runs.
+    Pending changes may predate a change of that key: refused until the config names the key."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    _setup(pgdb, slot, pub, "CREATE TABLE fk (id int PRIMARY KEY, code text NOT NULL, v text)", "fk")
+    _sql(pgdb, "ALTER TABLE fk REPLICA IDENTITY FULL", "INSERT INTO fk SELECT g, 'c' || g, 'v' FROM generate_series(1, 4) g")
+    _run(pgdb, slot, pub, lake)
+    _sql(pgdb, "ALTER TABLE fk DROP CONSTRAINT fk_pkey, ADD PRIMARY KEY (code)")
+    _sql(pgdb, "UPDATE fk SET id = 1 WHERE code = 'c2'", "DELETE FROM fk WHERE code = 'c3'", "INSERT INTO fk VALUES (9, 'c9', 'n')")
+    slot_at = confirmed_lsn(pgdb, slot)
+    before = lake_files(lake)
+    proc = _cli_run(pgdb, slot, pub, lake)
+    assert_refused(proc, "public.fk", "replica identity full", "now (code)", "merged on (id)", 'key = [...]')
+    assert confirmed_lsn(pgdb, slot) == slot_at and lake_files(lake) == before
+    # Every pending change came after the new key: name it for one run.
+    conf = tmp_path / "key.toml"
+    conf.write_text('[tables."public.fk"]\nkey = ["code"]\n')
+    _run(pgdb, slot, pub, lake, conf)
+    assert_lake_equals(pgdb, lake, "public.fk", ["code"])
+    # The lake was merged on (code), the catalog's key: no setting needed any more.
+    _sql(pgdb, "UPDATE fk SET v = 'later' WHERE code = 'c4'")
+    _run(pgdb, slot, pub, lake)
+    assert_lake_equals(pgdb, lake, "public.fk", ["code"])
+
+
 # --- partitions -----------------------------------------------------------------------------------
 
 PART_DDL = """

@@ -17,6 +17,8 @@ Re-applying them is harmless: MERGE of final states is idempotent, a truncate is
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import signal
@@ -73,6 +75,7 @@ LOG_SCHEMA = pa.schema(
         ("deletes", pa.int64()),
         ("truncated", pa.bool_()),
         ("applied_at", pa.timestamp("us", tz="UTC")),
+        ("key_columns", pa.string()),  # JSON list of the columns the window merged on
     ]
 )
 
@@ -92,6 +95,7 @@ class Applied:
     delta_version: int | None
     schema: str = ""  # the Delta table the relation's changes go to (kept across renames)
     table: str = ""
+    key: tuple[str, ...] | None = None  # the columns it was last merged on (None: not logged)
 
 
 @dataclass
@@ -342,7 +346,12 @@ class Job:
             report = self._apply_table(run_id, tgt, plans[(tgt.schema, tgt.table)], applied.get(tgt.owner), end)
             window.tables.append(report)
         fault_point("after_commits")
-        applied_tables = [(tgt.owner, rep) for tgt, rep in zip(ordered, window.tables, strict=True) if not rep.skipped]
+        keys = {k: (p.key if p is not None else None) for k, p in plans.items()}
+        applied_tables = [
+            (tgt.owner, rep, keys[(tgt.schema, tgt.table)])
+            for tgt, rep in zip(ordered, window.tables, strict=True)
+            if not rep.skipped
+        ]
         if applied_tables:
             self._log_window(run_id, window, applied_tables)
         fault_point("before_advance")
@@ -350,7 +359,11 @@ class Job:
             src.advance(end)
         for tgt, table_report in zip(ordered, window.tables, strict=True):
             if not table_report.skipped:
-                applied[tgt.owner] = Applied(end, table_report.delta_version, tgt.schema, tgt.table)
+                before = applied.get(tgt.owner)
+                key = keys[(tgt.schema, tgt.table)]
+                if key is None and before is not None:
+                    key = before.key
+                applied[tgt.owner] = Applied(end, table_report.delta_version, tgt.schema, tgt.table, key)
         window.seconds = time.monotonic() - t0
         log.info(
             "window %s..%s: %d rows, %d transactions, %d tables, %.2f s",
@@ -432,6 +445,24 @@ class Job:
                         "partitions = \"leaf\" for this table"
                     )
 
+    def _check_full_identity_key(self, tgt: _Target, key: tuple[str, ...], applied: Applied | None) -> None:
+        """REPLICA IDENTITY FULL tables are keyed on the primary key the catalog has *now*; if that is
+        not the key the lake was last merged on, the pending changes may predate the change of key."""
+        if applied is None or applied.key is None or applied.key == key:
+            return
+        full = [tw for tw in tgt.parts if any(b.relation.relation.replica_identity == "f" for b in tw.batches)]
+        configured = any(self.config.table(*tw.latest.qualified_name).key for tw in tgt.parts)
+        if not full or configured:
+            return
+        name = ".".join(full[0].latest.qualified_name)
+        raise SchemaError(
+            f"table {name} has REPLICA IDENTITY FULL and its primary key is now ({', '.join(key) or 'none'}), but "
+            f"the lake was last merged on ({', '.join(applied.key) or 'none'}): the changes waiting in the slot may "
+            "have been made under the old key, and PostgreSQL does not say which. Set [tables.\""
+            f"{name}\"] key = [...] to the key they were made under (the old one if the key changed after them, "
+            "running up to the change with --until-lsn), run, then remove the setting; nothing of this window was applied"
+        )
+
     def _plan(self, tgt: _Target, applied: Applied | None, start: int, end: int) -> Plan | None:
         """How the Delta table must change for the window's changes (None when it has none to merge)."""
         if applied is not None and applied.end_lsn >= end:
@@ -445,6 +476,7 @@ class Job:
                     shapes.append(shape)
         if not shapes:
             return None
+        self._check_full_identity_key(tgt, shapes[0].key, applied)
         uri = self.lake.table_uri(tgt.schema, tgt.table)
         # The table as the last logged window left it: a replay after a crash plans the same
         # changes the crashed run did (they are idempotent), whatever of them it committed.
@@ -662,22 +694,31 @@ class Job:
     # --- the applied log --------------------------------------------------------------------
 
     def _applied_lsns(self) -> dict[int, Applied]:
-        """Per relation OID, the last window logged for its Delta table and the version it made."""
+        """Per relation OID, the last window logged for its Delta table, the version it made, and the
+        key the table was last merged on."""
         rows = self.engine.read_table(self.lake.table_uri(LOG_TABLE))
         out: dict[int, Applied] = {}
+        keys: dict[int, tuple[int, tuple[str, ...]]] = {}
         for r in rows:
             if r.get("slot") != self.config.source.slot or r.get("relation_oid") is None:
                 continue
-            oid = int(r["relation_oid"])
-            if oid not in out or int(r["window_end"]) > out[oid].end_lsn:
+            oid, end = int(r["relation_oid"]), int(r["window_end"])
+            if oid not in out or end > out[oid].end_lsn:
                 version = r.get("delta_version")
                 out[oid] = Applied(
-                    int(r["window_end"]), None if version is None else int(version),
+                    end, None if version is None else int(version),
                     str(r.get("schema_name") or ""), str(r.get("table_name") or ""),
                 )
+            key = r.get("key_columns")
+            if key and (oid not in keys or end > keys[oid][0]):
+                keys[oid] = (end, tuple(json.loads(key)))
+        for oid, (_, key_columns) in keys.items():
+            out[oid] = dataclasses.replace(out[oid], key=key_columns)
         return out
 
-    def _log_window(self, run_id: str, window: WindowReport, reports: list[tuple[int, TableReport]]) -> None:
+    def _log_window(
+        self, run_id: str, window: WindowReport, reports: list[tuple[int, TableReport, tuple[str, ...] | None]]
+    ) -> None:
         now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
         rows = [
             {
@@ -695,8 +736,9 @@ class Job:
                 "deletes": t.deletes,
                 "truncated": t.truncated,
                 "applied_at": now.as_py(),
+                "key_columns": None if key is None else json.dumps(list(key)),
             }
-            for oid, t in reports
+            for oid, t, key in reports
         ]
         self.engine.append(self.lake.table_uri(LOG_TABLE), pa.Table.from_pylist(rows, schema=LOG_SCHEMA))
 
