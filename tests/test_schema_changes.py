@@ -342,8 +342,8 @@ def test_widening_inside_one_transaction(pgdb: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("alter", "new_value", "fragments"),
     [
-        ("ALTER TABLE nt ALTER x TYPE int4", "42", ("public.nt", "column x", "bigint", "to int", "narrowing", 'narrowing = "keep"')),
-        ("ALTER TABLE nt ALTER x TYPE text USING x::text", "'42'", ("public.nt", "column x", "bigint", "to string", "snapshot")),
+        ("ALTER TABLE nt ALTER x TYPE int4", "42", ("public.nt", "column x", "from bigint to int (PostgreSQL integer)", "narrowing", 'narrowing = "keep"')),
+        ("ALTER TABLE nt ALTER x TYPE text USING x::text", "'42'", ("public.nt", "column x", "from bigint to string (PostgreSQL text)", "snapshot")),
     ],
     ids=["narrowing", "other-kind"],
 )

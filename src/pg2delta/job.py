@@ -486,7 +486,23 @@ class Job:
             shapes,
             where=f" (in the changes from {format_lsn(start)} to {format_lsn(end)})",
             narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
+            pg_type=lambda shape, column: self._pg_type(tgt, shape, column),
         )
+
+    def _pg_type(self, tgt: _Target, shape: Shape, column: str) -> str | None:
+        """The PostgreSQL type of ``column`` as a Relation message of ``tgt`` in ``shape`` declared it."""
+        if self._catalog_conn is None:
+            return None
+        for tw in tgt.parts:
+            for b in tw.batches:
+                if shape_of(b.relation).signature() == shape.signature():
+                    for c in b.relation.relation.columns:
+                        if c.name == column:
+                            row = self._catalog_conn.execute(
+                                "SELECT format_type(%s::oid, %s)", (c.type_oid, c.type_modifier)
+                            ).fetchone()
+                            return None if row is None else str(row[0])
+        return None
 
     @staticmethod
     def _conform(tgt: _Target, pl: Plan, existing: frozenset[str]) -> tuple[pa.Table | None, set[str]]:

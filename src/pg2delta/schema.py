@@ -20,7 +20,7 @@ every shape a window holds for a Delta table with the columns the Delta table al
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -144,10 +144,12 @@ def plan(
     *,
     where: str = "",
     narrowing: str = "refuse",
+    pg_type: Callable[[Shape, str], str | None] | None = None,
 ) -> Plan:
     """The evolution of the Delta table of ``table`` (its columns ``delta_types``, None if there is
     none yet) that lets it hold changes of every shape in ``shapes`` (in the order they came).
 
+    ``pg_type(shape, column)`` names the PostgreSQL type of a column for messages.
     ``narrowing = "keep"`` lets a column whose type became narrower keep its wider Delta type
     (every new value fits); by default a narrowing is refused like any other change Delta cannot
     follow. Raises :class:`SchemaError` for a type change Delta cannot follow, or for shapes with
@@ -172,6 +174,8 @@ def plan(
         for name, t in shape.columns:
             new = spark_type(t)
             old = current.get(name)
+            pg = pg_type(shape, name) if pg_type is not None and old not in (None, new) else None
+            shown = f"{new} (PostgreSQL {pg})" if pg else new
             if name not in arrow:
                 order.append(name)
             if old is None or widens(old, new):
@@ -181,7 +185,7 @@ def plan(
                 arrow[name] = wide
             elif widens(new, old):
                 raise SchemaError(
-                    f"table {table} column {name} changed type from {old} to {new}{where}, a narrowing "
+                    f"table {table} column {name} changed type from {old} to {shown}{where}, a narrowing "
                     "that pg2delta does not apply to the lake: to keep the Delta column {old} and store the "
                     f"narrower values in it, set [tables.\"{table}\"] narrowing = \"keep\" in the config; or make the "
                     "lake's copy of this table again from a snapshot (delete its Delta table, re-create the slot and "
@@ -189,7 +193,7 @@ def plan(
                 )
             else:
                 raise SchemaError(
-                    f"table {table} column {name} changed type from {old} to {new}{where}, which Delta cannot "
+                    f"table {table} column {name} changed type from {old} to {shown}{where}, which Delta cannot "
                     "follow in place: make the lake's copy of this table again from a snapshot (delete its Delta "
                     "table, re-create the slot and bootstrap), or, before the next such change, add a new column of "
                     f"type {new} instead of changing this one; nothing of this window was applied"
