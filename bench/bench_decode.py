@@ -352,7 +352,7 @@ def stage_breakdown(chunks: list[RowChunk]) -> tuple[float, StageTimer]:
     timer.wrap(RowChunk, "take", "RowChunk concat/take")
     timer.wrap(ch.po, "parse_message", "control messages (parse_message)")
     timer.wrap(WindowDecoder, "_build_batch", "tuples -> batch (total)")
-    timer.wrap(ch, "_walk_tuples", "walk tuples")
+    timer.wrap(ch, "_walk_changes", "walk tuples (C)")
     timer.wrap(tm.ColumnCodec, "decode", "codec", key=lambda codec, *a, **k: codec.pg_type)
     t0 = time.perf_counter()
     try:

@@ -828,3 +828,18 @@ def test_random_chunking_is_invisible() -> None:
             i = j
         out.append(dec.finish())
         assert flatten(out).changes == whole.changes
+
+
+def test_commit_timestamp_the_lake_cannot_hold_is_a_decode_error() -> None:
+    """Found by the mutation property: a damaged Commit timestamp used to reach the batches."""
+    far = (300_000_000_000_000_000).to_bytes(8, "big")  # about year 11500 after 2000-01-01
+    rows: Rows = [
+        (1, _begin(100, 7)),
+        (2, _rel()),
+        (3, b"I" + (16384).to_bytes(4, "big") + b"N" + _tuple(b"1", b"x")),
+        (4, _commit(100)[:18] + far),
+    ]
+    with pytest.raises(DecodeError) as info:
+        decode(rows, None)
+    assert (info.value.tag, info.value.offset, info.value.lsn) == ("C", 18, 4)
+    assert "commit timestamp" in info.value.reason

@@ -61,3 +61,32 @@ def test_missing_file_and_bad_env(tmp_path: Path) -> None:
         load(tmp_path / "nope.toml", env={})
     with pytest.raises(ConfigError, match="PG2DELTA_MAX_BYTES"):
         load(None, env={"PG2DELTA_MAX_BYTES": "lots"}, dsn="x", lake="/l")
+
+
+def test_table_schema_change_settings(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."public.m"]\npartitions = "root"\n'
+        '[tables."public.t"]\ndropped_columns = "drop"\nnarrowing = "keep"\n',
+    )
+    cfg = load(path, env={})
+    assert cfg.table("public", "m").partitions == "root"
+    assert (cfg.table("public", "t").dropped_columns, cfg.table("public", "t").narrowing) == ("drop", "keep")
+    other = cfg.table("public", "other")
+    assert (other.partitions, other.dropped_columns, other.narrowing) == ("leaf", "keep", "refuse")
+
+
+@pytest.mark.parametrize(
+    ("setting", "fragment"),
+    [
+        ('partitions = "roots"', "partitions must be one of leaf, root"),
+        ('dropped_columns = "forget"', "dropped_columns must be one of keep, drop"),
+        ('narrowing = "yes"', "narrowing must be one of refuse, keep"),
+        ('target = "s.x"', "unknown setting(s) ['target']"),
+    ],
+)
+def test_table_schema_change_settings_rejected(tmp_path: Path, setting: str, fragment: str) -> None:
+    path = write(tmp_path, f'[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."public.t"]\n{setting}\n')
+    with pytest.raises(ConfigError) as err:
+        load(path, env={})
+    assert fragment in str(err.value)

@@ -43,3 +43,25 @@ def test_one_line() -> None:
     assert ConnectionFailed("cannot connect:\n  timeout\texpired").one_line() == (
         "pg2delta: connection error: cannot connect: timeout expired"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["run", "--max-changes", "many"], "argument --max-changes: invalid int value: 'many'"),
+        ([], "the following arguments are required: command"),
+        (["rerun"], "invalid choice: 'rerun'"),
+        (["run", "--engine", "flink"], "argument --engine: invalid choice: 'flink'"),
+    ],
+)
+def test_bad_command_line_is_one_line_and_needs_a_human(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pg2delta.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == EXIT_NEEDS_HUMAN
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pg2delta: config error: ")
+    assert fragment in err and "--help" in err

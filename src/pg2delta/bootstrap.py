@@ -520,7 +520,7 @@ class Copier:
 
                 stage_dir = f"{self.job.lake.path}/{self._stage_rel(plan.table)}"
                 rows, notes = stage_table(conn, plan, self.job.lake, stage_dir, report)
-                results.append(self._commit(plan.table, rows, notes, t0, progress))
+                results.append(self._commit(plan, rows, notes, t0, progress))
         finally:
             conn.close()
         return results
@@ -561,18 +561,18 @@ class Copier:
                         if staged.error is not None:
                             kind, message, retryable = staged.error
                             raise Pg2DeltaError(message, kind=ErrorKind(kind), retryable=retryable)
-                        results.append(self._commit(plan.table, staged.rows, staged.notes, t0, progress))
+                        results.append(self._commit(plan, staged.rows, staged.notes, t0, progress))
             except BaseException:
                 abort.set()
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
         return results
 
-    def _commit(
-        self, table: PublishedTable, rows: int, notes: dict[str, int], t0: float, progress: _Progress
-    ) -> TableCopy:
-        """Make the staged copy of ``table`` visible in one Delta commit and record it in the applied log."""
+    def _commit(self, plan: CopyPlan, rows: int, notes: dict[str, int], t0: float, progress: _Progress) -> TableCopy:
+        """Make the staged copy of a table visible in one Delta commit and record it in the applied log."""
         from pg2delta.job import fault_point
+
+        table = plan.table
 
         for name, count in sorted(notes.items()):
             log.warning("copy note: %s: %s = %d", table.qualified, name, count)
@@ -582,7 +582,9 @@ class Copier:
         uri = lake.table_uri(rel.namespace, rel.name)
         self.job.engine.replace_table(uri, lake.table_uri(stage_rel))
         version = lake.delta_version(uri)
-        append_log_row(self.job, self.run_id, self.snapshot.consistent_lsn, table, rows, version)
+        append_log_row(
+            self.job, self.run_id, self.snapshot.consistent_lsn, table, rows, version, key=plan.version.key_names
+        )
         fault_point("bootstrap_after_table")
         try:
             lake.fs.delete_dir(f"{lake.path}/{stage_rel}")
@@ -733,8 +735,19 @@ def _stage_in_worker(task: _StageTask) -> _Staged:
         return _Staged(error=(exc.kind.value, str(exc), exc.retryable))
 
 
-def append_log_row(job: Job, run_id: str, lsn: int, table: PublishedTable | None, rows: int, version: int | None) -> None:
-    """A ``kind = 'bootstrap'`` row: a table copied as of ``lsn``, or (no table) the lake's start."""
+def append_log_row(
+    job: Job,
+    run_id: str,
+    lsn: int,
+    table: PublishedTable | None,
+    rows: int,
+    version: int | None,
+    *,
+    key: Sequence[str] | None = None,
+) -> None:
+    """A ``kind = 'bootstrap'`` row: a table copied as of ``lsn`` (keyed on ``key``), or (no table) the lake's start."""
+    import json
+
     from pg2delta.job import LOG_SCHEMA, LOG_TABLE
 
     now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
@@ -753,6 +766,7 @@ def append_log_row(job: Job, run_id: str, lsn: int, table: PublishedTable | None
         "deletes": 0,
         "truncated": False,
         "applied_at": now.as_py(),
+        "key_columns": None if key is None else json.dumps(list(key)),
         "kind": KIND_BOOTSTRAP,
     }
     job.engine.append(job.lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
@@ -831,6 +845,12 @@ def bootstrap(job: Job, *, parallel: int = DEFAULT_PARALLEL, resume: bool = Fals
     cfg = job.config
     if parallel < 1:
         raise ConfigError("--parallel must be at least 1")
+    rooted = sorted(name for name, t in cfg.tables.items() if t.partitions == "root")
+    if rooted:
+        raise ConfigError(
+            f"bootstrap does not copy partitions into their root's Delta table (partitions = \"root\" for "
+            f"{', '.join(rooted)}); publish the root with publish_via_partition_root = true instead"
+        )
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
         src.lock()
         info = src.slot_info()

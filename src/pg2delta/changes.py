@@ -7,8 +7,9 @@ row, in the order the server emits them. The decoder
 * follows transactions (plain, streamed, two-phase) and assigns every change its
   commit LSN and its position inside the transaction; aborted streamed (sub)transactions
   are dropped;
-* walks the tuples of Insert/Update/Delete messages column-wise over a whole chunk with
-  numpy (no per-field Python work), and converts each column in bulk with its codec;
+* walks the tuples of Insert/Update/Delete messages of a whole chunk in one bounds-checked
+  pass of the C extension ``_tuples.c`` (no per-field Python work), and converts each
+  column in bulk with its codec;
 * emits, per relation version, one Arrow record batch in commit order, plus truncates and
   logical messages with their positions.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from pg2delta import _tuples
 from pg2delta import pgoutput as po
 from pg2delta.errors import DecodeError
 from pg2delta.typemap import (
@@ -37,6 +40,8 @@ from pg2delta.typemap import (
     KIND_NULL,
     KIND_TEXT,
     KIND_TOAST,
+    TS_MAX_US,
+    TS_MIN_US,
     ColumnCodec,
     TypeCatalog,
     codec_for,
@@ -69,6 +74,8 @@ _CHANGE_TAGS = np.array([po.INSERT, po.UPDATE, po.DELETE], dtype=np.uint8)
 # that name a prepared transaction's gid.
 _XID_TAGS = frozenset({po.STREAM_START, po.STREAM_COMMIT, po.STREAM_ABORT})
 _GID_TAGS = frozenset({po.PREPARE, po.STREAM_PREPARE, po.COMMIT_PREPARED, po.ROLLBACK_PREPARED})
+# Where the commit timestamp is in the messages that commit a transaction.
+_COMMIT_TS_AT = {po.COMMIT: 18, po.STREAM_COMMIT: 22, po.COMMIT_PREPARED: 18}
 # Messages a Stream Abort of a subtransaction drops (they carry the subtransaction's xid).
 _STREAMED_TAGS = np.array(
     [po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE, po.RELATION, po.TYPE, po.MESSAGE], dtype=np.uint8
@@ -162,9 +169,11 @@ class RowChunk:
         return cls(b"".join(d for _, d in rows), lsns, starts, ends)
 
     def take(self, lo: int, hi: int) -> RowChunk:
-        """Rows [lo, hi) as a compact chunk of their own."""
+        """Rows [lo, hi): the leading rows share this chunk's buffer, later ones are copied compactly."""
         if lo >= hi:
             return RowChunk(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if lo == 0:
+            return RowChunk(self.buf, self.lsns[:hi], self.starts[:hi], self.ends[:hi])
         base = int(self.starts[lo])
         top = int(self.ends[hi - 1])
         return RowChunk(
@@ -189,20 +198,14 @@ class RowChunk:
         )
 
 
-# --- vectorized byte gathers -------------------------------------------------------------
-
-
-def _be16(u8: U8, pos: I64) -> I64:
-    return (u8[pos].astype(np.int64) << 8) | u8[pos + 1]
+# --- tuple walk and byte gathers (the loops are in the C extension _tuples.c) ------------------
 
 
 def _be32(u8: U8, pos: I64) -> I64:
-    return (
-        (u8[pos].astype(np.int64) << 24)
-        | (u8[pos + 1].astype(np.int64) << 16)
-        | (u8[pos + 2].astype(np.int64) << 8)
-        | u8[pos + 3]
-    )
+    """The big-endian unsigned Int32 at each position (positions checked against the buffer)."""
+    out = np.empty(4 * len(pos), dtype=np.uint8)
+    _tuples.gather_fixed(u8, np.ascontiguousarray(pos, dtype=np.int64), 4, out, sys.byteorder == "little")
+    return out.view(np.uint32).astype(np.int64)
 
 
 @dataclass(slots=True)
@@ -213,61 +216,54 @@ class _Tuples:
     starts: I64
     lengths: I64
 
-
-def _walk_where(
-    u8: U8, pos: I64, ends: I64, ncols: int, present: npt.NDArray[np.bool_]
-) -> tuple[_Tuples, I64, npt.NDArray[np.bool_]]:
-    """:func:`_walk_tuples` for the rows where ``present``; the others read as all-NULL, ok, ending at ``pos``."""
-    if present.all():
-        return _walk_tuples(u8, pos, ends, ncols)
-    n = len(pos)
-    tuples = _Tuples(
-        np.full((ncols, n), KIND_NULL, dtype=np.uint8),
-        np.zeros((ncols, n), dtype=np.int64),
-        np.zeros((ncols, n), dtype=np.int64),
-    )
-    after = pos.copy()
-    ok = np.ones(n, dtype=bool)
-    rows = np.flatnonzero(present)
-    if len(rows):
-        sub, sub_after, sub_ok = _walk_tuples(u8, pos[rows], ends[rows], ncols)
-        tuples.kinds[:, rows] = sub.kinds
-        tuples.starts[:, rows] = sub.starts
-        tuples.lengths[:, rows] = sub.lengths
-        after[rows] = sub_after
-        ok[rows] = sub_ok
-    return tuples, after, ok
+    @classmethod
+    def empty(cls, ncols: int, n: int) -> _Tuples:
+        return cls(np.empty((ncols, n), np.uint8), np.empty((ncols, n), np.int64), np.empty((ncols, n), np.int64))
 
 
-def _walk_tuples(u8: U8, pos: I64, ends: I64, ncols: int) -> tuple[_Tuples, I64, npt.NDArray[np.bool_]]:
-    """Walk TupleData starting at ``pos`` (its Int16 column count) for every row at once.
+def _walk_changes(
+    buf: bytes, tags: U8, offs: I64, ends: I64, ncols: int
+) -> tuple[_Tuples, _Tuples | None, U8, tuple[int, str, int] | None]:
+    """Walk the tuples of Insert/Update/Delete messages, all rows in one pass.
 
-    Returns the column-wise view, the offset after each tuple and a mask of rows whose
-    bytes were well formed. Offsets of malformed rows are meaningless.
+    Row i has tag ``tags[i]``, its K/O/N marker at ``buf[offs[i]]`` and ends at ``ends[i]``.
+    Returns the new tuples, the old tuples (None when no row has one), the old tuple's
+    marker per row (``K``, ``O`` or 0) and, if a row is malformed, ``(row, reason, offset
+    in buf)`` for the first one (the tuples are then incomplete). Rows without an old
+    tuple read as all-NULL on the old side, Deletes on the new side.
     """
-    n = len(pos)
-    kinds = np.empty((ncols, n), dtype=np.uint8)
-    starts = np.empty((ncols, n), dtype=np.int64)
-    lengths = np.empty((ncols, n), dtype=np.int64)
-    ok = pos + 2 <= ends
-    p = np.where(ok, pos, 0)
-    ok &= _be16(u8, p) == ncols
-    p = p + 2
-    for c in range(ncols):
-        ok &= p < ends
-        p = np.where(ok, p, 0)
-        k = u8[p]
-        has_data = (k == KIND_TEXT) | (k == KIND_BINARY)
-        ok &= has_data | (k == KIND_NULL) | (k == KIND_TOAST)
-        ok &= ~has_data | (p + 5 <= ends)
-        q = np.where(has_data & ok, p + 1, 0)
-        ln = np.where(has_data, _be32(u8, q), 0)
-        ok &= ~has_data | ((ln >= 0) & (ln < 2**31) & (p + 5 + ln <= ends))
-        kinds[c] = k
-        starts[c] = p + 5
-        lengths[c] = ln
-        p = p + 1 + np.where(has_data, 4 + ln, 0)
-    return _Tuples(kinds, starts, lengths), p, ok
+    n = len(tags)
+    new, old = _Tuples.empty(ncols, n), _Tuples.empty(ncols, n)
+    markers = np.empty(n, np.uint8)
+    bad = _tuples.walk_changes(
+        buf,
+        np.ascontiguousarray(tags, dtype=np.uint8),
+        np.ascontiguousarray(offs, dtype=np.int64),
+        np.ascontiguousarray(ends, dtype=np.int64),
+        ncols,
+        new.kinds, new.starts, new.lengths,
+        old.kinds, old.starts, old.lengths,
+        markers,
+    )
+    if bad is not None:
+        return new, None, markers, bad
+    if not markers.any():
+        return new, None, markers, None  # no old tuple, hence no Delete either
+    # The walk writes only the tuples that are there.
+    _fill_null(old, markers == 0)
+    _fill_null(new, tags == po.DELETE)
+    return new, old, markers, None
+
+
+def _fill_null(t: _Tuples, rows: npt.NDArray[np.bool_]) -> None:
+    if rows.all():
+        t.kinds.fill(KIND_NULL)
+        t.starts.fill(0)
+        t.lengths.fill(0)
+    elif rows.any():
+        t.kinds[:, rows] = KIND_NULL
+        t.starts[:, rows] = 0
+        t.lengths[:, rows] = 0
 
 
 def _differs(u8: U8, old: _Tuples, new: _Tuples, c: int) -> npt.NDArray[np.bool_]:
@@ -462,6 +458,12 @@ class WindowDecoder:
                 raise DecodeError(
                     f"commit LSN {txn.commit_lsn:#x} is not after the previous commit's {self._last_commit_lsn:#x}",
                     offset=0, lsn=lsn,
+                )
+            if not TS_MIN_US <= txn.commit_ts + PG_EPOCH_US <= TS_MAX_US:
+                # A real server's clock cannot be there; the lake could not hold it either.
+                tag = int(tags[i])
+                raise DecodeError(
+                    "commit timestamp outside 0001-01-01 .. 9999-12-31", tag=chr(tag), offset=_COMMIT_TS_AT.get(tag), lsn=lsn
                 )
             self._last_commit_lsn = txn.commit_lsn
             tid = len(txns)
@@ -757,78 +759,75 @@ class WindowDecoder:
         """One record batch for rows ``sel`` (already in commit order) of one relation version."""
         ncols = len(version.relation.columns)
         ends = rows.ends[sel]
-        p = rows.starts[sel] + 5 + 4 * in_stream[sel]  # after tag, [xid], oid
+        p = rows.starts[sel] + 5 + 4 * in_stream[sel]  # after tag, [xid], oid: the K/O/N marker
         row_tags = tags[sel]
 
-        def fail(mask: npt.NDArray[np.bool_], what: str) -> None:
-            bad = int(sel[np.flatnonzero(mask)[0]])
-            s, e = int(rows.starts[bad]), int(rows.ends[bad])
-            # The reference parser gives the most precise message; fall back to ours.
+        new_t, old_t, marker, bad = _walk_changes(rows.buf, row_tags, p, ends, ncols)
+        if bad is not None:
+            j, what, at = bad
+            row = int(sel[j])
+            s, e = int(rows.starts[row]), int(rows.ends[row])
+            # The reference parser gives the most precise message; fall back to the walk's.
             try:
-                po.parse_message(memoryview(rows.buf)[s:e], in_stream=bool(in_stream[bad]), lsn=int(rows.lsns[bad]))
+                po.parse_message(memoryview(rows.buf)[s:e], in_stream=bool(in_stream[row]), lsn=int(rows.lsns[row]))
             except DecodeError as exc:
-                raise exc.with_lsn(int(rows.lsns[bad])) from None
+                raise exc.with_lsn(int(rows.lsns[row])) from None
             raise DecodeError(
                 f"{what} for relation {version.qualified_name[0]}.{version.qualified_name[1]}",
-                tag=chr(int(tags[bad])), offset=0, lsn=int(rows.lsns[bad]),
+                tag=chr(int(tags[row])), offset=at - s, lsn=int(rows.lsns[row]),
             )
-
-        in_bounds = p < ends
-        if not in_bounds.all():
-            fail(~in_bounds, "message ends before its tuple")
-        marker = u8[np.where(in_bounds, p, 0)]
-        # Old tuple: Update with K/O, every Delete.
-        has_old = ((row_tags == po.UPDATE) & ((marker == ord("K")) | (marker == ord("O")))) | (row_tags == po.DELETE)
-        if ((row_tags == po.DELETE) & (marker != ord("K")) & (marker != ord("O"))).any():
-            fail((row_tags == po.DELETE) & (marker != ord("K")) & (marker != ord("O")), "delete without K or O tuple")
-        old_t, after_old, ok_old = _walk_where(u8, p + 1, ends, ncols, has_old)
-        if not ok_old.all():
-            fail(~ok_old, "malformed old tuple")
-        has_new = row_tags != po.DELETE
-        p_new = np.where(has_old, after_old, p)
-        new_marker = u8[np.where(has_new & (p_new < ends), p_new, 0)]
-        bad_new = has_new & ((p_new >= ends) | (new_marker != ord("N")))
-        if bad_new.any():
-            fail(bad_new, "missing N tuple")
-        new_t, after_new, ok_new = _walk_where(u8, p_new + 1, ends, ncols, has_new)
-        if not ok_new.all():
-            fail(~ok_new, "malformed new tuple")
-        end_pos = np.where(has_new, after_new, after_old)
-        trailing = end_pos != ends
-        if trailing.any():
-            fail(trailing, "trailing bytes after tuple")
-
-        # Which rows need a delete of their old key first: updates whose key changed.
-        key_changed = np.zeros(len(sel), dtype=bool)
-        upd_old = has_old & has_new
-        if upd_old.any() and version.key_indexes:
-            for c in version.key_indexes:
-                key_changed |= upd_old & _differs(u8, old_t, new_t, c)
-        # Output rows: for each source row, optionally an old-key delete, then the row itself.
-        n_out = len(sel) + int(key_changed.sum())
-        src = np.repeat(np.arange(len(sel)), 1 + key_changed.astype(np.int64))
-        first_of_pair = np.r_[True, src[1:] != src[:-1]]
-        is_old_delete = first_of_pair & key_changed[src]
-        use_old = is_old_delete | (row_tags[src] == po.DELETE)
-        op = np.where(use_old, ord("D"), np.where(row_tags[src] == po.INSERT, ord("I"), ord("U"))).astype(np.uint8)
-        pos = 2 * position[sel][src] + np.where(is_old_delete, 0, 1)
-        tid = txn_of_row[sel][src]
+        n_in = len(sel)
+        pos_in = 2 * position[sel] + 1
+        tid_in = txn_of_row[sel]
+        columns: list[tuple[U8, I64, I64]] = []  # kinds, starts, lengths of the output rows per column
+        if old_t is None:
+            # Inserts and updates without an old tuple (the usual case): one output row per
+            # message, the new tuple as it is.
+            n_out = n_in
+            op = np.where(row_tags == po.INSERT, ord("I"), ord("U")).astype(np.uint8)
+            pos, tid = pos_in, tid_in
+            use_old = np.zeros(n_out, dtype=bool)
+            columns = [(new_t.kinds[c], new_t.starts[c], new_t.lengths[c]) for c in range(ncols)]
+        else:
+            has_old = marker != 0  # Updates with K/O, every Delete
+            has_new = row_tags != po.DELETE
+            # Which rows need a delete of their old key first: updates whose key changed.
+            key_changed = np.zeros(n_in, dtype=bool)
+            upd_old = has_old & has_new
+            if upd_old.any() and version.key_indexes:
+                for c in version.key_indexes:
+                    key_changed |= upd_old & _differs(u8, old_t, new_t, c)
+            # Output rows: for each source row, optionally an old-key delete, then the row itself.
+            n_out = n_in + int(key_changed.sum())
+            src = np.repeat(np.arange(n_in), 1 + key_changed.astype(np.int64))
+            first_of_pair = np.r_[True, src[1:] != src[:-1]]
+            is_old_delete = first_of_pair & key_changed[src]
+            use_old = is_old_delete | (row_tags[src] == po.DELETE)
+            op = np.where(use_old, ord("D"), np.where(row_tags[src] == po.INSERT, ord("I"), ord("U"))).astype(np.uint8)
+            pos = pos_in[src] - is_old_delete
+            tid = tid_in[src]
+            # REPLICA IDENTITY FULL sends the whole old row ('O'): a value the new tuple leaves
+            # out as unchanged TOAST is the old one.
+            full_old = (marker == ord("O"))[src] & ~use_old
+            for c in range(ncols):
+                old_k = old_t.kinds[c, src]
+                take_old = use_old | (
+                    full_old & (new_t.kinds[c, src] == KIND_TOAST) & ((old_k == KIND_TEXT) | (old_k == KIND_BINARY))
+                )
+                columns.append((
+                    np.where(take_old, old_k, new_t.kinds[c, src]),
+                    np.where(take_old, old_t.starts[c, src], new_t.starts[c, src]),
+                    np.where(take_old, old_t.lengths[c, src], new_t.lengths[c, src]),
+                ))
 
         arrays: list[pa.Array] = []
         toast_any = np.zeros(n_out, dtype=bool)
         toast_cols: list[npt.NDArray[np.bool_]] = []
-        # REPLICA IDENTITY FULL sends the whole old row ('O'): a value the new tuple leaves
-        # out as unchanged TOAST is the old one.
-        full_old = (has_old & (marker == ord("O")))[src] & ~use_old
-        for c, codec in enumerate(version.codecs):
-            old_k = old_t.kinds[c, src]
-            take_old = use_old | (
-                full_old & (new_t.kinds[c, src] == KIND_TOAST) & ((old_k == KIND_TEXT) | (old_k == KIND_BINARY))
-            )
-            kinds = np.where(take_old, old_k, new_t.kinds[c, src])
-            cstarts = np.where(take_old, old_t.starts[c, src], new_t.starts[c, src])
-            clens = np.where(take_old, old_t.lengths[c, src], new_t.lengths[c, src])
-            is_toast = (kinds == KIND_TOAST) & ~use_old
+        any_old = bool(use_old.any())
+        for c, (codec, (kinds, cstarts, clens)) in enumerate(zip(version.codecs, columns, strict=True)):
+            is_toast = kinds == KIND_TOAST
+            if any_old:
+                is_toast &= ~use_old
             if is_toast.any():
                 toast_any |= is_toast
             toast_cols.append(is_toast)
@@ -847,13 +846,17 @@ class WindowDecoder:
             toast = pa.array(lists, type=pa.list_(pa.string()))
         else:
             toast = pa.nulls(n_out, type=pa.list_(pa.string()))
-        ops = pa.array(op.view("S1").astype(str), type=pa.string())
+        # One-character strings: offsets 0, 1, 2, ... over the op bytes.
+        ops = pa.Array.from_buffers(
+            pa.string(), n_out, [None, pa.py_buffer(np.arange(n_out + 1, dtype=np.int32)), pa.py_buffer(op)]
+        )
+        xids = xid_of_txn[tid]
         meta = [
             pa.array(commit_lsn_of_txn[tid], type=pa.int64()),
             pa.array(pos, type=pa.int64()),
             ops,
             toast,
-            pa.array(xid_of_txn[tid], type=pa.int64(), mask=xid_of_txn[tid] < 0),
+            pa.array(xids, type=pa.int64(), mask=xids < 0),
             pa.array(ts_of_txn[tid], type=pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         ]
         return pa.RecordBatch.from_arrays([*arrays, *meta], schema=version.schema)

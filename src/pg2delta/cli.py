@@ -20,7 +20,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from pg2delta import __version__
 from pg2delta.config import Config, load
@@ -28,6 +28,14 @@ from pg2delta.errors import EXIT_INTERNAL, EXIT_NOTHING_TO_DO, EXIT_OK, ConfigEr
 from pg2delta.lsn import format_lsn, parse_lsn
 
 log = logging.getLogger("pg2delta")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line on stderr and exit 78 like any broken config."""
+
+    def error(self, message: str) -> NoReturn:
+        err = ConfigError(f"{self.prog}: {message} (see {self.prog} --help)")
+        self.exit(err.exit_code, err.one_line() + "\n")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -43,7 +51,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pg2delta", description="Keep Delta Lake tables in step with PostgreSQL.")
+    parser = _Parser(prog="pg2delta", description="Keep Delta Lake tables in step with PostgreSQL.")
     parser.add_argument("--version", action="version", version=f"pg2delta {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="apply the slot's changes to the lake, window by window, up to a bound")

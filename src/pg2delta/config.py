@@ -37,9 +37,24 @@ class WindowConfig:
     max_bytes: int = 512 << 20  # bytes per window; the read stops at the first commit past it
 
 
+PARTITION_MODES = ("leaf", "root")
+DROPPED_COLUMN_MODES = ("keep", "drop")
+NARROWING_MODES = ("refuse", "keep")
+
+
 @dataclass(frozen=True, slots=True)
 class TableConfig:
     key: tuple[str, ...] = ()  # columns identifying a row, overriding the replica identity
+    # On a partitioned table published without publish_via_partition_root: "leaf" gives every
+    # partition its own Delta table (named after the partition), "root" writes the changes of all
+    # its partitions into the Delta table named after this (root) table.
+    partitions: str = "leaf"
+    # Columns dropped in PostgreSQL (and the old names of renamed columns): "keep" leaves them in
+    # the Delta table (their values stay, new rows hold NULL); "drop" removes them (a rewrite).
+    dropped_columns: str = "keep"
+    # A column whose type becomes narrower (int8 -> int4, numeric(12,2) -> numeric(10,2)): "refuse"
+    # stops the run (exit 78, nothing applied); "keep" leaves the Delta column at its wider type.
+    narrowing: str = "refuse"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +170,25 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
         if "." not in name or not isinstance(settings, dict):
             raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
         key = settings.get("key", [])
-        if set(settings) - {"key"} or not isinstance(key, list) or not all(isinstance(k, str) for k in key):
-            raise ConfigError(f"[tables.{name!r}]: only key = [\"col\", ...] is understood")
-        tables[name] = TableConfig(key=tuple(key))
+        unknown_settings = set(settings) - {"key", "partitions", "dropped_columns", "narrowing"}
+        if unknown_settings:
+            raise ConfigError(
+                f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: dropped_columns, key, narrowing, partitions)"
+            )
+        if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
+            raise ConfigError(f"[tables.{name!r}]: key must be a list of column names, like key = [\"col\", ...]")
+        partitions = settings.get("partitions", "leaf")
+        if partitions not in PARTITION_MODES:
+            raise ConfigError(f"[tables.{name!r}]: partitions must be one of {', '.join(PARTITION_MODES)}, not {partitions!r}")
+        dropped = settings.get("dropped_columns", "keep")
+        if dropped not in DROPPED_COLUMN_MODES:
+            raise ConfigError(
+                f"[tables.{name!r}]: dropped_columns must be one of {', '.join(DROPPED_COLUMN_MODES)}, not {dropped!r}"
+            )
+        narrowing = settings.get("narrowing", "refuse")
+        if narrowing not in NARROWING_MODES:
+            raise ConfigError(f"[tables.{name!r}]: narrowing must be one of {', '.join(NARROWING_MODES)}, not {narrowing!r}")
+        tables[name] = TableConfig(key=tuple(key), partitions=partitions, dropped_columns=dropped, narrowing=narrowing)
 
     config = Config(source=source, lake_root=lake_root, engine=engine, window=window, tables=tables)
     validate(config)

@@ -20,7 +20,7 @@ import os
 import re
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,9 +193,10 @@ class Engine:
         except Exception as exc:  # pyspark raises many unrelated types; keep the cause chain
             raise LakeError(f"{what} failed: {' '.join(str(exc).split())[:500]}") from exc
 
-    def ensure_table(self, uri: str, staged: str, columns: Sequence[str]) -> bool:
+    def ensure_table(self, uri: str, staged: str, columns: Sequence[str], current: Collection[str] | None = None) -> bool:
         """Create the Delta table, or add columns it lacks, with the schema of ``columns`` of ``staged``.
 
+        ``current``: the table's columns when the caller knows them (saves reading its schema).
         Returns True when the table's schema changed.
         """
         from pg2delta.merge import quote
@@ -207,16 +208,55 @@ class Engine:
                 df.write.format("delta").mode("append").save(uri)
                 log.info("created delta table %s", uri)
                 return True
-            current = set(self.spark.read.format("delta").load(uri).columns)
-            if set(columns) - current:
+            if current is None:
+                current = set(self.spark.read.format("delta").load(uri).columns)
+            if set(columns) - set(current):
                 df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
-                log.info("added columns %s to %s", sorted(set(columns) - current), uri)
+                log.info("added columns %s to %s", sorted(set(columns) - set(current)), uri)
                 return True
             return False
         except LakeError:
             raise
         except Exception as exc:
             raise LakeError(f"cannot create or widen delta table {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def table_types(self, uri: str, *, version: int | None = None) -> dict[str, str] | None:
+        """The Delta table's columns and their Spark type names, in order (as of ``version``, default
+        the latest); None if there is no table."""
+        if self.lake.delta_version(uri) is None:
+            return None
+        try:
+            reader = self.spark.read.format("delta")
+            if version is not None:
+                reader = reader.option("versionAsOf", version)
+            schema = reader.load(uri).schema
+            return {f.name: f.dataType.simpleString() for f in schema.fields}
+        except Exception as exc:
+            raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def rewrite(self, uri: str, casts: dict[str, str], *, drop: Sequence[str] = ()) -> None:
+        """Rewrite the Delta table with the columns in ``casts`` cast to wider Spark types, without ``drop``.
+
+        One commit (an overwrite with ``overwriteSchema``) that both Apache Spark with delta-spark
+        and pysail accept; pysail has no ``ALTER TABLE``, and Delta's in-place type widening needs a
+        table feature that not every reader supports. Earlier versions stay readable (time travel).
+        """
+        from pg2delta.merge import quote
+
+        try:
+            df = self.spark.read.format("delta").load(uri)
+            cols = [
+                f"CAST({quote(c)} AS {casts[c]}) AS {quote(c)}" if c in casts else quote(c)
+                for c in df.columns
+                if c not in drop
+            ]
+            df.selectExpr(*cols).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(uri)
+        except Exception as exc:
+            raise LakeError(f"cannot rewrite {uri} with new column types: {' '.join(str(exc).split())[:500]}") from exc
+        log.info(
+            "rewrote %s: wider columns %s, dropped columns %s",
+            uri, ", ".join(f"{c} {t}" for c, t in sorted(casts.items())) or "none", ", ".join(drop) or "none",
+        )
 
     def merge(self, uri: str, staged: str, statement_for: Any) -> None:
         """Run the MERGE built by ``statement_for(target, source_view)`` with ``staged`` as the source."""

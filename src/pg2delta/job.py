@@ -17,6 +17,8 @@ Re-applying them is harmless: MERGE of final states is idempotent, a truncate is
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import signal
@@ -37,6 +39,7 @@ from pg2delta.changes import (
     META_NAMES,
     OP_COL,
     POS_COL,
+    TOAST_COL,
     ChangeBatch,
     DecodedChunk,
     RelationVersion,
@@ -48,6 +51,7 @@ from pg2delta.engine import Engine, Lake
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.lsn import format_lsn
 from pg2delta.merge import Reduced, merge_statement, reduce_changes
+from pg2delta.schema import Plan, Shape, plan
 from pg2delta.slot import SlotSource, WindowRead, connect
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,7 @@ LOG_SCHEMA = pa.schema(
         ("deletes", pa.int64()),
         ("truncated", pa.bool_()),
         ("applied_at", pa.timestamp("us", tz="UTC")),
+        ("key_columns", pa.string()),  # JSON list of the columns the window merged on
         ("kind", pa.string()),  # 'window', or 'bootstrap' for a table's initial copy (pg2delta.bootstrap)
     ]
 )
@@ -89,6 +94,9 @@ class Applied:
 
     end_lsn: int
     delta_version: int | None
+    schema: str = ""  # the Delta table the relation's changes go to (kept across renames)
+    table: str = ""
+    key: tuple[str, ...] | None = None  # the columns it was last merged on (None: not logged)
 
 
 @dataclass
@@ -146,6 +154,55 @@ class _TableWindow:
         versions = [b.relation for b in self.batches] + [v for t in self.truncates for v in t.relations if v.oid == self.oid]
         return max(versions, key=lambda v: v.version)
 
+    def cut(self, lsn: int) -> None:
+        """Keep only the changes of transactions whose commit LSN is before ``lsn``."""
+        kept: list[ChangeBatch] = []
+        for b in self.batches:
+            rows = b.batch.filter(pc.less(b.batch.column(LSN_COL), lsn))
+            if rows.num_rows:
+                kept.append(ChangeBatch(b.relation, rows))
+        self.batches = kept
+        self.truncates = [t for t in self.truncates if t.commit_lsn < lsn]
+
+
+@dataclass
+class _Target:
+    """The changes one window holds for one Delta table: of one relation, or of several partitions."""
+
+    owner: int  # the relation OID the applied log records for this Delta table
+    schema: str
+    table: str
+    parts: list[_TableWindow] = field(default_factory=list)
+
+
+def shape_of(version: RelationVersion) -> Shape:
+    fields = [f for f in version.schema if f.name not in META_NAMES]
+    return Shape(tuple((f.name, f.type) for f in fields), version.key_names)
+
+
+def shape_cut(tables: Sequence[_TableWindow]) -> int | None:
+    """The commit LSN of the first transaction after the window's first one that changes a table's
+    shape (columns, types or key), or None: the window ends there, so every later window starts
+    with one shape per table. Shapes changing inside the first transaction stay in the window."""
+    lsns = [int(b.batch.column(LSN_COL)[0].as_py()) for tw in tables for b in tw.batches if b.batch.num_rows]
+    lsns += [t.commit_lsn for tw in tables for t in tw.truncates]
+    if not lsns:
+        return None
+    first = min(lsns)
+    cut: int | None = None
+    for tw in tables:
+        prev = None
+        for b in tw.batches:
+            if not b.batch.num_rows:
+                continue
+            sig = shape_of(b.relation).signature()
+            lsn0 = int(b.batch.column(LSN_COL)[0].as_py())
+            if prev is not None and sig != prev and lsn0 > first:
+                cut = lsn0 if cut is None else min(cut, lsn0)
+                break
+            prev = sig
+    return cut
+
 
 class _Progress:
     def __init__(self, start: int, upper: int) -> None:
@@ -174,6 +231,8 @@ class Job:
         self.lake = Lake(config.lake_root)
         self._engine_factory = engine_factory or (lambda lake: Engine.start(config.engine, lake))
         self._engine: Engine | None = None
+        self._catalog_conn: Any = None
+        self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
 
     @property
@@ -213,6 +272,7 @@ class Job:
             applied = self._applied_lsns()
             run_id = uuid.uuid4().hex
             catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog")
+            self._catalog_conn = catalog_conn
             try:
                 catalog = PgTypeCatalog(catalog_conn)
                 key_resolver = self._key_resolver(catalog_conn)
@@ -269,23 +329,47 @@ class Job:
         for name, count in sorted(notes.items()):
             log.warning("window note: %s = %d", name, count)
         end = (read.last_commit_end_lsn or start) if read.capped else upper
+        cut = shape_cut(list(tables.values()))
+        if cut is not None and start < cut < end:
+            # A table changes shape after the window's first transaction: end the window at that
+            # transaction's commit (the slot then stands just before it), so each window merges
+            # every table in one shape, on one key.
+            log.info("a table changes shape at %s: the window ends there", format_lsn(cut))
+            end = cut
+            for tw in tables.values():
+                tw.cut(cut)
+            tables = {oid: tw for oid, tw in tables.items() if tw.batches or tw.truncates}
         window = WindowReport(start, end, read.rows, read.bytes, transactions)
         fault_point("after_read")
-        ordered = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
-        for n, tw in enumerate(ordered):
+        targets = self._targets(tables, applied)
+        ordered = sorted(targets, key=lambda t: (t.schema, t.table))
+        # Every table's shape is checked against its Delta table before anything is written, so a
+        # change the lake cannot follow stops the run with nothing of the window applied.
+        plans = {(t.schema, t.table): self._plan(t, applied.get(t.owner), start, end) for t in ordered}
+        for n, tgt in enumerate(ordered):
             if n > 0:
                 fault_point("between_tables")
-            window.tables.append(self._apply_table(run_id, tw, applied.get(tw.oid), end))
+            report = self._apply_table(run_id, tgt, plans[(tgt.schema, tgt.table)], applied.get(tgt.owner), end)
+            window.tables.append(report)
         fault_point("after_commits")
-        applied_tables = [t for t in window.tables if not t.skipped]
+        keys = {k: (p.key if p is not None else None) for k, p in plans.items()}
+        applied_tables = [
+            (tgt.owner, rep, keys[(tgt.schema, tgt.table)])
+            for tgt, rep in zip(ordered, window.tables, strict=True)
+            if not rep.skipped
+        ]
         if applied_tables:
-            self._log_window(run_id, window, tables, applied_tables)
+            self._log_window(run_id, window, applied_tables)
         fault_point("before_advance")
         if end > start:
             src.advance(end)
-        for tw, table_report in zip(ordered, window.tables, strict=True):
+        for tgt, table_report in zip(ordered, window.tables, strict=True):
             if not table_report.skipped:
-                applied[tw.oid] = Applied(end, table_report.delta_version)
+                before = applied.get(tgt.owner)
+                key = keys[(tgt.schema, tgt.table)]
+                if key is None and before is not None:
+                    key = before.key
+                applied[tgt.owner] = Applied(end, table_report.delta_version, tgt.schema, tgt.table, key)
         window.seconds = time.monotonic() - t0
         log.info(
             "window %s..%s: %d rows, %d transactions, %d tables, %.2f s",
@@ -293,12 +377,188 @@ class Job:
         )
         return window
 
+    # --- which Delta table, in which shape ---------------------------------------------------
+
+    def _partition_root(self, oid: int) -> tuple[int, str, str] | None:
+        """The top partitioned table ``oid`` belongs to, when its config asks for ``partitions = "root"``."""
+        if oid not in self._roots:
+            self._roots[oid] = None
+            if any(t.partitions == "root" for t in self.config.tables.values()) and self._catalog_conn is not None:
+                row = self._catalog_conn.execute(
+                    "SELECT r.oid::int8, n.nspname, r.relname FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace "
+                    "WHERE r.oid = pg_partition_root(%s::oid) AND r.oid <> %s::oid",
+                    (oid, oid),
+                ).fetchone()
+                if row is not None and self.config.table(str(row[1]), str(row[2])).partitions == "root":
+                    self._roots[oid] = (int(row[0]), str(row[1]), str(row[2]))
+        return self._roots[oid]
+
+    def _targets(self, tables: dict[int, _TableWindow], applied: dict[int, Applied]) -> list[_Target]:
+        """Group the window's relations by the Delta table their changes go to.
+
+        A relation's Delta table is named after it the first time pg2delta writes it and stays the
+        same for its OID afterwards (the applied log records it): a table renamed or moved to another
+        schema keeps its Delta table. Partitions of a table configured with ``partitions = "root"`` go
+        to the root's Delta table. A Delta table already written for another relation OID (a table
+        dropped and created again under the same name) is refused rather than mixed.
+        """
+        owners = {(a.schema, a.table): oid for oid, a in applied.items() if a.table}
+        out: dict[tuple[str, str], _Target] = {}
+        for oid, tw in tables.items():
+            owner = oid
+            schema, name = tw.latest.qualified_name
+            root = self._partition_root(oid)
+            if root is not None:
+                owner, schema, name = root
+            known = applied.get(owner)
+            if known is not None and known.table:
+                if (known.schema, known.table) != (schema, name):
+                    log.info("%s.%s (relation %d) keeps its Delta table %s.%s", schema, name, owner, known.schema, known.table)
+                schema, name = known.schema, known.table
+            elif owners.get((schema, name), owner) != owner:
+                raise SchemaError(
+                    f"the Delta table {self.lake.table_uri(schema, name)} holds relation OID {owners[(schema, name)]}, "
+                    f"but {schema}.{name} is now relation OID {owner} (was the table dropped and created again, or "
+                    "renamed and another created under its name?): move or delete that Delta table (and its rows in "
+                    f"{self.lake.table_uri(LOG_TABLE)}), or name the new table differently, then run again"
+                )
+            tgt = out.setdefault((schema, name), _Target(owner, schema, name))
+            if tgt.owner != owner:
+                raise SchemaError(f"relations {tgt.owner} and {owner} both map to the Delta table {schema}.{name}")
+            tgt.parts.append(tw)
+        return list(out.values())
+
+    def _check_partition_truncates(self, tgt: _Target) -> None:
+        """A TRUNCATE of some partitions of a root that maps them into one Delta table is refused:
+        which of its rows were in those partitions is not known. TRUNCATE of the root (every leaf) is fine."""
+        if all(tw.oid == tgt.owner for tw in tgt.parts) or not any(tw.truncates for tw in tgt.parts):
+            return
+        leaves = {
+            int(r[0])
+            for r in self._catalog_conn.execute(
+                "SELECT relid::oid::int8 FROM pg_partition_tree(%s::oid::regclass) WHERE isleaf", (tgt.owner,)
+            ).fetchall()
+        }
+        for tw in tgt.parts:
+            for t in tw.truncates:
+                truncated = {v.oid for v in t.relations}
+                if not leaves <= truncated:
+                    raise SchemaError(
+                        f"TRUNCATE of partition(s) {', '.join('.'.join(v.qualified_name) for v in t.relations)} at "
+                        f"{format_lsn(t.commit_lsn)}, whose changes go to the Delta table of {tgt.schema}.{tgt.table} "
+                        "(partitions = \"root\"): pg2delta cannot tell which rows of that Delta table were in them; "
+                        "delete those rows in the lake yourself and move the slot past that transaction, or use "
+                        "partitions = \"leaf\" for this table"
+                    )
+
+    def _check_full_identity_key(self, tgt: _Target, key: tuple[str, ...], applied: Applied | None) -> None:
+        """REPLICA IDENTITY FULL tables are keyed on the primary key the catalog has *now*; if that is
+        not the key the lake was last merged on, the pending changes may predate the change of key."""
+        if applied is None or applied.key is None or applied.key == key:
+            return
+        full = [tw for tw in tgt.parts if any(b.relation.relation.replica_identity == "f" for b in tw.batches)]
+        configured = any(self.config.table(*tw.latest.qualified_name).key for tw in tgt.parts)
+        if not full or configured:
+            return
+        name = ".".join(full[0].latest.qualified_name)
+        raise SchemaError(
+            f"table {name} has REPLICA IDENTITY FULL and its primary key is now ({', '.join(key) or 'none'}), but "
+            f"the lake was last merged on ({', '.join(applied.key) or 'none'}): the changes waiting in the slot may "
+            "have been made under the old key, and PostgreSQL does not say which. Set [tables.\""
+            f"{name}\"] key = [...] to the key they were made under (the old one if the key changed after them, "
+            "running up to the change with --until-lsn), run, then remove the setting; nothing of this window was applied"
+        )
+
+    def _plan(self, tgt: _Target, applied: Applied | None, start: int, end: int) -> Plan | None:
+        """How the Delta table must change for the window's changes (None when it has none to merge)."""
+        if applied is not None and applied.end_lsn >= end:
+            return None
+        self._check_partition_truncates(tgt)
+        shapes: list[Shape] = []
+        for tw in tgt.parts:
+            for b in tw.batches:
+                shape = shape_of(b.relation)
+                if not shapes or shapes[-1].signature() != shape.signature():
+                    shapes.append(shape)
+        if not shapes:
+            return None
+        self._check_full_identity_key(tgt, shapes[0].key, applied)
+        uri = self.lake.table_uri(tgt.schema, tgt.table)
+        # The table as the last logged window left it: a replay after a crash plans the same
+        # changes the crashed run did (they are idempotent), whatever of them it committed.
+        return plan(
+            f"{tgt.schema}.{tgt.table}",
+            self.engine.table_types(uri, version=applied.delta_version if applied else None),
+            shapes,
+            where=f" (in the changes from {format_lsn(start)} to {format_lsn(end)})",
+            narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
+            pg_type=lambda shape, column: self._pg_type(tgt, shape, column),
+        )
+
+    def _pg_type(self, tgt: _Target, shape: Shape, column: str) -> str | None:
+        """The PostgreSQL type of ``column`` as a Relation message of ``tgt`` in ``shape`` declared it."""
+        if self._catalog_conn is None:
+            return None
+        for tw in tgt.parts:
+            for b in tw.batches:
+                if shape_of(b.relation).signature() == shape.signature():
+                    for c in b.relation.relation.columns:
+                        if c.name == column:
+                            row = self._catalog_conn.execute(
+                                "SELECT format_type(%s::oid, %s)", (c.type_oid, c.type_modifier)
+                            ).fetchone()
+                            return None if row is None else str(row[0])
+        return None
+
+    @staticmethod
+    def _conform(tgt: _Target, pl: Plan, existing: frozenset[str]) -> tuple[pa.Table | None, set[str]]:
+        """The window's changes of ``tgt`` as one table with the plan's columns and types, in commit order.
+
+        Rows sent in a shape without a column the Delta table (or an earlier shape in the window)
+        has: inserts hold NULL there, updates keep the value (marked like unchanged TOAST).
+        """
+        parts: list[pa.Table] = []
+        marked_columns: set[str] = set()
+        schema = pa.schema([*(pa.field(n, t) for n, t in pl.columns)])
+        for tw in tgt.parts:
+            seen = set(existing)
+            for b in tw.batches:
+                t = pa.Table.from_batches([b.batch])
+                names = set(t.column_names)
+                cols = []
+                for f in schema:
+                    if f.name in names:
+                        col = t.column(f.name)
+                        cols.append(col if col.type == f.type else col.cast(f.type))
+                    else:
+                        cols.append(pa.nulls(t.num_rows, f.type))
+                keep = [n for n, _ in pl.columns if n not in names and n in seen]
+                meta = [t.column(m) for m in t.column_names if m in META_NAMES]
+                out = pa.Table.from_arrays([*cols, *meta], names=[*schema.names, *(m for m in t.column_names if m in META_NAMES)])
+                if keep:
+                    marked_columns.update(keep)
+                    ops = out.column(OP_COL).to_pylist()
+                    toast = out.column(TOAST_COL).to_pylist()
+                    marked = [[*(old or []), *keep] if op == "U" else old for op, old in zip(ops, toast, strict=True)]
+                    out = out.set_column(
+                        out.column_names.index(TOAST_COL), TOAST_COL, pa.array(marked, type=out.schema.field(TOAST_COL).type)
+                    )
+                seen |= names
+                parts.append(out)
+        if not parts:
+            return None, marked_columns
+        changes = pa.concat_tables(parts)
+        if len(tgt.parts) > 1:
+            changes = changes.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
+        return changes, marked_columns
+
     # --- one table ----------------------------------------------------------------------------
 
-    def _apply_table(self, run_id: str, tw: _TableWindow, applied: Applied | None, window_end: int) -> TableReport:
+    def _apply_table(
+        self, run_id: str, tgt: _Target, pl: Plan | None, applied: Applied | None, window_end: int
+    ) -> TableReport:
         applied_lsn = applied.end_lsn if applied else 0
-        version = tw.latest
-        schema, name = version.qualified_name
+        schema, name = tgt.schema, tgt.table
         uri = self.lake.table_uri(schema, name)
         report = TableReport(schema, name, uri)
         if applied_lsn >= window_end:
@@ -309,13 +569,8 @@ class Job:
             log.info("skipped %s.%s: not copied yet, the next run copies it", schema, name)
             report.skipped = True
             return report
-        truncates = [t for t in tw.truncates if t.commit_lsn >= applied_lsn]
-        batches = [b.batch for b in tw.batches]
-        changes = (
-            pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
-            if batches
-            else None
-        )
+        truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+        changes, kept_by_update = self._conform(tgt, pl, pl.existing) if pl is not None else (None, set())
         if changes is not None and applied_lsn:
             changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), applied_lsn))
         if truncates:
@@ -328,14 +583,16 @@ class Job:
                     pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
                 )
                 changes = changes.filter(after)
-        key_names = list(version.key_names)
-        nullable_keys = bool(self.config.table(schema, name).key)  # primary keys and identity indexes are NOT NULL
-        data_columns = [c for c in (changes.column_names if changes is not None else version.column_names) if c not in META_NAMES]
-        if changes is None or changes.num_rows == 0:
+        if changes is None or changes.num_rows == 0 or pl is None:
             if report.truncated and self.lake.delta_version(uri) is not None:
                 self.engine.delete_all(uri)
                 report.delta_version = self.lake.delta_version(uri)
             return report
+        key_names = list(pl.key)
+        nullable_keys = bool(self.config.table(schema, name).key) or any(
+            bool(self.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
+        )  # primary keys and identity indexes are NOT NULL
+        data_columns = [n for n, _ in pl.columns]
         if not key_names:
             # No replica identity: only inserts can be published. Rows are keyed by their
             # commit position, kept in the table, so a replayed window inserts nothing twice.
@@ -350,13 +607,22 @@ class Job:
         # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
         # crash between tables must not see what the crashed run already merged.
         source = self._fill_lookups(
-            uri, reduced, key_names, applied.delta_version if applied else None, nullable_keys=nullable_keys
+            uri, reduced, key_names, applied.delta_version if applied else None, nullable_keys=nullable_keys,
+            optional=kept_by_update,
         )
         report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
         report.rows_merged = source.num_rows
+        if pl.widened:
+            self.engine.rewrite(uri, {c: new for c, _, new in pl.widened})
+        drop = pl.kept if self.config.table(schema, name).dropped_columns == "drop" else ()
+        if drop:
+            self.engine.rewrite(uri, {}, drop=drop)
         staged = self.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
         try:
-            self.engine.ensure_table(uri, staged, data_columns)
+            self.engine.ensure_table(uri, staged, data_columns, (pl.existing - set(drop)) if pl.existing else None)
+            if pl.existing and pl.added:
+                self._warn_defaults(tgt, pl.added)
+            fault_point("after_schema_change")
             self.engine.merge(
                 uri,
                 staged,
@@ -374,10 +640,35 @@ class Job:
         )
         return report
 
+    def _warn_defaults(self, tgt: _Target, added: Sequence[str]) -> None:
+        """Say so when PostgreSQL reads older rows of an added column as its default (the lake holds NULL)."""
+        if self._catalog_conn is None:
+            return
+        rows = self._catalog_conn.execute(
+            "SELECT DISTINCT attname FROM pg_attribute WHERE attrelid = ANY(%s::oid[]) AND attname = ANY(%s) "
+            "AND atthasmissing AND NOT attisdropped",
+            ([tw.oid for tw in tgt.parts], list(added)),
+        ).fetchall()
+        for (col,) in rows:
+            log.warning(
+                "column %s of %s.%s was added with a default: rows not written since hold NULL in the lake "
+                "(PostgreSQL sends nothing for them)", col, tgt.schema, tgt.table,
+            )
+
     def _fill_lookups(
-        self, uri: str, reduced: Reduced, key_names: Sequence[str], version: int | None, *, nullable_keys: bool
+        self,
+        uri: str,
+        reduced: Reduced,
+        key_names: Sequence[str],
+        version: int | None,
+        *,
+        nullable_keys: bool,
+        optional: set[str] | None = None,
     ) -> pa.Table:
-        """Unchanged-TOAST values the window does not hold, read from the Delta table at ``version``."""
+        """Unchanged-TOAST values the window does not hold, read from the Delta table at ``version``.
+
+        ``optional`` columns (kept after a drop) are NULL when the lake does not have the row.
+        """
         table = reduced.table
         if not reduced.lookups:
             return table
@@ -388,6 +679,8 @@ class Job:
         values = {c: table.column(c).to_pylist() for c in columns}
         for lk in reduced.lookups:
             row = found.get(lk.key)
+            if row is None and set(lk.columns) <= (optional or set()):
+                continue
             if row is None:
                 raise DataError(
                     f"cannot recover the unchanged TOAST value of {', '.join(lk.columns)} in {uri}: "
@@ -428,21 +721,32 @@ class Job:
     # --- the applied log --------------------------------------------------------------------
 
     def _applied_lsns(self) -> dict[int, Applied]:
-        """Per relation OID, the last window logged for its Delta table and the version it made."""
+        """Per relation OID, the last window logged for its Delta table, the version it made, and the
+        key the table was last merged on."""
         rows = self.engine.read_table(self.lake.table_uri(LOG_TABLE))
         out: dict[int, Applied] = {}
+        keys: dict[int, tuple[int, tuple[str, ...]]] = {}
         for r in rows:
             if r.get("slot") != self.config.source.slot or r.get("relation_oid") is None:
                 continue
-            oid = int(r["relation_oid"])
-            if oid not in out or int(r["window_end"]) > out[oid].end_lsn:
+            oid, end = int(r["relation_oid"]), int(r["window_end"])
+            if oid not in out or end > out[oid].end_lsn:
                 version = r.get("delta_version")
-                out[oid] = Applied(int(r["window_end"]), None if version is None else int(version))
+                out[oid] = Applied(
+                    end, None if version is None else int(version),
+                    str(r.get("schema_name") or ""), str(r.get("table_name") or ""),
+                )
+            key = r.get("key_columns")
+            if key and (oid not in keys or end > keys[oid][0]):
+                keys[oid] = (end, tuple(json.loads(key)))
+        for oid, (_, key_columns) in keys.items():
+            out[oid] = dataclasses.replace(out[oid], key=key_columns)
         return out
 
-    def _log_window(self, run_id: str, window: WindowReport, tables: dict[int, _TableWindow], reports: list[TableReport]) -> None:
+    def _log_window(
+        self, run_id: str, window: WindowReport, reports: list[tuple[int, TableReport, tuple[str, ...] | None]]
+    ) -> None:
         now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-        by_name = {tw.latest.qualified_name: tw.oid for tw in tables.values()}
         rows = [
             {
                 "run_id": run_id,
@@ -450,7 +754,7 @@ class Job:
                 "window_start": window.start_lsn,
                 "window_end": window.end_lsn,
                 "window_end_lsn": format_lsn(window.end_lsn),
-                "relation_oid": by_name[(t.schema, t.table)],
+                "relation_oid": oid,
                 "schema_name": t.schema,
                 "table_name": t.table,
                 "delta_version": t.delta_version,
@@ -459,9 +763,10 @@ class Job:
                 "deletes": t.deletes,
                 "truncated": t.truncated,
                 "applied_at": now.as_py(),
+                "key_columns": None if key is None else json.dumps(list(key)),
                 "kind": "window",
             }
-            for t in reports
+            for oid, t, key in reports
         ]
         self.engine.append(self.lake.table_uri(LOG_TABLE), pa.Table.from_pylist(rows, schema=LOG_SCHEMA))
 

@@ -6,8 +6,9 @@ whole window chunk into one Arrow array: the values are byte ranges of ``buf``, 
 text (``t``) or binary (``b``) wire format, freely mixed. ``n`` (NULL) and ``u``
 (unchanged TOAST) become nulls; the caller tracks unchanged TOAST itself. Bytes that
 do not form a value of the type raise :class:`~pg2delta.errors.DecodeError` naming the
-type and the row index (never another exception). Hot types decode with numpy
-gathers over ``buf``; the rest loop per value. Every type also has a per-value
+type and the row index (never another exception). Hot types decode in bulk: byte
+gathers (and binary numeric -> decimal128) in the C extension ``_tuples.c``, the rest
+with numpy and Arrow compute; the other types loop per value. Every type also has a per-value
 reference path (``ColumnCodec.decode(..., reference=True)``) that the tests hold the
 vectorized path against.
 
@@ -88,6 +89,7 @@ import collections
 import decimal
 import re
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -98,7 +100,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from pg2delta import _oids
+from pg2delta import _oids, _tuples
 from pg2delta.errors import DecodeError
 
 KIND_NULL = ord("n")
@@ -174,28 +176,35 @@ class _Bad(ValueError):
 # --------------------------------------------------------------------------- helpers
 
 
+_SWAP = sys.byteorder == "little"  # wire values are big-endian
+
+
 def _fixed(raw: U8, starts: I64, width: int) -> U8:
     """The ``width`` bytes at each start, as an (n, width) C-contiguous array."""
-    out: U8 = raw[starts[:, None] + np.arange(width, dtype=np.int64)]
-    return out
+    out = np.empty(len(starts) * width, dtype=np.uint8)
+    _tuples.gather_fixed(raw, np.ascontiguousarray(starts, dtype=np.int64), width, out, False)
+    return out.reshape(-1, width)
 
 
 def _be(raw: U8, starts: I64, dtype: str) -> NDArray[Any]:
-    width = np.dtype(dtype).itemsize
-    return _fixed(raw, starts, width).view(dtype).reshape(-1).astype(np.dtype(dtype).newbyteorder("="))
+    """The big-endian numbers of ``dtype`` (e.g. ``>i4``) at each start, in native byte order."""
+    native = np.dtype(dtype).newbyteorder("=")
+    out = np.empty(len(starts) * native.itemsize, dtype=np.uint8)
+    _tuples.gather_fixed(raw, np.ascontiguousarray(starts, dtype=np.int64), native.itemsize, out, _SWAP)
+    return out.view(native)
 
 
-def _gather(raw: U8, starts: I64, lengths: I64) -> tuple[U8, I64]:
-    """Concatenate the byte ranges; return (data, offsets[n+1])."""
-    n = len(starts)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total == 0:
-        return np.zeros(0, dtype=np.uint8), offsets
-    idx = np.repeat(starts - offsets[:-1], lengths)
-    idx += np.arange(total, dtype=np.int64)
-    return raw[idx], offsets
+def _strings(raw: U8, starts: I64, lengths: I64, *, binary: bool = False) -> pa.Array:
+    """The byte ranges as an Arrow string (not validated) or binary array."""
+    offsets = np.empty(len(starts) + 1, dtype=np.int32)
+    try:
+        data = _tuples.gather_var(
+            raw, np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(lengths, dtype=np.int64), offsets
+        )
+    except OverflowError:
+        raise _Bad("more than 2 GiB of values in one column chunk") from None
+    t = pa.binary() if binary else pa.string()
+    return pa.Array.from_buffers(t, len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _string_array(data: U8, offsets: I64, *, binary: bool = False) -> pa.Array:
@@ -529,8 +538,7 @@ def _check_len1(data: bytes, width: int) -> None:
 
 
 def _validated_strings(part: _Part, starts: I64, lengths: I64) -> pa.Array:
-    data, offsets = _gather(part.raw, starts, lengths)
-    arr = _string_array(data, offsets)
+    arr = _strings(part.raw, starts, lengths)
     try:
         arr.validate(full=True)
     except pa.ArrowInvalid:
@@ -656,9 +664,8 @@ class _Int(_Handler):
         return pa.array(values.astype(self.arrow_type.to_pandas_dtype(), copy=False), type=self.arrow_type)
 
     def vec_text(self, part: _Part) -> pa.Array | None:
-        data, offsets = _gather(part.raw, part.starts, part.lengths)
         try:
-            return pc.cast(_string_array(data, offsets, binary=True).cast(pa.string()), self.arrow_type)
+            return pc.cast(_strings(part.raw, part.starts, part.lengths, binary=True).cast(pa.string()), self.arrow_type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None  # the reference path finds the bad row
 
@@ -691,9 +698,8 @@ class _Float(_Handler):
         return pa.array(_be(part.raw, part.starts, f">f{self.width}"), type=self.arrow_type)
 
     def vec_text(self, part: _Part) -> pa.Array | None:
-        data, offsets = _gather(part.raw, part.starts, part.lengths)
         try:
-            return pc.cast(_string_array(data, offsets, binary=True).cast(pa.string()), self.arrow_type)
+            return pc.cast(_strings(part.raw, part.starts, part.lengths, binary=True).cast(pa.string()), self.arrow_type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
 
@@ -709,19 +715,6 @@ def _decimal_from_limbs(
     if valid is not None and not valid.all():
         validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(limbs)])
-
-
-_M32 = np.uint64(0xFFFFFFFF)
-
-
-def _mul_add(lo: NDArray[np.uint64], hi: NDArray[np.uint64], mul: int, add: NDArray[np.uint64]) -> None:
-    """(hi, lo) = (hi, lo) * mul + add, in place, modulo 2**128 (mul, add < 2**32)."""
-    m = np.uint64(mul)
-    t0 = (lo & _M32) * m + add
-    t1 = (lo >> np.uint64(32)) * m + (t0 >> np.uint64(32))
-    lo[:] = ((t1 & _M32) << np.uint64(32)) | (t0 & _M32)
-    hi *= m
-    hi += t1 >> np.uint64(32)
 
 
 class _Decimal(_Handler):
@@ -760,9 +753,8 @@ class _Decimal(_Handler):
         return _numeric_text(data)
 
     def vec_text(self, part: _Part) -> pa.Array | None:
-        data, offsets = _gather(part.raw, part.starts, part.lengths)
         try:
-            strings = _string_array(data, offsets, binary=True).cast(pa.string())
+            strings = _strings(part.raw, part.starts, part.lengths, binary=True).cast(pa.string())
         except pa.ArrowInvalid:
             return None
         nan = pc.equal(strings, "NaN")
@@ -778,69 +770,24 @@ class _Decimal(_Handler):
             return None
 
     def vec_binary(self, part: _Part) -> pa.Array | None:
-        raw, starts, lengths = part.raw, part.starts, part.lengths
-        n = len(starts)
-        if n == 0:
-            return pa.array([], type=self.arrow_type)
-        short = np.flatnonzero(lengths < 8)
-        if len(short):
-            raise _BadAt(int(short[0]), "numeric shorter than its header")
-        head = _fixed(raw, starts, 8).view(">i2").astype(np.int64)
-        ndigits, weight, sign = head[:, 0], head[:, 1], head[:, 2] & 0xFFFF
-        bad = np.flatnonzero((ndigits < 0) | (lengths != 8 + 2 * ndigits))
-        if len(bad):
-            raise _BadAt(int(bad[0]), "numeric length does not match its digit count")
-        nan = sign == _NUMERIC_NAN
-        if ((sign != _NUMERIC_POS) & (sign != _NUMERIC_NEG) & ~nan).any():
-            return None  # infinities or a bad sign word: the reference path says which row
-        if ((head[:, 3] < 0) | (head[:, 3] > self.scale + 3)).any():
+        n = len(part.starts)
+        precision = self.arrow_type.precision
+        if not 0 <= self.scale <= precision <= DECIMAL128_MAX_PRECISION:
             return None
-        has = (ndigits > 0) & ~nan
-        k = (self.scale + 3) // 4  # base-10000 fractional positions
-        top = int(weight[has].max()) if has.any() else 0
-        top = max(top, 0)
-        if top > 10:  # cannot fit 38 digits
-            return None
-        steps = top + k + 1  # positions top .. -k
-        total = int(ndigits[has].sum())
-        grid = np.zeros((n, steps), dtype=np.uint64)
-        if total:
-            rows = np.repeat(np.flatnonzero(has), ndigits[has])
-            counts = ndigits[has]
-            ends = np.cumsum(counts)
-            within = np.arange(total, dtype=np.int64) - np.repeat(ends - counts, counts)
-            cols = top - weight[rows] + within
-            pos = starts[rows] + 8 + 2 * within
-            digit = raw[pos].astype(np.uint64) * np.uint64(256) + raw[pos + 1].astype(np.uint64)
-            if (digit >= 10000).any() or (cols >= steps).any() or (cols < 0).any():
-                return None
-            grid[rows, cols] = digit
-        lo: NDArray[np.uint64] = np.zeros(n, dtype=np.uint64)
-        hi: NDArray[np.uint64] = np.zeros(n, dtype=np.uint64)
-        last_mul = 10 ** (self.scale - 4 * (k - 1)) if k else 10000
-        last_div = 10 ** (4 * k - self.scale)
-        for j in range(steps):
-            col = grid[:, j]
-            if j == steps - 1 and k:
-                if (col % np.uint64(last_div)).any():
-                    return None
-                _mul_add(lo, hi, last_mul, col // np.uint64(last_div))
-            else:
-                _mul_add(lo, hi, 10000, col)
-        # magnitude must stay below 10**precision
-        lim_hi, lim_lo = divmod(self.limit, 2**64)
-        over = (hi > np.uint64(lim_hi)) | ((hi == np.uint64(lim_hi)) & (lo >= np.uint64(lim_lo)))
-        if over.any():
-            return None
-        neg = sign == _NUMERIC_NEG
-        if neg.any():
-            nlo = ~lo + np.uint64(1)
-            nhi = ~hi + (nlo == 0).astype(np.uint64)
-            lo = np.where(neg, nlo, lo)
-            hi = np.where(neg, nhi, hi)
-        if nan.any():
-            part.notes["numeric_nan_nulled"] += int(nan.sum())
-        return _decimal_from_limbs(lo, hi, ~nan, self.arrow_type)
+        limbs = np.empty(16 * n, dtype=np.uint8)
+        valid = np.empty(n, dtype=np.uint8)
+        other = _tuples.numeric_decimal128(
+            part.raw, np.ascontiguousarray(part.starts, dtype=np.int64), np.ascontiguousarray(part.lengths, dtype=np.int64),
+            self.scale, precision, limbs, valid,
+        )
+        if other >= 0:
+            return None  # infinities, values that do not fit, bad bytes: the reference path says which row
+        nan = n - int(np.count_nonzero(valid))
+        validity = None
+        if nan:
+            part.notes["numeric_nan_nulled"] += nan
+            validity = pa.py_buffer(np.packbits(valid.view(np.bool_), bitorder="little"))
+        return pa.Array.from_buffers(self.arrow_type, n, [validity, pa.py_buffer(limbs)], null_count=nan)
 
 
 class _NumericText(_TextLike):
@@ -924,8 +871,7 @@ class _Bytea(_Handler):
         return "\\x" + data.hex()
 
     def vec_binary(self, part: _Part) -> pa.Array:
-        data, offsets = _gather(part.raw, part.starts, part.lengths)
-        return _string_array(data, offsets, binary=True)
+        return _strings(part.raw, part.starts, part.lengths, binary=True)
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
@@ -1029,8 +975,7 @@ class _Timestamp(_Handler):
     _FAST_TSTZ = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?[+-]\d\d(:\d\d)?$"
 
     def vec_text(self, part: _Part) -> pa.Array | None:
-        data, offsets = _gather(part.raw, part.starts, part.lengths)
-        strings = _string_array(data, offsets, binary=True)
+        strings = _strings(part.raw, part.starts, part.lengths, binary=True)
         try:
             strings = strings.cast(pa.string())
         except pa.ArrowInvalid:
@@ -1681,33 +1626,37 @@ class ColumnCodec:
             notes = collections.Counter()
         kinds = np.asarray(kinds, dtype=np.uint8)
         n = len(kinds)
-        is_t = kinds == KIND_TEXT
-        is_b = kinds == KIND_BINARY
-        valid = is_t | is_b
-        odd = np.flatnonzero(~valid & (kinds != KIND_NULL) & (kinds != KIND_TOAST))
-        if len(odd):
-            raise DecodeError(
-                f"{self.pg_type} value at row {int(odd[0])}: unknown value kind {int(kinds[odd[0]])}"
-            )
-        nvalid = int(np.count_nonzero(valid))
-        if nvalid == 0:
-            return pa.nulls(n, type=self.arrow_type)
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         if len(starts) != n or len(lengths) != n:
             raise DecodeError(f"{self.pg_type}: starts, lengths and kinds differ in length")
-        vs, vl = starts[valid], lengths[valid]
-        oob = np.flatnonzero((vs < 0) | (vl < 0) | (vs + vl > len(buf)))
-        if len(oob):
-            row = int(np.flatnonzero(valid)[oob[0]])
-            raise DecodeError(f"{self.pg_type} value at row {row}: byte range outside the buffer")
+        is_b = kinds == KIND_BINARY
+        n_b = int(np.count_nonzero(is_b))
+        if n_b == n:  # all binary, no NULLs (the usual case with binary replication)
+            is_t = valid = np.zeros(0, dtype=bool)
+            t_rows, b_rows = np.zeros(0, dtype=np.int64), np.arange(n, dtype=np.int64)
+            nvalid = n
+        else:
+            is_t = kinds == KIND_TEXT
+            valid = is_t | is_b
+            odd = np.flatnonzero(~valid & (kinds != KIND_NULL) & (kinds != KIND_TOAST))
+            if len(odd):
+                raise DecodeError(
+                    f"{self.pg_type} value at row {int(odd[0])}: unknown value kind {int(kinds[odd[0]])}"
+                )
+            t_rows, b_rows = np.flatnonzero(is_t), np.flatnonzero(is_b)
+            nvalid = len(t_rows) + len(b_rows)
+        if nvalid == 0:
+            return pa.nulls(n, type=self.arrow_type)
         raw = np.frombuffer(buf, dtype=np.uint8)
-        t_rows = np.flatnonzero(is_t)
-        b_rows = np.flatnonzero(is_b)
         parts = []
         for rows, binary in ((t_rows, False), (b_rows, True)):
             if len(rows):
-                part = _Part(buf, raw, starts[rows], lengths[rows], rows, notes)
+                rs, rl = (starts, lengths) if len(rows) == n else (starts[rows], lengths[rows])
+                if len(rs) and (rs.min() < 0 or rl.min() < 0 or (rs + rl).max() > len(buf)):
+                    oob = np.flatnonzero((rs < 0) | (rl < 0) | (rs + rl > len(buf)))
+                    raise DecodeError(f"{self.pg_type} value at row {int(rows[oob[0]])}: byte range outside the buffer")
+                part = _Part(buf, raw, rs, rl, rows, notes)
                 parts.append(self._decode_part(part, binary, reference))
         if len(parts) == 1 and nvalid == n:
             return parts[0]
@@ -1732,6 +1681,8 @@ class ColumnCodec:
         except _BadAt as exc:
             row = int(part.rows[exc.index])
             raise DecodeError(f"{self.pg_type} value at row {row}: {exc.reason}") from None
+        except _Bad as exc:  # about the whole column chunk, not one value
+            raise DecodeError(f"{self.pg_type}: {exc}") from None
         ref = h.ref_binary if binary else h.ref_text
         out = []
         notes = part.notes

@@ -1,0 +1,9 @@
+"""Build of the one C extension; everything else is in pyproject.toml."""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension("pg2delta._tuples", sources=["src/pg2delta/_tuples.c"]),
+    ],
+)

@@ -1,0 +1,556 @@
+/*
+ * pg2delta._tuples: the byte-level inner loops of the window decoder.
+ *
+ * Three functions over caller-allocated numpy buffers (buffer protocol, no numpy C API):
+ *
+ *   walk_changes  one pass over the Insert/Update/Delete messages of a chunk: for every
+ *                 row and column, the value kind, start and length of its new and old
+ *                 TupleData, every read bounds-checked against the row's end.
+ *   numeric_decimal128  binary numerics to Arrow decimal128 values.
+ *   gather_fixed  the `width` bytes at each start, optionally byte-reversed (big-endian
+ *                 wire values to native little/big-endian numbers).
+ *   gather_var    concatenate byte ranges into one bytes object plus int32 offsets
+ *                 (the two buffers of an Arrow string/binary array).
+ *
+ * No function reads outside the buffers it is given, whatever the bytes say: malformed
+ * messages are reported to the caller (walk_changes returns the row and the reason, the
+ * gathers raise IndexError/ValueError/OverflowError), which turns them into DecodeError.
+ * The wire format is PostgreSQL's logical replication protocol (pgoutput), TupleData:
+ * Int16 column count, then per column a kind byte 'n' (NULL), 'u' (unchanged TOAST),
+ * 't' (text) or 'b' (binary), the latter two followed by an Int32 length and the bytes.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* A C-contiguous buffer whose size must be exactly `count` items of `itemsize` bytes. */
+static int
+get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, int writable, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0)
+        return -1;
+    if (view->itemsize != itemsize || (count >= 0 && view->len != count * itemsize) || view->len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd items of %zd bytes, got %zd bytes of items of %zd",
+                     name, count, itemsize, view->len, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static inline uint32_t
+be32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+/* Output arrays of one TupleData side, column-major: element [c * n + row]. */
+typedef struct {
+    uint8_t *kinds;
+    int64_t *starts;
+    int64_t *lengths;
+} Side;
+
+/* Walk one TupleData at `q`, which must end by `end`. Returns the offset after it, or -1
+ * with *why set and *at the offset of the part that is wrong. */
+static int64_t
+walk_tuple(const uint8_t *buf, int64_t q, int64_t end, Py_ssize_t ncols, Side *s, Py_ssize_t n, Py_ssize_t row,
+           const char **why, int64_t *at)
+{
+    *at = q;
+    if (end - q < 2) {
+        *why = "tuple ends in its column count";
+        return -1;
+    }
+    if (((Py_ssize_t)buf[q] << 8 | buf[q + 1]) != ncols) {
+        *why = "tuple column count differs from the relation's";
+        return -1;
+    }
+    q += 2;
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        Py_ssize_t i = c * n + row;
+        *at = q;
+        if (q >= end) {
+            *why = "tuple ends before its last column";
+            return -1;
+        }
+        uint8_t k = buf[q];
+        s->kinds[i] = k;
+        if (k == 't' || k == 'b') {
+            if (end - q < 5) {
+                *why = "tuple ends in a value length";
+                return -1;
+            }
+            uint32_t len = be32(buf + q + 1); /* an Int32 on the wire */
+            if (len > INT32_MAX) {
+                *why = "negative value length";
+                return -1;
+            }
+            if ((int64_t)len > end - (q + 5)) {
+                *why = "value length past the end of the message";
+                return -1;
+            }
+            s->starts[i] = q + 5;
+            s->lengths[i] = len;
+            q += 5 + len;
+        } else if (k == 'n' || k == 'u') {
+            s->starts[i] = 0;
+            s->lengths[i] = 0;
+            q += 1;
+        } else {
+            *why = "unknown value kind byte";
+            return -1;
+        }
+    }
+    return q;
+}
+
+/* The first malformed row, or -1; *why says what is wrong with it, *at where (an offset in buf). */
+static Py_ssize_t
+walk_rows(const uint8_t *buf, Py_ssize_t buflen, const uint8_t *tags, const int64_t *offs, const int64_t *ends,
+          Py_ssize_t n, Py_ssize_t ncols, Side *new_side, Side *old_side, uint8_t *markers, const char **why,
+          int64_t *at)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t q = offs[i], end = ends[i];
+        *at = q;
+        if (q < 0 || end > buflen || q >= end) {
+            *why = "message ends before its tuple";
+            return i;
+        }
+        uint8_t tag = tags[i], m = buf[q];
+        markers[i] = 0;
+        if (tag == 'U' || tag == 'D') {
+            if (m == 'K' || m == 'O') {
+                markers[i] = m;
+                q = walk_tuple(buf, q + 1, end, ncols, old_side, n, i, why, at);
+                if (q < 0)
+                    return i;
+            } else if (tag == 'D') {
+                *why = "delete without K or O tuple";
+                return i;
+            }
+        }
+        if (tag == 'I' || tag == 'U') {
+            *at = q;
+            if (q >= end || buf[q] != 'N') {
+                *why = "missing N tuple";
+                return i;
+            }
+            q = walk_tuple(buf, q + 1, end, ncols, new_side, n, i, why, at);
+            if (q < 0)
+                return i;
+        } else if (tag != 'D') {
+            *why = "not an Insert, Update or Delete message";
+            return i;
+        }
+        if (q != end) {
+            *at = q;
+            *why = "trailing bytes after tuple";
+            return i;
+        }
+    }
+    return -1;
+}
+
+PyDoc_STRVAR(walk_changes_doc,
+"walk_changes(buf, tags, offs, ends, ncols, new_kinds, new_starts, new_lengths,\n"
+"             old_kinds, old_starts, old_lengths, markers) -> None | tuple[int, str, int]\n\n"
+"Walk the tuples of n change messages. Row i has tag tags[i] ('I', 'U' or 'D'), its\n"
+"K/O/N marker at buf[offs[i]] and ends at ends[i]. Fills the (ncols, n) uint8/int64\n"
+"arrays of kinds, starts and lengths of the new and old tuples and markers[i] ('K', 'O'\n"
+"or 0 when there is no old tuple). The old side of rows without an old tuple and the new\n"
+"side of Deletes are left as they were. Returns None, or\n"
+"(row, reason, offset in buf) for the first malformed row.");
+
+static PyObject *
+walk_changes(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_buf, *o_tags, *o_offs, *o_ends, *o_out[7];
+    Py_ssize_t ncols;
+    if (!PyArg_ParseTuple(args, "OOOOnOOOOOOO", &o_buf, &o_tags, &o_offs, &o_ends, &ncols, &o_out[0], &o_out[1],
+                          &o_out[2], &o_out[3], &o_out[4], &o_out[5], &o_out[6]))
+        return NULL;
+    if (ncols < 0 || ncols > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "ncols out of range");
+        return NULL;
+    }
+    Py_buffer b_in[4], b_out[7];
+    PyObject *o_in[4] = {o_buf, o_tags, o_offs, o_ends};
+    static const char *in_names[4] = {"buf", "tags", "offs", "ends"};
+    static const Py_ssize_t out_sizes[7] = {1, 8, 8, 1, 8, 8, 1};
+    static const char *out_names[7] = {"new_kinds", "new_starts", "new_lengths", "old_kinds", "old_starts",
+                                       "old_lengths", "markers"};
+    int n_in = 0, n_out = 0;
+    Py_ssize_t n = 0;
+    PyObject *result = NULL;
+    for (; n_in < 4; n_in++) {
+        /* buf and tags are bytes; offs and ends hold n int64 each, n being the length of tags */
+        Py_ssize_t itemsize = n_in < 2 ? 1 : 8, count = n_in < 2 ? -1 : n;
+        if (get_buffer(o_in[n_in], &b_in[n_in], itemsize, count, 0, in_names[n_in]) < 0)
+            goto done;
+        if (n_in == 1)
+            n = b_in[1].len;
+    }
+    for (; n_out < 7; n_out++) {
+        Py_ssize_t count = n_out == 6 ? n : ncols * n;
+        if (get_buffer(o_out[n_out], &b_out[n_out], out_sizes[n_out], count, 1, out_names[n_out]) < 0)
+            goto done;
+    }
+    Side new_side = {b_out[0].buf, b_out[1].buf, b_out[2].buf};
+    Side old_side = {b_out[3].buf, b_out[4].buf, b_out[5].buf};
+    const char *why = NULL;
+    int64_t at = 0;
+    Py_ssize_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = walk_rows(b_in[0].buf, b_in[0].len, b_in[1].buf, b_in[2].buf, b_in[3].buf, n, ncols, &new_side, &old_side,
+                    b_out[6].buf, &why, &at);
+    Py_END_ALLOW_THREADS
+    if (bad < 0)
+        result = Py_NewRef(Py_None);
+    else
+        result = Py_BuildValue("(nsL)", bad, why, (long long)at);
+done:
+    while (n_out > 0)
+        PyBuffer_Release(&b_out[--n_out]);
+    while (n_in > 0)
+        PyBuffer_Release(&b_in[--n_in]);
+    return result;
+}
+
+PyDoc_STRVAR(gather_fixed_doc,
+"gather_fixed(buf, starts, width, out, swap) -> None\n\n"
+"Copy the width bytes at each starts[i] to out[i * width:], reversed if swap\n"
+"(big-endian wire values to little-endian numbers). IndexError if a range leaves buf.");
+
+static PyObject *
+gather_fixed(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_buf, *o_starts, *o_out;
+    Py_ssize_t width;
+    int swap;
+    if (!PyArg_ParseTuple(args, "OOnOp", &o_buf, &o_starts, &width, &o_out, &swap))
+        return NULL;
+    if (width < 1 || width > 64) {
+        PyErr_SetString(PyExc_ValueError, "width out of range");
+        return NULL;
+    }
+    Py_buffer b_buf, b_starts, b_out;
+    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
+        return NULL;
+    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0) {
+        PyBuffer_Release(&b_buf);
+        return NULL;
+    }
+    Py_ssize_t n = b_starts.len / 8;
+    if (get_buffer(o_out, &b_out, 1, n * width, 1, "out") < 0) {
+        PyBuffer_Release(&b_starts);
+        PyBuffer_Release(&b_buf);
+        return NULL;
+    }
+    const uint8_t *buf = b_buf.buf;
+    const int64_t *starts = b_starts.buf;
+    uint8_t *out = b_out.buf;
+    Py_ssize_t bad = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = starts[i];
+        if (s < 0 || s > b_buf.len - width) {
+            bad = i;
+            break;
+        }
+    }
+    if (bad < 0) {
+        Py_BEGIN_ALLOW_THREADS
+        if (!swap) {
+            for (Py_ssize_t i = 0; i < n; i++)
+                memcpy(out + i * width, buf + starts[i], width);
+        } else if (width == 2) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                uint16_t v;
+                memcpy(&v, buf + starts[i], 2);
+                v = __builtin_bswap16(v);
+                memcpy(out + i * 2, &v, 2);
+            }
+        } else if (width == 4) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                uint32_t v;
+                memcpy(&v, buf + starts[i], 4);
+                v = __builtin_bswap32(v);
+                memcpy(out + i * 4, &v, 4);
+            }
+        } else if (width == 8) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                uint64_t v;
+                memcpy(&v, buf + starts[i], 8);
+                v = __builtin_bswap64(v);
+                memcpy(out + i * 8, &v, 8);
+            }
+        } else {
+            for (Py_ssize_t i = 0; i < n; i++)
+                for (Py_ssize_t j = 0; j < width; j++)
+                    out[i * width + j] = buf[starts[i] + width - 1 - j];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&b_out);
+    PyBuffer_Release(&b_starts);
+    PyBuffer_Release(&b_buf);
+    if (bad >= 0) {
+        PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", bad);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(gather_var_doc,
+"gather_var(buf, starts, lengths, offsets) -> bytes\n\n"
+"Concatenate buf[starts[i]:starts[i] + lengths[i]] for every i; fill offsets (int32,\n"
+"n + 1 items) with where each range begins in the result and its total at the end.\n"
+"IndexError if a range leaves buf or has a negative length, OverflowError past 2 GiB.");
+
+static PyObject *
+gather_var(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_buf, *o_starts, *o_lengths, *o_offsets;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_buf, &o_starts, &o_lengths, &o_offsets))
+        return NULL;
+    Py_buffer b_buf, b_starts, b_lengths, b_offsets;
+    PyObject *result = NULL;
+    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
+        return NULL;
+    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0)
+        goto release_buf;
+    Py_ssize_t n = b_starts.len / 8;
+    if (get_buffer(o_lengths, &b_lengths, 8, n, 0, "lengths") < 0)
+        goto release_starts;
+    if (get_buffer(o_offsets, &b_offsets, 4, n + 1, 1, "offsets") < 0)
+        goto release_lengths;
+    const uint8_t *buf = b_buf.buf;
+    const int64_t *starts = b_starts.buf, *lengths = b_lengths.buf;
+    int32_t *offsets = b_offsets.buf;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = starts[i], len = lengths[i];
+        if (s < 0 || len < 0 || s > b_buf.len || len > b_buf.len - s) {
+            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
+            goto release_all;
+        }
+        offsets[i] = (int32_t)total;
+        total += len;
+        if (total > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "more than 2 GiB of values in one column chunk");
+            goto release_all;
+        }
+    }
+    offsets[n] = (int32_t)total;
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result != NULL) {
+        uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(result);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++)
+            memcpy(dst + offsets[i], buf + starts[i], (size_t)lengths[i]);
+        Py_END_ALLOW_THREADS
+    }
+release_all:
+    PyBuffer_Release(&b_offsets);
+release_lengths:
+    PyBuffer_Release(&b_lengths);
+release_starts:
+    PyBuffer_Release(&b_starts);
+release_buf:
+    PyBuffer_Release(&b_buf);
+    return result;
+}
+
+/* What numeric_scaled needs to know about the target decimal(precision, scale). */
+typedef struct {
+    int scale;
+    int k;              /* base-10000 fractional positions that cover `scale` decimals */
+    int last_mul;       /* the last position (-k) counts 10^(scale - 4(k-1)) ... */
+    int last_div;       /* ... of its digit divided by 10^(4k - scale) */
+    __int128 limit;     /* 10^precision */
+    __int128 max_10000; /* the largest value that can still be multiplied by 10000 below limit */
+    __int128 max_last;  /* the same for last_mul */
+} NumericSpec;
+
+static NumericSpec
+numeric_spec(int precision, int scale)
+{
+    NumericSpec s = {.scale = scale, .k = (scale + 3) / 4, .last_mul = 1, .last_div = 1, .limit = 1};
+    for (int j = 0; j < precision; j++)
+        s.limit *= 10;
+    if (s.k) {
+        for (int j = 0; j < scale - 4 * (s.k - 1); j++)
+            s.last_mul *= 10;
+        for (int j = 0; j < 4 * s.k - scale; j++)
+            s.last_div *= 10;
+    }
+    s.max_10000 = (s.limit - 1) / 10000;
+    s.max_last = (s.limit - 1) / s.last_mul;
+    return s;
+}
+
+static inline int
+digit_at(const uint8_t *p, int i)
+{
+    return p[8 + 2 * i] << 8 | p[9 + 2 * i];
+}
+
+/* One binary numeric (PostgreSQL's numeric_send: Int16 ndigits, Int16 weight, UInt16 sign,
+ * Int16 dscale, then ndigits base-10000 digits, the first at 10000^weight) as the integer
+ * value * 10^scale, below 10^precision in magnitude. Returns 1 for a number, 0 for NaN, -1
+ * for anything else (infinities, out of range, more fractional digits than scale or dscale,
+ * malformed): the caller's reference path decides what those are. */
+static int
+numeric_scaled(const uint8_t *p, int64_t len, const NumericSpec *spec, __int128 *out)
+{
+    if (len < 8)
+        return -1;
+    int ndigits = (int16_t)(p[0] << 8 | p[1]);
+    int weight = (int16_t)(p[2] << 8 | p[3]);
+    unsigned sign = (unsigned)(p[4] << 8 | p[5]);
+    int dscale = (int16_t)(p[6] << 8 | p[7]);
+    if (ndigits < 0 || len != 8 + 2 * (int64_t)ndigits || dscale < 0)
+        return -1;
+    for (int i = 0; i < ndigits; i++)
+        if (digit_at(p, i) >= 10000)
+            return -1;
+    if (sign == 0xC000)
+        return 0;
+    if (sign != 0x0000 && sign != 0x4000)
+        return -1;
+    /* Horner over base-10000 positions weight .. -k; the last one (-k) is scaled by last_mul
+     * after dropping the decimals past `scale`, which must be zeros. */
+    int k = spec->k;
+    __int128 v = 0;
+    for (int pos = weight; pos >= -k; pos--) {
+        int i = weight - pos;
+        int d = i < ndigits ? digit_at(p, i) : 0;
+        if (k && pos == -k) {
+            if (d % spec->last_div || v > spec->max_last)
+                return -1;
+            v = v * spec->last_mul + d / spec->last_div;
+        } else {
+            if (v > spec->max_10000)
+                return -1;
+            v = v * 10000 + d;
+        }
+        if (v >= spec->limit)
+            return -1;
+    }
+    /* digits below position -k must be zero */
+    for (int i = weight + k + 1 > 0 ? weight + k + 1 : 0; i < ndigits; i++)
+        if (digit_at(p, i))
+            return -1;
+    /* and so must the decimals between dscale and scale (numeric_out prints dscale of them) */
+    if (dscale < spec->scale) {
+        __int128 unit = 1;
+        for (int j = dscale; j < spec->scale; j++)
+            unit *= 10;
+        if (v % unit)
+            return -1;
+    }
+    *out = sign == 0x4000 ? -v : v;
+    return 1;
+}
+
+PyDoc_STRVAR(numeric_decimal128_doc,
+"numeric_decimal128(buf, starts, lengths, scale, precision, out, valid) -> int\n\n"
+"Binary numerics to Arrow decimal128(precision, scale): out gets 16 bytes per value (low\n"
+"64 bits first, two's complement), valid[i] is 0 for NaN, else 1. Returns -1, or the index\n"
+"of the first value that is not a finite number that fits exactly (the caller's per-value\n"
+"path then says what it is). IndexError if a range leaves buf.");
+
+static PyObject *
+numeric_decimal128(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_buf, *o_starts, *o_lengths, *o_out, *o_valid;
+    int scale, precision;
+    if (!PyArg_ParseTuple(args, "OOOiiOO", &o_buf, &o_starts, &o_lengths, &scale, &precision, &o_out, &o_valid))
+        return NULL;
+    if (precision < 1 || precision > 38 || scale < 0 || scale > precision) {
+        PyErr_SetString(PyExc_ValueError, "precision or scale out of range");
+        return NULL;
+    }
+    Py_buffer b_buf, b_starts, b_lengths, b_out, b_valid;
+    PyObject *result = NULL;
+    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
+        return NULL;
+    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0)
+        goto release_buf;
+    Py_ssize_t n = b_starts.len / 8;
+    if (get_buffer(o_lengths, &b_lengths, 8, n, 0, "lengths") < 0)
+        goto release_starts;
+    if (get_buffer(o_out, &b_out, 1, 16 * n, 1, "out") < 0)
+        goto release_lengths;
+    if (get_buffer(o_valid, &b_valid, 1, n, 1, "valid") < 0)
+        goto release_out;
+    const uint8_t *buf = b_buf.buf;
+    const int64_t *starts = b_starts.buf, *lengths = b_lengths.buf;
+    uint8_t *out = b_out.buf, *valid = b_valid.buf;
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
+        int64_t s = starts[i], len = lengths[i];
+        if (s < 0 || len < 0 || s > b_buf.len || len > b_buf.len - s) {
+            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
+            goto release_all;
+        }
+    }
+    NumericSpec spec = numeric_spec(precision, scale);
+    Py_ssize_t first_other = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (i = 0; i < n; i++) {
+        __int128 v = 0;
+        int r = numeric_scaled(buf + starts[i], lengths[i], &spec, &v);
+        if (r < 0) {
+            first_other = i;
+            break;
+        }
+        unsigned __int128 u = (unsigned __int128)v;
+        uint64_t lo = (uint64_t)u, hi = (uint64_t)(u >> 64);
+        memcpy(out + 16 * i, &lo, 8);
+        memcpy(out + 16 * i + 8, &hi, 8);
+        valid[i] = (uint8_t)r;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(first_other);
+release_all:
+    PyBuffer_Release(&b_valid);
+release_out:
+    PyBuffer_Release(&b_out);
+release_lengths:
+    PyBuffer_Release(&b_lengths);
+release_starts:
+    PyBuffer_Release(&b_starts);
+release_buf:
+    PyBuffer_Release(&b_buf);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"walk_changes", walk_changes, METH_VARARGS, walk_changes_doc},
+    {"gather_fixed", gather_fixed, METH_VARARGS, gather_fixed_doc},
+    {"gather_var", gather_var, METH_VARARGS, gather_var_doc},
+    {"numeric_decimal128", numeric_decimal128, METH_VARARGS, numeric_decimal128_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "pg2delta._tuples",
+    .m_doc = "Byte-level inner loops of the pgoutput window decoder.",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC
+PyInit__tuples(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,205 @@
+"""Schema evolution: how a Delta table follows the shapes its source table takes.
+
+Pure: Arrow types and names in, a plan or a :class:`SchemaError` out; no database, no Spark.
+
+PostgreSQL sends a new Relation message whenever a table's shape changes. The job compares
+every shape a window holds for a Delta table with the columns the Delta table already has
+(as Spark type names, the form both Spark and pysail report) and gets back a :class:`Plan`:
+
+* columns no shape had before are **added** (nullable; earlier rows hold NULL);
+* columns the Delta table has and a shape lacks (dropped, or the old name of a renamed
+  column) are **kept**: they are left alone by updates and NULL in new rows;
+* a column whose type changed to one Delta can hold every old value of (int2 -> int4 ->
+  int8, float4 -> float8, int -> float8, int -> decimal wide enough, decimal precision and
+  scale growing together) is **widened**;
+* any other change (a narrowing, or a type of another kind) is refused with a
+  :class:`SchemaError` naming the table, the column, both types and what to do, before
+  anything of the window is applied.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pg2delta.errors import SchemaError
+
+# Digits an integer type needs left of the decimal point to fit in a decimal.
+_INT_DIGITS = {"smallint": 5, "int": 10, "bigint": 19}
+_INT_ORDER = ("smallint", "int", "bigint")
+META_PREFIX = "_pg2delta_"  # pg2delta's own columns (changes.META_FIELDS, the keyless position columns)
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(-?\d+)\)")
+
+
+def spark_type(t: pa.DataType) -> str:
+    """The Spark SQL type name (``DataType.simpleString()``) a column of Arrow type ``t`` has in Delta."""
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_int8(t):
+        return "tinyint"
+    if pa.types.is_int16(t):
+        return "smallint"
+    if pa.types.is_int32(t):
+        return "int"
+    if pa.types.is_int64(t):
+        return "bigint"
+    if pa.types.is_float32(t):
+        return "float"
+    if pa.types.is_float64(t):
+        return "double"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "binary"
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz is not None else "timestamp_ntz"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"array<{spark_type(t.value_type)}>"
+    return str(t)
+
+
+_SIMPLE = {
+    "boolean": pa.bool_(),
+    "smallint": pa.int16(),
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+}
+
+
+def arrow_type(spark: str) -> pa.DataType | None:
+    """The Arrow type of a Delta column of Spark type ``spark`` (the inverse of :func:`spark_type`)."""
+    if spark in _SIMPLE:
+        return _SIMPLE[spark]
+    m = _DECIMAL.fullmatch(spark)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    if spark.startswith("array<") and spark.endswith(">"):
+        inner = arrow_type(spark[6:-1])
+        return None if inner is None else pa.list_(inner)
+    return None
+
+
+def widens(old: str, new: str) -> bool:
+    """True when a Delta column of Spark type ``old`` can become ``new`` keeping every value exactly."""
+    if old == new:
+        return True
+    if old in _INT_ORDER and new in _INT_ORDER:
+        return _INT_ORDER.index(old) <= _INT_ORDER.index(new)
+    if old in ("smallint", "int", "float") and new == "double":
+        return True
+    m_new = _DECIMAL.fullmatch(new)
+    if old in _INT_DIGITS and m_new:
+        p, s = int(m_new.group(1)), int(m_new.group(2))
+        return p - s >= _INT_DIGITS[old]
+    m_old = _DECIMAL.fullmatch(old)
+    if m_old and m_new:
+        p1, s1, p2, s2 = (int(m_old.group(1)), int(m_old.group(2)), int(m_new.group(1)), int(m_new.group(2)))
+        return s2 >= s1 and p2 - s2 >= p1 - s1
+    if old.startswith("array<") and new.startswith("array<"):
+        return widens(old[6:-1], new[6:-1])
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The columns (name, Arrow type) and key of one Relation message."""
+
+    columns: tuple[tuple[str, pa.DataType], ...]
+    key: tuple[str, ...]
+
+    def signature(self) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+        return tuple((n, spark_type(t)) for n, t in self.columns), self.key
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one window needs done to a Delta table before its changes can be merged."""
+
+    columns: tuple[tuple[str, pa.DataType], ...]  # every column the window's changes carry, in order, final types
+    added: tuple[str, ...]  # not yet in the Delta table
+    widened: tuple[tuple[str, str, str], ...]  # (column, Delta type now, wider type)
+    kept: tuple[str, ...]  # in the Delta table, in no shape of the window: left alone
+    key: tuple[str, ...]
+    existing: frozenset[str] = frozenset()  # the Delta table's columns before the window
+
+
+def plan(
+    table: str,
+    delta_types: Mapping[str, str] | None,
+    shapes: Sequence[Shape],
+    *,
+    where: str = "",
+    narrowing: str = "refuse",
+    pg_type: Callable[[Shape, str], str | None] | None = None,
+) -> Plan:
+    """The evolution of the Delta table of ``table`` (its columns ``delta_types``, None if there is
+    none yet) that lets it hold changes of every shape in ``shapes`` (in the order they came).
+
+    ``pg_type(shape, column)`` names the PostgreSQL type of a column for messages.
+    ``narrowing = "keep"`` lets a column whose type became narrower keep its wider Delta type
+    (every new value fits); by default a narrowing is refused like any other change Delta cannot
+    follow. Raises :class:`SchemaError` for a type change Delta cannot follow, or for shapes with
+    different keys (the job cuts windows at key changes; only changes inside one transaction
+    can still meet here).
+    """
+    if not shapes:
+        raise ValueError("plan needs at least one shape")
+    current: dict[str, str] = dict(delta_types or {})
+    arrow: dict[str, pa.DataType] = {}
+    order: list[str] = []
+    keys = {s.key for s in shapes}
+    if len(keys) > 1:
+        a, b = shapes[0].key, shapes[-1].key
+        raise SchemaError(
+            f"table {table} changed its key from ({', '.join(a) or 'none'}) to ({', '.join(b) or 'none'}) "
+            f"inside one transaction that also changed its rows{where}; pg2delta cannot tell which rows each key "
+            "identifies: make the lake's copy of this table again from a snapshot (delete its Delta table, "
+            "re-create the slot and bootstrap), or skip past that transaction"
+        )
+    for shape in shapes:
+        for name, t in shape.columns:
+            new = spark_type(t)
+            old = current.get(name)
+            pg = pg_type(shape, name) if pg_type is not None and old not in (None, new) else None
+            shown = f"{new} (PostgreSQL {pg})" if pg else new
+            if name not in arrow:
+                order.append(name)
+            if old is None or widens(old, new):
+                current[name] = new
+                arrow[name] = t
+            elif widens(new, old) and narrowing == "keep" and (wide := arrow_type(old)) is not None:
+                arrow[name] = wide
+            elif widens(new, old):
+                raise SchemaError(
+                    f"table {table} column {name} changed type from {old} to {shown}{where}, a narrowing "
+                    "that pg2delta does not apply to the lake: to keep the Delta column {old} and store the "
+                    f"narrower values in it, set [tables.\"{table}\"] narrowing = \"keep\" in the config; or make the "
+                    "lake's copy of this table again from a snapshot (delete its Delta table, re-create the slot and "
+                    "bootstrap); nothing of this window was applied"
+                )
+            else:
+                raise SchemaError(
+                    f"table {table} column {name} changed type from {old} to {shown}{where}, which Delta cannot "
+                    "follow in place: make the lake's copy of this table again from a snapshot (delete its Delta "
+                    "table, re-create the slot and bootstrap), or, before the next such change, add a new column of "
+                    f"type {new} instead of changing this one; nothing of this window was applied"
+                )
+    before = dict(delta_types or {})
+    added = tuple(n for n in order if n not in before)
+    widened = tuple((n, before[n], current[n]) for n in order if n in before and before[n] != current[n])
+    kept = tuple(n for n in before if n not in arrow and not n.startswith(META_PREFIX))
+    return Plan(tuple((n, arrow[n]) for n in order), added, widened, kept, shapes[0].key, frozenset(before))

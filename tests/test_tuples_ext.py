@@ -1,0 +1,428 @@
+"""The C extension ``pg2delta._tuples`` on its own, against the pure-Python parser and codecs.
+
+* ``walk_changes`` against :func:`pgoutput.parse_message` (the reference): on any bytes, the
+  walk accepts a message exactly when the parser does and the tuples have the relation's
+  column count, and then finds the same values; edge cases one by one, each also through
+  the whole :class:`WindowDecoder`, which must raise a ``DecodeError`` naming tag, offset, LSN;
+* ``gather_fixed`` / ``gather_var``: byte order, empty input, ranges outside the buffer;
+* ``numeric_decimal128`` against the per-value reference path of the numeric codec, on
+  valid values and on random bytes;
+* mutated golden windows (no server needed) through the whole decoder: only ``DecodeError``.
+"""
+
+from __future__ import annotations
+
+import collections
+import struct
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pg2delta import _tuples
+from pg2delta import pgoutput as po
+from pg2delta.changes import RowChunk, WindowDecoder, _walk_changes
+from pg2delta.errors import DecodeError
+from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_TOAST, TypeInfo, codec_for
+from test_pgoutput_golden import CAPTURES
+from test_typemap import EXACT, OID, numeric_send, typmod_numeric
+
+OID_REL = 16384
+
+
+# --- building messages ----------------------------------------------------------------------
+
+
+def tuple_bytes(values: list[bytes | str | None], *, count: int | None = None) -> bytes:
+    """TupleData: bytes are binary values, 'u' unchanged TOAST, None NULL."""
+    out = bytearray((len(values) if count is None else count).to_bytes(2, "big"))
+    for v in values:
+        if v is None:
+            out += b"n"
+        elif v == "u":
+            out += b"u"
+        else:
+            assert isinstance(v, bytes)
+            out += b"b" + len(v).to_bytes(4, "big") + v
+    return bytes(out)
+
+
+def insert(values: list[bytes | str | None]) -> bytes:
+    return b"I" + OID_REL.to_bytes(4, "big") + b"N" + tuple_bytes(values)
+
+
+def update(old: list[bytes | str | None] | None, new: list[bytes | str | None], marker: bytes = b"K") -> bytes:
+    head = b"U" + OID_REL.to_bytes(4, "big")
+    return head + (marker + tuple_bytes(old) if old is not None else b"") + b"N" + tuple_bytes(new)
+
+
+def delete(old: list[bytes | str | None], marker: bytes = b"K") -> bytes:
+    return b"D" + OID_REL.to_bytes(4, "big") + marker + tuple_bytes(old)
+
+
+def walk(messages: list[bytes], ncols: int) -> tuple[Any, Any, Any, Any]:
+    """_walk_changes over plain (not streamed) messages, as _build_batch calls it."""
+    chunk = RowChunk.from_messages([(i, m) for i, m in enumerate(messages)])
+    u8 = np.frombuffer(chunk.buf, dtype=np.uint8)
+    tags = u8[chunk.starts] if len(chunk) else np.zeros(0, np.uint8)
+    return _walk_changes(chunk.buf, tags, chunk.starts + 5, chunk.ends, ncols)
+
+
+def column_values(kinds: Any, starts: Any, lengths: Any, buf: bytes, row: int, ncols: int) -> list[Any]:
+    out: list[Any] = []
+    for c in range(ncols):
+        k = int(kinds[c, row])
+        if k == KIND_NULL:
+            out.append(po.NULL)
+        elif k == KIND_TOAST:
+            out.append(po.UNCHANGED_TOAST)
+        else:
+            data = buf[int(starts[c, row]) : int(starts[c, row]) + int(lengths[c, row])]
+            out.append(po.Text(data) if k == KIND_TEXT else po.Binary(data))
+    return out
+
+
+# --- walk_changes: edge cases ------------------------------------------------------------------
+
+
+def test_zero_rows() -> None:
+    new, old, markers, bad = walk([], 3)
+    assert bad is None and old is None
+    assert new.kinds.shape == (3, 0) and markers.shape == (0,)
+
+
+def test_good_rows_all_shapes() -> None:
+    one = (1).to_bytes(4, "big")
+    msgs = [
+        insert([one, None, b""]),
+        update(None, [one, "u", b"x"]),
+        update([one, None, None], [one, b"y", b"z"], b"K"),
+        update([one, b"a", b"b"], [one, "u", b"z"], b"O"),
+        delete([one, None, None], b"K"),
+    ]
+    new, old, markers, bad = walk(msgs, 3)
+    assert bad is None and old is not None
+    assert bytes(markers) == b"\0\0KOK"
+    buf = b"".join(msgs)
+    expect = [po.parse_message(m) for m in msgs]
+    for i, msg in enumerate(expect):
+        got_new = column_values(new.kinds, new.starts, new.lengths, buf, i, 3)
+        got_old = column_values(old.kinds, old.starts, old.lengths, buf, i, 3)
+        assert got_new == list(getattr(msg, "new", None) or (po.NULL,) * 3)
+        assert got_old == list(getattr(msg, "old", None) or (po.NULL,) * 3)
+
+
+BAD_CASES = [
+    # (what, message, reason the walk gives)
+    ("truncated tuple", insert([b"abc", b"de"])[:-1], "value length past the end of the message"),
+    ("cut in a length", insert([b"abc", b"de"])[:-5], "tuple ends in a value length"),
+    ("cut before a column", insert([b"abc", None])[:-1], "tuple ends before its last column"),
+    ("cut in the column count", insert([b"abc", None])[:7], "tuple ends in its column count"),
+    ("length past the end", insert([b"abc", None])[:9] + b"\x00\x00\x01\x00abcn", "value length past the end of the message"),
+    ("negative length", insert([b"abc", None])[:9] + b"\xff\xff\xff\xfdabcn", "negative value length"),
+    ("bad kind byte", insert([b"abc", None])[:-1] + b"x", "unknown value kind byte"),
+    ("column count mismatch", b"I" + OID_REL.to_bytes(4, "big") + b"N" + tuple_bytes([b"a"]), "tuple column count differs from the relation's"),
+    ("missing N tuple", b"I" + OID_REL.to_bytes(4, "big") + b"X" + tuple_bytes([b"a", b"b"]), "missing N tuple"),
+    ("update without N", update([b"a", b"b"], [b"a", b"b"])[: -len(tuple_bytes([b"a", b"b"])) - 1], "missing N tuple"),
+    ("delete without K/O", b"D" + OID_REL.to_bytes(4, "big") + b"N" + tuple_bytes([b"a", b"b"]), "delete without K or O tuple"),
+    ("trailing byte", insert([b"a", b"b"]) + b"\0", "trailing bytes after tuple"),
+    ("message ends at the marker", b"I" + OID_REL.to_bytes(4, "big"), "message ends before its tuple"),
+    ("bad old tuple", update([b"a"], [b"a", b"b"]), "tuple column count differs from the relation's"),
+]
+
+
+@pytest.mark.parametrize(("what", "message", "why"), BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_malformed_row_is_reported(what: str, message: bytes, why: str) -> None:
+    good = insert([b"x", None])
+    _, _, _, bad = walk([good, message, good], 2)
+    assert bad is not None, what
+    row, reason, at = bad
+    assert (row, reason) == (1, why)
+    assert len(good) <= at <= len(good) + len(message)
+
+
+@pytest.mark.parametrize(("what", "message", "why"), BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_malformed_row_through_the_decoder(what: str, message: bytes, why: str) -> None:
+    rel = (
+        b"R" + OID_REL.to_bytes(4, "big") + b"public\0t\0d" + (2).to_bytes(2, "big")
+        + b"\x01id\0" + (17).to_bytes(4, "big") + (-1).to_bytes(4, "big", signed=True)
+        + b"\x00v\0" + (17).to_bytes(4, "big") + (-1).to_bytes(4, "big", signed=True)
+    )
+    begin = b"B" + (100).to_bytes(8, "big") + (0).to_bytes(8, "big") + (7).to_bytes(4, "big")
+    commit = b"C\0" + (100).to_bytes(8, "big") + (108).to_bytes(8, "big") + (0).to_bytes(8, "big")
+    rows = [(1, begin), (2, rel), (3, insert([b"x", None])), (4, message), (5, commit)]
+    dec = WindowDecoder()
+    with pytest.raises(DecodeError) as info:
+        dec.feed(RowChunk.from_messages(rows))
+        dec.finish()
+    err = info.value
+    assert err.lsn == 4, what
+    assert err.tag == chr(message[0])
+    assert err.offset is not None and 0 <= err.offset <= len(message)
+
+
+def test_row_bounds_outside_the_buffer_are_reported_not_read() -> None:
+    buf = insert([b"a"])
+    tags = np.frombuffer(b"I", dtype=np.uint8)
+    for offs, ends in (([5], [len(buf) + 1]), ([-1], [len(buf)]), ([len(buf)], [len(buf)]), ([9], [5])):
+        _, _, _, bad = _walk_changes(buf, tags, np.array(offs, np.int64), np.array(ends, np.int64), 1)
+        assert bad is not None and bad[0] == 0 and bad[1] == "message ends before its tuple"
+
+
+def test_walk_rejects_wrong_array_sizes() -> None:
+    buf = insert([b"a"])
+    tags = np.frombuffer(b"I", dtype=np.uint8)
+    small = np.empty(0, np.int64)
+    with pytest.raises(ValueError, match="new_starts"):
+        _tuples.walk_changes(
+            buf, tags, np.array([5], np.int64), np.array([len(buf)], np.int64), 1,
+            np.empty(1, np.uint8), small, np.empty(1, np.int64),
+            np.empty(1, np.uint8), np.empty(1, np.int64), np.empty(1, np.int64), np.empty(1, np.uint8),
+        )
+    with pytest.raises(ValueError, match="offs"):
+        _tuples.walk_changes(
+            buf, tags, np.array([5], np.int32), np.array([len(buf)], np.int64), 1,
+            *(np.empty(1, t) for t in (np.uint8, np.int64, np.int64, np.uint8, np.int64, np.int64, np.uint8)),
+        )
+
+
+# --- walk_changes == the reference parser, on any bytes -----------------------------------------
+
+@st.composite
+def change_messages(draw: st.DrawFn) -> tuple[bytes, int]:
+    """A well-formed Insert/Update/Delete, then maybe damaged; and the relation's column count."""
+    ncols = draw(st.integers(0, 5))
+    vals = st.lists(st.one_of(st.none(), st.just("u"), st.binary(max_size=12)), min_size=ncols, max_size=ncols)
+    kind = draw(st.sampled_from(["I", "U", "UK", "UO", "DK", "DO"]))
+    if kind == "I":
+        msg = insert(draw(vals))
+    elif kind == "U":
+        msg = update(None, draw(vals))
+    elif kind[0] == "U":
+        msg = update(draw(vals), draw(vals), kind[1].encode())
+    else:
+        msg = delete(draw(vals), kind[1].encode())
+    for _ in range(draw(st.integers(0, 3))):
+        op = draw(st.sampled_from(["flip", "cut", "insert", "delete"]))
+        j = draw(st.integers(5, max(len(msg), 5)))
+        byte = bytes([draw(st.integers(0, 255))])
+        if op == "flip" and j < len(msg):
+            msg = msg[:j] + byte + msg[j + 1 :]
+        elif op == "cut":
+            msg = msg[:j]
+        elif op == "insert":
+            msg = msg[:j] + byte + msg[j:]
+        elif j < len(msg):
+            msg = msg[:j] + msg[j + 1 :]
+    return msg, draw(st.sampled_from([ncols, ncols, ncols + 1, max(ncols - 1, 0)]))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(change_messages(), min_size=1, max_size=4))
+def test_walk_equals_the_reference_parser(cases: list[tuple[bytes, int]]) -> None:
+    for msg, ncols in cases:
+        try:
+            ref: po.Message | None = po.parse_message(msg)
+        except DecodeError:
+            ref = None
+        if ref is not None:
+            tuples = [t for t in (getattr(ref, "old", None), getattr(ref, "new", None)) if t is not None]
+            if any(len(t) != ncols for t in tuples):
+                ref = None
+        new, old, _, bad = walk([msg], ncols)
+        assert (bad is None) == (ref is not None), (msg, ncols, bad)
+        if ref is None:
+            continue
+        ref_new = getattr(ref, "new", None) or (po.NULL,) * ncols
+        ref_old = getattr(ref, "old", None) or (po.NULL,) * ncols
+        assert column_values(new.kinds, new.starts, new.lengths, msg, 0, ncols) == list(ref_new)
+        if old is None:
+            assert ref_old == (po.NULL,) * ncols and not isinstance(ref, po.Delete)
+        else:
+            assert column_values(old.kinds, old.starts, old.lengths, msg, 0, ncols) == list(ref_old)
+
+
+# --- the gathers ------------------------------------------------------------------------------
+
+
+def test_gather_fixed_byte_order_and_bounds() -> None:
+    buf = bytes(range(16))
+    starts = np.array([0, 4, 12], np.int64)
+    out = np.empty(12, np.uint8)
+    _tuples.gather_fixed(buf, starts, 4, out, False)
+    assert bytes(out) == bytes([0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15])
+    for width in (1, 2, 3, 4, 8, 16):
+        out = np.empty(width * 2, np.uint8)
+        _tuples.gather_fixed(buf, np.array([0, 16 - width], np.int64), width, out, True)
+        assert bytes(out) == buf[:width][::-1] + buf[16 - width :][::-1]
+    empty = np.empty(0, np.uint8)
+    _tuples.gather_fixed(b"", np.empty(0, np.int64), 8, empty, True)
+    for bad in ([13], [-1], [1 << 62]):
+        with pytest.raises(IndexError):
+            _tuples.gather_fixed(buf, np.array(bad, np.int64), 4, np.empty(4, np.uint8), True)
+    with pytest.raises(ValueError, match="out"):
+        _tuples.gather_fixed(buf, starts, 4, np.empty(11, np.uint8), True)
+
+
+def test_gather_var_offsets_and_bounds() -> None:
+    buf = b"hello world"
+    offsets = np.empty(4, np.int32)
+    data = _tuples.gather_var(buf, np.array([6, 0, 5], np.int64), np.array([5, 5, 0], np.int64), offsets)
+    assert data == b"worldhello" and offsets.tolist() == [0, 5, 10, 10]
+    offsets = np.empty(1, np.int32)
+    assert _tuples.gather_var(b"", np.empty(0, np.int64), np.empty(0, np.int64), offsets) == b""
+    assert offsets.tolist() == [0]
+    for s, n in (([7], [5]), ([-1], [1]), ([0], [-1]), ([12], [0]), ([1], [1 << 62])):
+        with pytest.raises(IndexError):
+            _tuples.gather_var(buf, np.array(s, np.int64), np.array(n, np.int64), np.empty(2, np.int32))
+    with pytest.raises(ValueError, match="offsets"):
+        _tuples.gather_var(buf, np.array([0], np.int64), np.array([1], np.int64), np.empty(1, np.int32))
+
+
+# --- numeric -> decimal128 == the reference path -------------------------------------------------
+
+
+def both_paths(precision: int, scale: int, wire: list[bytes]) -> tuple[Any, Any]:
+    """(fast, reference) results of the numeric(p,s) codec: values and notes, or the error text."""
+    codec = codec_for(OID["numeric"], typmod_numeric(precision, scale))
+    buf = b"".join(wire)
+    lengths = np.array([len(w) for w in wire], np.int64)
+    starts = np.cumsum(lengths) - lengths
+    kinds = np.full(len(wire), KIND_BINARY, np.uint8)
+    out = []
+    for reference in (False, True):
+        notes: collections.Counter[str] = collections.Counter()
+        try:
+            arr = codec.decode(buf, starts, lengths, kinds, notes, reference=reference)
+            out.append((arr.type, arr.to_pylist(), dict(notes)))
+        except DecodeError as exc:
+            out.append(("error", str(exc)))
+    return out[0], out[1]
+
+
+def raw_numeric(ndigits: int, weight: int, sign: int, dscale: int, digits: list[int]) -> bytes:
+    return struct.pack("!hhHh", ndigits, weight, sign, dscale) + b"".join(d.to_bytes(2, "big") for d in digits)
+
+
+NUMERIC_CASES = [
+    ("NaN", 12, 2, [numeric_send(Decimal("NaN")), numeric_send(Decimal("1.5"))]),
+    ("infinity", 12, 2, [numeric_send(Decimal("Infinity"))]),
+    ("largest", 12, 2, [numeric_send(Decimal("9999999999.99")), numeric_send(Decimal("-9999999999.99"))]),
+    ("one too large", 12, 2, [numeric_send(Decimal("10000000000.00"))]),
+    ("38 digits", 38, 0, [numeric_send(Decimal(10**38 - 1)), numeric_send(Decimal(-(10**38) + 1))]),
+    ("38 digits + 1", 38, 0, [numeric_send(Decimal(10**38))]),
+    ("38 digits, scale 38", 38, 38, [numeric_send(Decimal("0." + "9" * 38))]),
+    ("too many decimals", 12, 2, [numeric_send(Decimal("1.005"))]),
+    ("digits beyond dscale", 12, 2, [raw_numeric(2, 0, 0, 0, [1, 5000])]),
+    ("zero digits beyond dscale", 12, 4, [raw_numeric(2, 0, 0, 1, [1, 5000])]),
+    ("dscale past scale", 12, 2, [raw_numeric(2, 0, 0, 6, [1, 5000])]),
+    ("negative zero", 12, 2, [raw_numeric(0, 0, 0x4000, 2, [])]),
+    ("leading zero digit", 12, 2, [raw_numeric(2, 1, 0, 0, [0, 7])]),
+    ("huge weight", 12, 2, [raw_numeric(1, 32767, 0, 0, [1]), raw_numeric(1, 32767, 0, 0, [0])]),
+    ("tiny weight", 12, 2, [raw_numeric(1, -32768, 0, 0, [1]), raw_numeric(1, -32768, 0, 0, [0])]),
+    ("digit out of range", 12, 2, [raw_numeric(1, 0, 0, 0, [10000])]),
+    ("digit out of range in NaN", 12, 2, [raw_numeric(1, 0, 0xC000, 0, [10000])]),
+    ("bad sign", 12, 2, [raw_numeric(1, 0, 0x1234, 0, [1])]),
+    ("negative dscale", 12, 2, [raw_numeric(1, 0, 0, -1, [1])]),
+    ("negative ndigits", 12, 2, [raw_numeric(-1, 0, 0, 0, [])]),
+    ("length mismatch", 12, 2, [raw_numeric(2, 0, 0, 0, [1])]),
+    ("short header", 12, 2, [b"\x00\x01\x00"]),
+    ("scale 0", 5, 0, [numeric_send(Decimal("12345")), numeric_send(Decimal("-7"))]),
+    ("scale 4", 9, 4, [numeric_send(Decimal("12345.6789")), numeric_send(Decimal("0.0001"))]),
+    ("scale 5", 9, 5, [numeric_send(Decimal("1234.56789")), numeric_send(Decimal("-0.00001"))]),
+]
+
+
+@pytest.mark.parametrize(("what", "precision", "scale", "wire"), NUMERIC_CASES, ids=[c[0] for c in NUMERIC_CASES])
+def test_numeric_edge_cases_equal_the_reference(what: str, precision: int, scale: int, wire: list[bytes]) -> None:
+    fast, ref = both_paths(precision, scale, wire)
+    assert fast == ref, what
+
+
+def test_numeric_nan_is_null_and_counted() -> None:
+    fast, _ = both_paths(12, 2, [numeric_send(Decimal("NaN")), numeric_send(Decimal("1.5"))])
+    assert fast[1] == [None, Decimal("1.50")] and fast[2] == {"numeric_nan_nulled": 1}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 38), st.data())
+def test_numeric_random_bytes_equal_the_reference(precision: int, data: st.DataObject) -> None:
+    scale = data.draw(st.integers(0, precision))
+    bound = 10 ** min(precision + 1, 40)
+    decimals = st.integers(-bound, bound).map(lambda u: numeric_send(Decimal(u).scaleb(-scale - data.draw(st.integers(-1, 1)), context=EXACT)))
+    damaged = st.tuples(decimals, st.integers(0, 40), st.integers(0, 255)).map(
+        lambda t: t[0][: t[1]] + bytes([t[2]]) + t[0][t[1] + 1 :]
+    )
+    wire = data.draw(st.lists(st.one_of(decimals, damaged, st.binary(max_size=14)), min_size=1, max_size=6))
+    fast, ref = both_paths(precision, scale, wire)
+    assert fast == ref
+
+
+def test_numeric_rejects_bad_arguments() -> None:
+    buf = numeric_send(Decimal(1))
+    args = (np.array([0], np.int64), np.array([len(buf)], np.int64))
+    with pytest.raises(ValueError):
+        _tuples.numeric_decimal128(buf, *args, 2, 39, np.empty(16, np.uint8), np.empty(1, np.uint8))
+    with pytest.raises(IndexError):
+        _tuples.numeric_decimal128(buf, args[0], args[1] + 1, 2, 12, np.empty(16, np.uint8), np.empty(1, np.uint8))
+
+
+# --- mutated golden windows through the whole decoder -------------------------------------------
+
+
+class GoldenCatalog:
+    """The two user types of the golden DML captures: an enum and a domain over int4."""
+
+    def __init__(self, types: dict[str, int]) -> None:
+        self._info = {
+            types.get("mood", -1): TypeInfo(types.get("mood", -1), "public", "mood", "e"),
+            types.get("posint", -1): TypeInfo(types.get("posint", -1), "public", "posint", "d", base_oid=OID["int4"]),
+        }
+
+    def type_info(self, oid: int) -> TypeInfo | None:
+        return self._info.get(oid)
+
+
+def decode_capture(rows: list[tuple[int, bytes]], types: dict[str, int], chunk: int) -> int:
+    dec = WindowDecoder(GoldenCatalog(types))
+    out = [dec.feed(RowChunk.from_messages(rows[i : i + chunk])) for i in range(0, len(rows), chunk)]
+    out.append(dec.finish())
+    return sum(b.batch.num_rows for o in out for b in o.changes)
+
+
+def test_golden_windows_decode_unmutated() -> None:
+    for cap in CAPTURES:
+        rows = [(r.lsn, r.data) for r in cap.rows]
+        assert decode_capture(rows, cap.facts.get("types", {}), len(rows)) > 0, cap.id
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(CAPTURES),
+    st.lists(st.tuples(st.sampled_from(["flip", "cut", "insert", "delete"]), st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 255)), min_size=1, max_size=3),
+    st.sampled_from([1, 5, 1000]),
+)
+def test_mutated_golden_windows_raise_only_decode_error(cap: Any, mutations: list[tuple[str, int, int, int]], chunk: int) -> None:
+    rows = [(r.lsn, r.data) for r in cap.rows]
+    changes = [i for i, (_, d) in enumerate(rows) if d[:1] in (b"I", b"U", b"D")]
+    for op, r, off, byte in mutations:
+        i = changes[r % len(changes)]  # damage the change messages: the walk reads those
+        lsn, data = rows[i]
+        j = off % len(data)
+        if op == "flip":
+            data = data[:j] + bytes([byte]) + data[j + 1 :]
+        elif op == "cut":
+            data = data[: max(j, 1)]
+        elif op == "insert":
+            data = data[:j] + bytes([byte]) + data[j:]
+        else:
+            data = data[:j] + data[j + 1 :] or data
+        rows[i] = (lsn, data)
+    lsns = {lsn for lsn, _ in rows}
+    try:
+        decode_capture(rows, cap.facts.get("types", {}), chunk)
+    except DecodeError as exc:
+        assert exc.lsn in lsns, str(exc)
