@@ -389,3 +389,16 @@ def test_partitioned_table_published_through_its_root(pgdb: str, tmp_path: Path)
         conn.execute("INSERT INTO parted SELECT g, 'w' || g FROM generate_series(5000, 5100) g")
     run(cfg)
     assert_lake_matches(pgdb, lake, (TableSpec("public", "parted", ("id",)),))
+
+
+def test_bootstrap_refuses_partitions_mapped_to_their_root(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    conf = tmp_path / "pg2delta.toml"
+    conf.write_text('[tables."public.parted"]\npartitions = "root"\n')
+    refused = cli("bootstrap", "--config", str(conf), "--dsn", pgdb, "--slot", slot, "--publication", pub,
+                  "--lake", str(lake))
+    assert refused.returncode == 78, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and 'partitions = "root"' in refused.stderr
+    assert confirmed_lsn(pgdb, slot) is None
