@@ -381,8 +381,11 @@ TABLE_KEYS: dict[str, Sequence[str]] = {"t1": ["id"], "t2": ["k1", "k2"]}
 
 
 def full_pk(rel: po.Relation) -> Sequence[str] | None:
-    """The job's key resolver in small: the primary key for REPLICA IDENTITY FULL tables."""
-    return TABLE_KEYS[rel.name] if rel.replica_identity == "f" else None
+    """The job's key resolver in small: the primary key for REPLICA IDENTITY FULL tables.
+
+    A table it does not know (a damaged name, in the mutation property) keeps its flagged columns.
+    """
+    return TABLE_KEYS.get(rel.name) if rel.replica_identity == "f" else None
 
 
 def plain_workload(a: psycopg.Connection[Any], b: psycopg.Connection[Any]) -> None:

@@ -1,12 +1,15 @@
-"""Schema evolution rules (pure): which type changes widen a Delta column, and what a window's shapes need."""
+"""Schema evolution (pure): which type changes widen a Delta column, what a window's shapes need,
+where a window ends, and how its batches are conformed to one shape."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
+from pg2delta import pgoutput as po
+from pg2delta.changes import LSN_COL, META_FIELDS, OP_COL, POS_COL, TOAST_COL, ChangeBatch, RelationVersion
 from pg2delta.errors import SchemaError
-from pg2delta.schema import Shape, arrow_type, plan, spark_type, widens
+from pg2delta.schema import Shape, arrow_type, conform, plan, shape_cut, shape_of, spark_type, widens
 
 
 @pytest.mark.parametrize(
@@ -118,3 +121,78 @@ def test_signature_ignores_arrow_details_delta_does_not_keep() -> None:
     b = shape(ID, ("s", pa.large_string()))
     assert a.signature() == b.signature()
     assert a.signature() != shape(ID, ("s", pa.string()), key=("s",)).signature()
+
+
+# --- windows of change batches ---------------------------------------------------------------
+
+_N = 0
+
+
+def version(cols: list[tuple[str, pa.DataType]], key: tuple[str, ...] = ("id",)) -> RelationVersion:
+    global _N
+    _N += 1
+    rel = po.Relation(None, 16384, "s", "t", "d", tuple(po.RelationColumn(int(n in key), n, 23, -1) for n, _ in cols))
+    idx = tuple(i for i, (n, _) in enumerate(cols) if n in key)
+    return RelationVersion(_N, rel, (), idx, pa.schema([*(pa.field(n, t) for n, t in cols), *META_FIELDS]))
+
+
+def batch(v: RelationVersion, rows: list[dict[str, object]]) -> ChangeBatch:
+    full = [{f.name: r.get(f.name) for f in v.schema} for r in rows]
+    return ChangeBatch(v, pa.RecordBatch.from_pylist(full, schema=v.schema))
+
+
+def row(lsn: int, pos: int, op: str, **values: object) -> dict[str, object]:
+    return {LSN_COL: lsn, POS_COL: pos, OP_COL: op, **values}
+
+
+V1 = [("id", pa.int32()), ("a", pa.int16()), ("gone", pa.string())]
+V2 = [("id", pa.int32()), ("a", pa.int64()), ("new", pa.string())]
+
+
+def test_shape_cut_at_the_first_later_transaction_with_another_shape() -> None:
+    v1, v1_again, v2 = version(V1), version(V1), version(V2)
+    b1 = batch(v1, [row(100, 0, "I", id=1), row(200, 0, "U", id=1)])
+    same = batch(v1_again, [row(300, 0, "U", id=1)])  # a Relation message of the same shape: no cut
+    b2 = batch(v2, [row(400, 0, "U", id=1)])
+    assert shape_cut([[b1, same, b2]]) == 400
+    assert shape_cut([[b1, same]]) is None
+    # Shapes changing inside the window's first transaction stay in the window.
+    inside = batch(v2, [row(100, 1, "U", id=1)])
+    first = batch(v1, [row(100, 0, "I", id=1)])
+    assert shape_cut([[first, inside]]) is None
+    # The earliest cut over all tables; a truncate can be the window's first transaction.
+    other = [batch(version(V1), [row(150, 0, "I", id=2)]), batch(version(V2), [row(250, 0, "I", id=3)])]
+    assert shape_cut([[b1, same, b2], other]) == 250
+    assert shape_cut([[first, inside]], truncate_lsns=[50]) == 100
+
+
+def test_conform_keeps_dropped_columns_in_updates_and_widens() -> None:
+    v1, v2 = version(V1), version(V2)
+    pl = plan("s.t", {"id": "int", "a": "smallint", "gone": "string"}, [shape_of(v1), shape_of(v2)])
+    assert pl.widened == (("a", "smallint", "bigint"),) and pl.added == ("new",)
+    parts = [[
+        batch(v1, [row(100, 0, "U", id=1, a=1, gone="g1")]),
+        batch(v2, [row(100, 1, "U", id=2, a=5_000_000_000, new="n"), row(100, 2, "I", id=3, a=3)]),
+    ]]
+    table, marked = conform(parts, pl)
+    assert table is not None and marked == {"gone"}
+    assert table.schema.field("a").type == pa.int64()
+    rows = table.to_pylist()
+    assert [r["gone"] for r in rows] == ["g1", None, None]
+    # The update sent without `gone` keeps the lake's value (marked like unchanged TOAST); the insert does not.
+    assert [r[TOAST_COL] for r in rows] == [None, ["gone"], None]
+    assert [r["new"] for r in rows] == [None, "n", None]
+
+
+def test_conform_orders_several_relations_by_commit_position() -> None:
+    va, vb = version(V1), version(V1)
+    pl = plan("s.root", None, [shape_of(va)])
+    parts = [
+        [batch(va, [row(100, 0, "D", id=1), row(300, 0, "I", id=4)])],
+        [batch(vb, [row(100, 1, "I", id=1), row(200, 0, "U", id=2)])],
+    ]
+    table, _ = conform(parts, pl)
+    assert table is not None
+    assert [(r[LSN_COL], r[POS_COL], r[OP_COL]) for r in table.to_pylist()] == [
+        (100, 0, "D"), (100, 1, "I"), (200, 0, "U"), (300, 0, "I"),
+    ]

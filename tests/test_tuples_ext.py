@@ -28,7 +28,7 @@ from pg2delta.changes import RowChunk, WindowDecoder, _walk_changes
 from pg2delta.errors import DecodeError
 from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_TOAST, TypeInfo, codec_for
 from test_pgoutput_golden import CAPTURES
-from test_typemap import EXACT, OID, numeric_send, typmod_numeric
+from test_typemap import EXACT, OID, int_array, numeric_send, typmod_numeric
 
 OID_REL = 16384
 
@@ -287,7 +287,11 @@ def test_gather_var_offsets_and_bounds() -> None:
 
 def both_paths(precision: int, scale: int, wire: list[bytes]) -> tuple[Any, Any]:
     """(fast, reference) results of the numeric(p,s) codec: values and notes, or the error text."""
-    codec = codec_for(OID["numeric"], typmod_numeric(precision, scale))
+    return codec_paths(codec_for(OID["numeric"], typmod_numeric(precision, scale)), wire)
+
+
+def codec_paths(codec: Any, wire: list[bytes]) -> tuple[Any, Any]:
+    """(fast, reference) results of a codec on binary values: values and notes, or the error text."""
     buf = b"".join(wire)
     lengths = np.array([len(w) for w in wire], np.int64)
     starts = np.cumsum(lengths) - lengths
@@ -368,6 +372,115 @@ def test_numeric_rejects_bad_arguments() -> None:
         _tuples.numeric_decimal128(buf, *args, 2, 39, np.empty(16, np.uint8), np.empty(1, np.uint8))
     with pytest.raises(IndexError):
         _tuples.numeric_decimal128(buf, args[0], args[1] + 1, 2, 12, np.empty(16, np.uint8), np.empty(1, np.uint8))
+
+
+# --- unbounded numeric -> text, one-dimensional arrays == the reference path ----------------------
+
+NUMERIC_TEXT_CASES = [
+    numeric_send(Decimal("NaN")),
+    numeric_send(Decimal("Infinity")),
+    numeric_send(Decimal("-Infinity")),
+    numeric_send(Decimal("0")),
+    numeric_send(Decimal("0.000")),
+    numeric_send(Decimal("-123456789.000100")),
+    numeric_send(Decimal("1E+40")),
+    numeric_send(Decimal("1E-40")),
+    numeric_send(Decimal("10000")),
+    raw_numeric(0, 0, 0x4000, 2, []),  # negative zero: the reference prints "-0.00"
+    raw_numeric(2, 0, 0, 0, [1, 5000]),  # digits past dscale are not printed
+    raw_numeric(1, -3, 0, 9, [7]),
+    raw_numeric(1, 2, 0, 0, [0]),  # a leading zero digit
+    raw_numeric(1, 0, 0xC000, 3, [5]),  # NaN with digits
+]
+NUMERIC_TEXT_BAD = [
+    raw_numeric(1, 0, 0, 0, [10000]),
+    raw_numeric(1, 0, 0x1234, 0, [1]),
+    raw_numeric(1, 0, 0, -1, [1]),
+    raw_numeric(2, 0, 0, 0, [1]),
+    b"\x00\x01",
+]
+
+
+def test_numeric_text_edge_cases_equal_the_reference() -> None:
+    codec = codec_for(OID["numeric"], -1)
+    fast, ref = codec_paths(codec, NUMERIC_TEXT_CASES)
+    assert fast == ref and fast[1][9] == "-0.00" and fast[1][10] == "1"
+    for bad in NUMERIC_TEXT_BAD:
+        fast, ref = codec_paths(codec, [numeric_send(Decimal(1)), bad])
+        assert fast == ref and fast[0] == "error", bad
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_numeric_text_random_bytes_equal_the_reference(data: st.DataObject) -> None:
+    decimals = st.decimals(allow_nan=True, allow_infinity=True, places=None).filter(
+        lambda d: not d.is_finite() or (-60 < int(d.as_tuple().exponent) < 60 and len(d.as_tuple().digits) < 60)
+    ).map(numeric_send)
+    damaged = st.tuples(decimals, st.integers(0, 30), st.integers(0, 255)).map(
+        lambda t: t[0][: t[1]] + bytes([t[2]]) + t[0][t[1] + 1 :]
+    )
+    wire = data.draw(st.lists(st.one_of(decimals, damaged, st.binary(max_size=14)), min_size=1, max_size=6))
+    fast, ref = codec_paths(codec_for(OID["numeric"], -1), wire)
+    assert fast == ref
+
+
+ARRAY_VALUES = st.lists(st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)), max_size=6)
+
+
+@st.composite
+def int_arrays(draw: st.DrawFn) -> bytes:
+    values = draw(ARRAY_VALUES)
+    shape = draw(st.sampled_from(["1d", "1d", "empty", "lb0", "2d", "damaged", "other type"]))
+    if shape == "empty":
+        return int_array([], [])
+    if shape == "lb0":
+        return int_array(values, lb=0)
+    if shape == "2d" and len(values) % 2 == 0:
+        return int_array(values, [2, len(values) // 2])
+    wire = int_array(values)
+    if shape == "other type":
+        return wire[:8] + OID["int8"].to_bytes(4, "big") + wire[12:]
+    if shape == "damaged":
+        j = draw(st.integers(0, len(wire)))
+        return wire[:j] + bytes([draw(st.integers(0, 255))]) + wire[j + 1 :]
+    return wire
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(int_arrays(), min_size=1, max_size=6), st.sampled_from([1, 2]))
+def test_arrays_equal_the_reference(wire: list[bytes], ndims: int) -> None:
+    fast, ref = codec_paths(codec_for(OID["_int4"], -1, ndims=ndims), wire)
+    assert fast == ref
+
+
+def test_array_walk_edge_cases() -> None:
+    good = [int_array([1, None, 3]), int_array([], []), int_array([], [0])]
+    buf = b"".join(good)
+    lengths = np.array([len(w) for w in good], np.int64)
+    starts = np.cumsum(lengths) - lengths
+    counts = np.empty(3, np.int64)
+    assert _tuples.array_counts(buf, starts, lengths, OID["int4"], counts) == -1
+    assert counts.tolist() == [3, 0, 0]
+    estarts, elens = np.empty(3, np.int64), np.empty(3, np.int64)
+    assert _tuples.array_elements(buf, starts, lengths, OID["int4"], estarts, elens) == -1
+    assert elens.tolist() == [4, -1, 4] and buf[int(estarts[0]) : int(estarts[0]) + 4] == (1).to_bytes(4, "big")
+    # room for fewer or more elements than there are
+    assert _tuples.array_elements(buf, starts, lengths, OID["int4"], np.empty(2, np.int64), np.empty(2, np.int64)) == 0
+    assert _tuples.array_elements(buf, starts, lengths, OID["int4"], np.empty(4, np.int64), np.empty(4, np.int64)) == 3
+    # not for the fast path: another element type, lower bound 0, two dimensions, truncated
+    for i, bad in enumerate([
+        int_array([1])[:8] + OID["int8"].to_bytes(4, "big") + int_array([1])[12:],
+        int_array([1], lb=0),
+        int_array([1, 2], [1, 2]),
+        int_array([1, 2])[:-1],
+        int_array([1]) + b"\0",
+    ]):
+        w = [good[0], bad]
+        b = b"".join(w)
+        ln = np.array([len(x) for x in w], np.int64)
+        assert _tuples.array_counts(b, np.cumsum(ln) - ln, ln, OID["int4"], np.empty(2, np.int64)) == 1, i
+    with pytest.raises(IndexError):
+        _tuples.array_counts(buf, starts, lengths + 1, 0, counts)
 
 
 # --- mutated golden windows through the whole decoder -------------------------------------------

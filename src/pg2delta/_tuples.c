@@ -533,11 +533,280 @@ release_buf:
     return result;
 }
 
+/* numeric_out of one binary numeric, as pg2delta's reference (typemap._numeric_text) prints
+ * it: into out when out is not NULL; returns its length, or -1 when the bytes are not a
+ * numeric (the reference path then says why). */
+static int64_t
+numeric_text(const uint8_t *p, int64_t len, char *out)
+{
+    if (len < 8)
+        return -1;
+    int ndigits = (int16_t)(p[0] << 8 | p[1]);
+    int weight = (int16_t)(p[2] << 8 | p[3]);
+    unsigned sign = (unsigned)(p[4] << 8 | p[5]);
+    int dscale = (int16_t)(p[6] << 8 | p[7]);
+    if (ndigits < 0 || len != 8 + 2 * (int64_t)ndigits || dscale < 0)
+        return -1;
+    if (sign != 0x0000 && sign != 0x4000 && sign != 0xC000 && sign != 0xD000 && sign != 0xF000)
+        return -1;
+    for (int i = 0; i < ndigits; i++)
+        if (digit_at(p, i) >= 10000)
+            return -1;
+    const char *special = sign == 0xC000 ? "NaN" : sign == 0xD000 ? "Infinity" : sign == 0xF000 ? "-Infinity" : NULL;
+    if (special) {
+        int64_t n = (int64_t)strlen(special);
+        if (out)
+            memcpy(out, special, (size_t)n);
+        return n;
+    }
+    int64_t n = 0;
+#define PUT(ch)              \
+    do {                     \
+        if (out)             \
+            out[n] = (ch);   \
+        n++;                 \
+    } while (0)
+    if (sign == 0x4000)
+        PUT('-');
+    /* integer part: groups 0 .. weight (missing ones are zeros), leading zeros dropped */
+    int started = 0;
+    for (int i = 0; i <= weight; i++) {
+        int d = i < ndigits ? digit_at(p, i) : 0;
+        for (int e = 1000; e; e /= 10) {
+            int ch = d / e % 10;
+            if (ch || started) {
+                PUT((char)('0' + ch));
+                started = 1;
+            }
+        }
+    }
+    if (!started)
+        PUT('0');
+    /* fraction: exactly dscale decimals, from the groups after position 0, zeros past them */
+    if (dscale > 0) {
+        PUT('.');
+        int64_t lead = weight < 0 ? 4 * ((int64_t)-weight - 1) : 0; /* zeros before the first group */
+        int first = weight < 0 ? 0 : weight + 1;                      /* first group of the fraction */
+        for (int64_t j = 0; j < dscale; j++) {
+            int ch = 0;
+            if (j >= lead) {
+                int64_t i = first + (j - lead) / 4;
+                if (i < ndigits) {
+                    static const int div[4] = {1000, 100, 10, 1};
+                    ch = digit_at(p, (int)i) / div[(j - lead) % 4] % 10;
+                }
+            }
+            PUT((char)('0' + ch));
+        }
+    }
+#undef PUT
+    return n;
+}
+
+PyDoc_STRVAR(numeric_texts_doc,
+"numeric_texts(buf, starts, lengths, offsets) -> bytes | int\n\n"
+"PostgreSQL's text of each binary numeric, concatenated, with int32 offsets (n + 1 items)\n"
+"like gather_var; or, when a value is not a numeric, its index. IndexError if a range\n"
+"leaves buf, OverflowError past 2 GiB.");
+
+static PyObject *
+numeric_texts(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_buf, *o_starts, *o_lengths, *o_offsets;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_buf, &o_starts, &o_lengths, &o_offsets))
+        return NULL;
+    Py_buffer b_buf, b_starts, b_lengths, b_offsets;
+    PyObject *result = NULL;
+    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
+        return NULL;
+    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0)
+        goto release_buf;
+    Py_ssize_t n = b_starts.len / 8;
+    if (get_buffer(o_lengths, &b_lengths, 8, n, 0, "lengths") < 0)
+        goto release_starts;
+    if (get_buffer(o_offsets, &b_offsets, 4, n + 1, 1, "offsets") < 0)
+        goto release_lengths;
+    const uint8_t *buf = b_buf.buf;
+    const int64_t *starts = b_starts.buf, *lengths = b_lengths.buf;
+    int32_t *offsets = b_offsets.buf;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = starts[i], len = lengths[i];
+        if (s < 0 || len < 0 || s > b_buf.len || len > b_buf.len - s) {
+            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
+            goto release_all;
+        }
+        int64_t size = numeric_text(buf + s, len, NULL);
+        if (size < 0) {
+            result = PyLong_FromSsize_t(i);
+            goto release_all;
+        }
+        offsets[i] = (int32_t)total;
+        total += size;
+        if (total > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "more than 2 GiB of values in one column chunk");
+            goto release_all;
+        }
+    }
+    offsets[n] = (int32_t)total;
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result != NULL) {
+        char *dst = PyBytes_AS_STRING(result);
+        for (Py_ssize_t i = 0; i < n; i++)
+            numeric_text(buf + starts[i], lengths[i], dst + offsets[i]);
+    }
+release_all:
+    PyBuffer_Release(&b_offsets);
+release_lengths:
+    PyBuffer_Release(&b_lengths);
+release_starts:
+    PyBuffer_Release(&b_starts);
+release_buf:
+    PyBuffer_Release(&b_buf);
+    return result;
+}
+
+/* One binary array (array_send: Int32 ndim, Int32 flags, UInt32 element type, then per
+ * dimension Int32 size and Int32 lower bound, then per element Int32 length (-1 NULL) and
+ * its bytes). Returns its element count when it has at most one dimension, lower bound 1,
+ * elements of type elem_oid (if not 0) and is well formed, else -1. With estarts (offsets
+ * in buf of the value's first byte `base`), fills the elements' starts and lengths. */
+static int64_t
+array_1d(const uint8_t *p, int64_t len, uint32_t elem_oid, int64_t base, int64_t *estarts, int64_t *elens)
+{
+    if (len < 12)
+        return -1;
+    int32_t ndim = (int32_t)be32(p);
+    uint32_t elem = be32(p + 8);
+    int64_t pos = 12, count = 0;
+    if (ndim == 1) {
+        if (len < 20)
+            return -1;
+        uint32_t dim = be32(p + 12), lb = be32(p + 16);
+        if (dim > INT32_MAX || lb != 1 || (int64_t)dim > len)
+            return -1;
+        count = dim;
+        pos = 20;
+    } else if (ndim != 0) {
+        return -1;
+    }
+    if (count && elem_oid && elem != elem_oid)
+        return -1;
+    for (int64_t i = 0; i < count; i++) {
+        if (len - pos < 4)
+            return -1;
+        uint32_t raw = be32(p + pos);
+        pos += 4;
+        int64_t n = raw == 0xFFFFFFFFu ? -1 : raw > INT32_MAX ? -2 : (int64_t)raw;
+        if (n < -1 || (n > 0 && n > len - pos))
+            return -1;
+        if (estarts) {
+            estarts[i] = base + pos;
+            elens[i] = n;
+        }
+        if (n > 0)
+            pos += n;
+    }
+    return pos == len ? count : -1;
+}
+
+PyDoc_STRVAR(array_counts_doc,
+"array_counts(buf, starts, lengths, elem_oid, counts) -> int\n\n"
+"For binary arrays of at most one dimension with lower bound 1 and elements of type\n"
+"elem_oid (0: any), their element counts into counts (int64). Returns -1, or the index\n"
+"of the first value that is not such an array. IndexError if a range leaves buf.");
+
+PyDoc_STRVAR(array_elements_doc,
+"array_elements(buf, starts, lengths, elem_oid, estarts, elens) -> int\n\n"
+"The element starts (offsets in buf) and lengths (-1 for NULL) of the arrays that\n"
+"array_counts accepted, concatenated; estarts and elens hold the sum of their counts.\n"
+"Returns -1, or the index of a value that is not such an array.");
+
+static PyObject *
+array_walk(PyObject *args, int fill)
+{
+    PyObject *o_buf, *o_starts, *o_lengths, *o_a, *o_b = NULL;
+    unsigned int elem_oid;
+    if (fill ? !PyArg_ParseTuple(args, "OOOIOO", &o_buf, &o_starts, &o_lengths, &elem_oid, &o_a, &o_b)
+             : !PyArg_ParseTuple(args, "OOOIO", &o_buf, &o_starts, &o_lengths, &elem_oid, &o_a))
+        return NULL;
+    Py_buffer b_buf, b_starts, b_lengths, b_a, b_b;
+    PyObject *result = NULL;
+    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
+        return NULL;
+    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0)
+        goto release_buf;
+    Py_ssize_t n = b_starts.len / 8;
+    if (get_buffer(o_lengths, &b_lengths, 8, n, 0, "lengths") < 0)
+        goto release_starts;
+    if (get_buffer(o_a, &b_a, 8, fill ? -1 : n, 1, fill ? "estarts" : "counts") < 0)
+        goto release_lengths;
+    if (fill && get_buffer(o_b, &b_b, 8, b_a.len / 8, 1, "elens") < 0) {
+        PyBuffer_Release(&b_a);
+        goto release_lengths;
+    }
+    const uint8_t *buf = b_buf.buf;
+    const int64_t *starts = b_starts.buf, *lengths = b_lengths.buf;
+    int64_t *a = b_a.buf, room = b_a.len / 8, used = 0;
+    Py_ssize_t other = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = starts[i], len = lengths[i];
+        if (s < 0 || len < 0 || s > b_buf.len || len > b_buf.len - s) {
+            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
+            goto release_all;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n && other < 0; i++) {
+        const uint8_t *p = buf + starts[i];
+        int64_t count = array_1d(p, lengths[i], elem_oid, starts[i], NULL, NULL);
+        if (count < 0 || (fill && count > room - used)) {
+            other = i;
+        } else if (fill) {
+            array_1d(p, lengths[i], elem_oid, starts[i], a + used, (int64_t *)b_b.buf + used);
+            used += count;
+        } else {
+            a[i] = count;
+        }
+    }
+    if (fill && other < 0 && used != room)
+        other = n; /* fewer elements than the caller made room for */
+    result = PyLong_FromSsize_t(other);
+release_all:
+    if (fill)
+        PyBuffer_Release(&b_b);
+    PyBuffer_Release(&b_a);
+release_lengths:
+    PyBuffer_Release(&b_lengths);
+release_starts:
+    PyBuffer_Release(&b_starts);
+release_buf:
+    PyBuffer_Release(&b_buf);
+    return result;
+}
+
+static PyObject *
+array_counts(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return array_walk(args, 0);
+}
+
+static PyObject *
+array_elements(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return array_walk(args, 1);
+}
+
 static PyMethodDef methods[] = {
     {"walk_changes", walk_changes, METH_VARARGS, walk_changes_doc},
     {"gather_fixed", gather_fixed, METH_VARARGS, gather_fixed_doc},
     {"gather_var", gather_var, METH_VARARGS, gather_var_doc},
     {"numeric_decimal128", numeric_decimal128, METH_VARARGS, numeric_decimal128_doc},
+    {"numeric_texts", numeric_texts, METH_VARARGS, numeric_texts_doc},
+    {"array_counts", array_counts, METH_VARARGS, array_counts_doc},
+    {"array_elements", array_elements, METH_VARARGS, array_elements_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -36,3 +36,23 @@ def numeric_decimal128(
     valid: npt.NDArray[np.uint8],
     /,
 ) -> int: ...
+def numeric_texts(
+    buf: _Bytes, starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], offsets: npt.NDArray[np.int32], /
+) -> bytes | int: ...
+def array_counts(
+    buf: _Bytes,
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    elem_oid: int,
+    counts: npt.NDArray[np.int64],
+    /,
+) -> int: ...
+def array_elements(
+    buf: _Bytes,
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    elem_oid: int,
+    estarts: npt.NDArray[np.int64],
+    elens: npt.NDArray[np.int64],
+    /,
+) -> int: ...

@@ -36,10 +36,8 @@ from pg2delta import pgoutput as po
 from pg2delta.catalog import PgTypeCatalog
 from pg2delta.changes import (
     LSN_COL,
-    META_NAMES,
     OP_COL,
     POS_COL,
-    TOAST_COL,
     ChangeBatch,
     DecodedChunk,
     RelationVersion,
@@ -51,7 +49,7 @@ from pg2delta.engine import Engine, Lake
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.lsn import format_lsn
 from pg2delta.merge import Reduced, merge_statement, reduce_changes
-from pg2delta.schema import Plan, Shape, plan
+from pg2delta.schema import Plan, Shape, conform, plan, shape_cut, shape_of
 from pg2delta.slot import SlotSource, WindowRead, connect
 
 log = logging.getLogger(__name__)
@@ -173,35 +171,6 @@ class _Target:
     schema: str
     table: str
     parts: list[_TableWindow] = field(default_factory=list)
-
-
-def shape_of(version: RelationVersion) -> Shape:
-    fields = [f for f in version.schema if f.name not in META_NAMES]
-    return Shape(tuple((f.name, f.type) for f in fields), version.key_names)
-
-
-def shape_cut(tables: Sequence[_TableWindow]) -> int | None:
-    """The commit LSN of the first transaction after the window's first one that changes a table's
-    shape (columns, types or key), or None: the window ends there, so every later window starts
-    with one shape per table. Shapes changing inside the first transaction stay in the window."""
-    lsns = [int(b.batch.column(LSN_COL)[0].as_py()) for tw in tables for b in tw.batches if b.batch.num_rows]
-    lsns += [t.commit_lsn for tw in tables for t in tw.truncates]
-    if not lsns:
-        return None
-    first = min(lsns)
-    cut: int | None = None
-    for tw in tables:
-        prev = None
-        for b in tw.batches:
-            if not b.batch.num_rows:
-                continue
-            sig = shape_of(b.relation).signature()
-            lsn0 = int(b.batch.column(LSN_COL)[0].as_py())
-            if prev is not None and sig != prev and lsn0 > first:
-                cut = lsn0 if cut is None else min(cut, lsn0)
-                break
-            prev = sig
-    return cut
 
 
 class _Progress:
@@ -329,7 +298,7 @@ class Job:
         for name, count in sorted(notes.items()):
             log.warning("window note: %s = %d", name, count)
         end = (read.last_commit_end_lsn or start) if read.capped else upper
-        cut = shape_cut(list(tables.values()))
+        cut = shape_cut([tw.batches for tw in tables.values()], [t.commit_lsn for tw in tables.values() for t in tw.truncates])
         if cut is not None and start < cut < end:
             # A table changes shape after the window's first transaction: end the window at that
             # transaction's commit (the slot then stands just before it), so each window merges
@@ -510,48 +479,6 @@ class Job:
                             return None if row is None else str(row[0])
         return None
 
-    @staticmethod
-    def _conform(tgt: _Target, pl: Plan, existing: frozenset[str]) -> tuple[pa.Table | None, set[str]]:
-        """The window's changes of ``tgt`` as one table with the plan's columns and types, in commit order.
-
-        Rows sent in a shape without a column the Delta table (or an earlier shape in the window)
-        has: inserts hold NULL there, updates keep the value (marked like unchanged TOAST).
-        """
-        parts: list[pa.Table] = []
-        marked_columns: set[str] = set()
-        schema = pa.schema([*(pa.field(n, t) for n, t in pl.columns)])
-        for tw in tgt.parts:
-            seen = set(existing)
-            for b in tw.batches:
-                t = pa.Table.from_batches([b.batch])
-                names = set(t.column_names)
-                cols = []
-                for f in schema:
-                    if f.name in names:
-                        col = t.column(f.name)
-                        cols.append(col if col.type == f.type else col.cast(f.type))
-                    else:
-                        cols.append(pa.nulls(t.num_rows, f.type))
-                keep = [n for n, _ in pl.columns if n not in names and n in seen]
-                meta = [t.column(m) for m in t.column_names if m in META_NAMES]
-                out = pa.Table.from_arrays([*cols, *meta], names=[*schema.names, *(m for m in t.column_names if m in META_NAMES)])
-                if keep:
-                    marked_columns.update(keep)
-                    ops = out.column(OP_COL).to_pylist()
-                    toast = out.column(TOAST_COL).to_pylist()
-                    marked = [[*(old or []), *keep] if op == "U" else old for op, old in zip(ops, toast, strict=True)]
-                    out = out.set_column(
-                        out.column_names.index(TOAST_COL), TOAST_COL, pa.array(marked, type=out.schema.field(TOAST_COL).type)
-                    )
-                seen |= names
-                parts.append(out)
-        if not parts:
-            return None, marked_columns
-        changes = pa.concat_tables(parts)
-        if len(tgt.parts) > 1:
-            changes = changes.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
-        return changes, marked_columns
-
     # --- one table ----------------------------------------------------------------------------
 
     def _apply_table(
@@ -570,7 +497,7 @@ class Job:
             report.skipped = True
             return report
         truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
-        changes, kept_by_update = self._conform(tgt, pl, pl.existing) if pl is not None else (None, set())
+        changes, kept_by_update = conform([tw.batches for tw in tgt.parts], pl) if pl is not None else (None, set())
         if changes is not None and applied_lsn:
             changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), applied_lsn))
         if truncates:

@@ -1,6 +1,7 @@
 """Schema evolution: how a Delta table follows the shapes its source table takes.
 
-Pure: Arrow types and names in, a plan or a :class:`SchemaError` out; no database, no Spark.
+Pure: Arrow types, names and change batches in, plans, cut points and conformed tables (or a
+:class:`SchemaError`) out; no database, no Spark.
 
 PostgreSQL sends a new Relation message whenever a table's shape changes. The job compares
 every shape a window holds for a Delta table with the columns the Delta table already has
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL, TOAST_COL, ChangeBatch, RelationVersion
 from pg2delta.errors import SchemaError
 
 # Digits an integer type needs left of the decimal point to fit in a decimal.
@@ -203,3 +205,80 @@ def plan(
     widened = tuple((n, before[n], current[n]) for n in order if n in before and before[n] != current[n])
     kept = tuple(n for n in before if n not in arrow and not n.startswith(META_PREFIX))
     return Plan(tuple((n, arrow[n]) for n in order), added, widened, kept, shapes[0].key, frozenset(before))
+
+
+def shape_of(version: RelationVersion) -> Shape:
+    """The shape of the rows a Relation message describes: data columns, their Arrow types, the key."""
+    fields = [f for f in version.schema if f.name not in META_NAMES]
+    return Shape(tuple((f.name, f.type) for f in fields), version.key_names)
+
+
+def shape_cut(tables: Sequence[Sequence[ChangeBatch]], truncate_lsns: Sequence[int] = ()) -> int | None:
+    """The commit LSN of the first transaction after the window's first one that changes a table's
+    shape (columns, types or key), or None: the window ends there, so every later window starts
+    with one shape per table. Shapes changing inside the first transaction stay in the window.
+
+    ``tables``: each table's batches of the window, in commit order; ``truncate_lsns``: the commit
+    LSNs of the window's truncates.
+    """
+    lsns = [int(b.batch.column(LSN_COL)[0].as_py()) for batches in tables for b in batches if b.batch.num_rows]
+    lsns += list(truncate_lsns)
+    if not lsns:
+        return None
+    first = min(lsns)
+    cut: int | None = None
+    for batches in tables:
+        prev = None
+        for b in batches:
+            if not b.batch.num_rows:
+                continue
+            sig = shape_of(b.relation).signature()
+            lsn0 = int(b.batch.column(LSN_COL)[0].as_py())
+            if prev is not None and sig != prev and lsn0 > first:
+                cut = lsn0 if cut is None else min(cut, lsn0)
+                break
+            prev = sig
+    return cut
+
+
+def conform(parts: Sequence[Sequence[ChangeBatch]], pl: Plan) -> tuple[pa.Table | None, set[str]]:
+    """A window's changes of one Delta table as one table with the plan's columns and types, in commit
+    order; ``parts`` holds the batches of each relation writing to it (several: partitions to a root).
+
+    Rows sent in a shape without a column the Delta table (or an earlier shape in the window)
+    has: inserts hold NULL there, updates keep the value (marked like unchanged TOAST).
+    """
+    tables: list[pa.Table] = []
+    marked_columns: set[str] = set()
+    schema = pa.schema([*(pa.field(n, t) for n, t in pl.columns)])
+    for batches in parts:
+        seen = set(pl.existing)
+        for b in batches:
+            t = pa.Table.from_batches([b.batch])
+            names = set(t.column_names)
+            cols = []
+            for f in schema:
+                if f.name in names:
+                    col = t.column(f.name)
+                    cols.append(col if col.type == f.type else col.cast(f.type))
+                else:
+                    cols.append(pa.nulls(t.num_rows, f.type))
+            keep = [n for n, _ in pl.columns if n not in names and n in seen]
+            meta = [t.column(m) for m in t.column_names if m in META_NAMES]
+            out = pa.Table.from_arrays([*cols, *meta], names=[*schema.names, *(m for m in t.column_names if m in META_NAMES)])
+            if keep:
+                marked_columns.update(keep)
+                ops = out.column(OP_COL).to_pylist()
+                toast = out.column(TOAST_COL).to_pylist()
+                marked = [[*(old or []), *keep] if op == "U" else old for op, old in zip(ops, toast, strict=True)]
+                out = out.set_column(
+                    out.column_names.index(TOAST_COL), TOAST_COL, pa.array(marked, type=out.schema.field(TOAST_COL).type)
+                )
+            seen |= names
+            tables.append(out)
+    if not tables:
+        return None, marked_columns
+    changes = pa.concat_tables(tables)
+    if len(parts) > 1:
+        changes = changes.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
+    return changes, marked_columns
