@@ -120,6 +120,8 @@ class TruncateEvent:
     pos: int
     relations: tuple[RelationVersion, ...]
     options: int
+    xid: int | None = None  # of the transaction, as in the change batches' _pg2delta_xid
+    commit_ts: int | None = None  # microseconds since 1970-01-01 UTC, as in _pg2delta_commit_ts
 
 
 @dataclass(frozen=True, slots=True)
@@ -637,7 +639,11 @@ class WindowDecoder:
                 versions = tuple(v for _, v in found if v is not None)
                 if len(versions) < len(found):
                     raise undescribed(next(oid for oid, v in found if v is None), i)
-                out.truncates.append(TruncateEvent(tx.commit_lsn, 2 * int(position[i]) + 1, versions, msg.options))
+                out.truncates.append(
+                    TruncateEvent(
+                        tx.commit_lsn, 2 * int(position[i]) + 1, versions, msg.options, tx.xid, tx.commit_ts + PG_EPOCH_US
+                    )
+                )
             elif isinstance(msg, po.LogicalMessage):
                 out.messages.append(MessageEvent(tx.commit_lsn, 2 * int(position[i]) + 1, msg.lsn, msg))
 

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from pg2delta import pgoutput as po
 from pg2delta.catalog import PgTypeCatalog
+from pg2delta.changelog import ChangelogWriter
 from pg2delta.changes import (
     LSN_COL,
     META_NAMES,
@@ -173,6 +174,7 @@ class Job:
         self.lake = Lake(config.lake_root)
         self._engine_factory = engine_factory or (lambda lake: Engine.start(config.engine, lake))
         self._engine: Engine | None = None
+        self.changelog = ChangelogWriter(config, self.lake)
 
     @property
     def engine(self) -> Engine:
@@ -266,12 +268,19 @@ class Job:
         window = WindowReport(start, end, read.rows, read.bytes, transactions)
         fault_point("after_read")
         ordered = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
+        # The changelog first: a crash before the tables' MERGEs replays the window, and the
+        # changelog takes only rows past its end (changelog.py).
+        changelog_log = self.changelog.append(
+            self.engine, run_id, start, end, [(tw.latest, [b.batch for b in tw.batches], tw.truncates) for tw in ordered]
+        )
+        fault_point("after_changelog")
         for n, tw in enumerate(ordered):
             if n > 0:
                 fault_point("between_tables")
             window.tables.append(self._apply_table(run_id, tw, applied.get(tw.oid), end))
         fault_point("after_commits")
         applied_tables = [t for t in window.tables if not t.skipped]
+        self.changelog.log(self.engine, changelog_log)
         if applied_tables:
             self._log_window(run_id, window, tables, applied_tables)
         fault_point("before_advance")
@@ -317,14 +326,36 @@ class Job:
                     pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
                 )
                 changes = changes.filter(after)
-        key_names = list(version.key_names)
         nullable_keys = bool(self.config.table(schema, name).key)  # primary keys and identity indexes are NOT NULL
-        data_columns = [c for c in (changes.column_names if changes is not None else version.column_names) if c not in META_NAMES]
+        self.merge_changes(
+            report, run_id, changes, list(version.key_names), version.column_names,
+            nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,
+        )
+        return report
+
+    def merge_changes(
+        self,
+        report: TableReport,
+        run_id: str,
+        changes: pa.Table | None,
+        key_names: list[str],
+        column_names: Sequence[str],
+        *,
+        nullable_keys: bool,
+        lookup_version: int | None,
+    ) -> None:
+        """Reduce ``changes`` (commit order, after the last truncate) and MERGE them into ``report.path``.
+
+        ``report.truncated`` adds the truncate; unchanged TOAST the changes cannot fill is read
+        from the table at ``lookup_version``. Shared by the run and by ``pg2delta backfill``.
+        """
+        schema, name, uri = report.schema, report.table, report.path
+        data_columns = [c for c in (changes.column_names if changes is not None else column_names) if c not in META_NAMES]
         if changes is None or changes.num_rows == 0:
             if report.truncated and self.lake.delta_version(uri) is not None:
                 self.engine.delete_all(uri)
                 report.delta_version = self.lake.delta_version(uri)
-            return report
+            return
         if not key_names:
             # No replica identity: only inserts can be published. Rows are keyed by their
             # commit position, kept in the table, so a replayed window inserts nothing twice.
@@ -338,9 +369,7 @@ class Job:
         reduced = reduce_changes(changes, key_names)
         # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
         # crash between tables must not see what the crashed run already merged.
-        source = self._fill_lookups(
-            uri, reduced, key_names, applied.delta_version if applied else None, nullable_keys=nullable_keys
-        )
+        source = self._fill_lookups(uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys)
         report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
         report.rows_merged = source.num_rows
         staged = self.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
@@ -361,7 +390,6 @@ class Job:
             schema, name, report.inserts, report.updates, report.deletes,
             ", truncated" if report.truncated else "", report.delta_version,
         )
-        return report
 
     def _fill_lookups(
         self, uri: str, reduced: Reduced, key_names: Sequence[str], version: int | None, *, nullable_keys: bool
