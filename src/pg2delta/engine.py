@@ -353,6 +353,18 @@ class Engine:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
 
+    def check_version(self, uri: str, version: int) -> None:
+        """Raise :class:`LakeError` unless the Delta table at ``uri`` can be read as of ``version``.
+
+        pysail 0.7.2 cannot time travel to a version before the table's latest checkpoint.
+        """
+        try:
+            _ = self.spark.read.format("delta").option("versionAsOf", version).load(uri).columns
+        except Exception as exc:
+            raise LakeError(
+                f"cannot read {uri} as of Delta version {version} (time travel): {' '.join(str(exc).split())[:300]}"
+            ) from exc
+
     def copy_table(self, source: str, version: int, target: str) -> None:
         """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
         try:
