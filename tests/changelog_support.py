@@ -124,8 +124,9 @@ def audit_entries(dsn: str, spec: TableSpec) -> list[dict[str, Any]]:
 def expected_changelog(dsn: str, spec: TableSpec) -> list[tuple[int, str, dict[str, Any]]]:
     """What the changelog of ``spec`` must hold, in transaction order: (xid, op, values).
 
-    An update that changes the key is a delete of the old key then the update; a delete carries
-    the key (or the whole old row for REPLICA IDENTITY FULL, ``fullid``); a truncate no values.
+    An update that changes the key is a delete of the old key then the update; under REPLICA
+    IDENTITY FULL (``fullid``) an update that keeps it is its old row (``B``) then the update; a
+    delete carries the key (the whole old row under FULL); a truncate no values.
     """
     full = spec.name == "fullid"
     out: list[tuple[int, str, dict[str, Any]]] = []
@@ -136,6 +137,8 @@ def expected_changelog(dsn: str, spec: TableSpec) -> list[tuple[int, str, dict[s
         elif e["op"] == "U":
             if any(e["old"][k] != e["new"][k] for k in spec.key):
                 out.append((e["xid"], "D", old))
+            elif full:
+                out.append((e["xid"], "B", old))  # the old row, sent whole under REPLICA IDENTITY FULL
             out.append((e["xid"], "U", e["new"]))
         elif e["op"] == "D":
             out.append((e["xid"], "D", old))

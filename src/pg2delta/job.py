@@ -34,6 +34,7 @@ from pg2delta import pgoutput as po
 from pg2delta.catalog import PgTypeCatalog
 from pg2delta.changelog import ChangelogWriter
 from pg2delta.changes import (
+    BEFORE_OP,
     LSN_COL,
     META_NAMES,
     OP_COL,
@@ -236,7 +237,9 @@ class Job:
     ) -> WindowReport:
         cfg = self.config
         t0 = time.monotonic()
-        decoder = WindowDecoder(catalog, key_resolver)
+        # Old rows of updates are kept (as 'B' rows) only for changelogs; the apply drops them.
+        keep_old = cfg.changelog or any(t.changelog for t in cfg.tables.values())
+        decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old)
         tables: dict[int, _TableWindow] = {}
         progress = _Progress(start, upper)
         read: WindowRead | None = None
@@ -350,6 +353,8 @@ class Job:
         from the table at ``lookup_version``. Shared by the run and by ``pg2delta backfill``.
         """
         schema, name, uri = report.schema, report.table, report.path
+        if changes is not None:
+            changes = changes.filter(pc.not_equal(changes.column(OP_COL), BEFORE_OP))
         data_columns = [c for c in (changes.column_names if changes is not None else column_names) if c not in META_NAMES]
         if changes is None or changes.num_rows == 0:
             if report.truncated and self.lake.delta_version(uri) is not None:
