@@ -172,3 +172,33 @@ def test_backfill_errors(pgdb: str, tmp_path: Path) -> None:
     ok = _backfill(config, acct_cl, end, "--table", ACCT.qualified, "--into", str(tmp_path / "copy"))
     assert ok.returncode == EXIT_OK, ok.stderr[-3000:]
     assert _copy(tmp_path / "copy", ACCT) == _main_as_of(lake, ACCT, end)
+
+
+def test_backfill_follows_added_and_dropped_columns(pgdb: str, tmp_path: Path) -> None:
+    import psycopg
+
+    lake = tmp_path / "lake"
+    slot, pub = setup_source(pgdb)
+    config = write_config(tmp_path / "c.toml", pgdb, slot, pub, lake)
+
+    def run() -> None:
+        proc = cli("run", "--config", str(config))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("INSERT INTO acct (id, name, big) SELECT g, 'n' || g, g FROM generate_series(1, 20) g")
+        run()
+        conn.execute("ALTER TABLE acct ADD COLUMN extra integer")
+        conn.execute("UPDATE acct SET extra = id * 10, name = 'renamed' WHERE id <= 10")
+        run()
+        conn.execute("ALTER TABLE acct DROP COLUMN name")
+        conn.execute("UPDATE acct SET big = -big WHERE id BETWEEN 5 AND 15")  # name is gone: the lake keeps its value
+        conn.execute("DELETE FROM acct WHERE id = 20")
+        run()
+    ends = sorted({r["window_end"] for r in _log(lake)})
+    start = min(r["window_start"] for r in _log(lake))
+    for n, b in enumerate([ends[0], ends[-1]]):
+        into = tmp_path / f"copy{n}"
+        proc = _backfill(config, start, b, "--into", str(into), "--table", ACCT.qualified)
+        assert proc.returncode == EXIT_OK, proc.stderr[-3000:]
+        assert _copy(into, ACCT) == _main_as_of(lake, ACCT, b), f"as of {_fmt(b)}"

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
-from pg2delta.changes import LSN_COL, OP_COL, POS_COL
+from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
 from pg2delta.config import Config
 from pg2delta.engine import Engine, Lake
 from pg2delta.errors import ConfigError, LakeError
@@ -89,7 +89,7 @@ class _Plan:
     start: int  # replay changelog rows with LSN in [start, B)
     seed_version: int | None  # copy the main table at this version first (into, missing copy)
     seed: bool
-    windows: tuple[tuple[int, int, int], ...]  # changelog windows (start, end, rows) overlapping [start, B)
+    windows: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # changelog windows (start, end, rows, columns)
 
 
 def _rows_of(engine: Engine, uri: str, slot: str) -> list[dict[str, Any]]:
@@ -238,7 +238,7 @@ def _plan(
         windows = tuple(
             sorted(
                 {
-                    (int(r["window_start"]), int(r["window_end"]), int(r["rows"] or 0))
+                    (int(r["window_start"]), int(r["window_end"]), int(r["rows"] or 0), tuple(r.get("columns") or ()))
                     for r in mine_cl
                     if int(r["window_end"]) > start and int(r["window_start"]) < b
                 }
@@ -255,16 +255,23 @@ def _plan(
     return plans
 
 
-def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int]]:
-    """[lo, hi) LSN ranges from ``plan.start`` to ``b`` along window ends, about ``max_rows`` rows each."""
-    out: list[tuple[int, int]] = []
+def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[str, ...]]]:
+    """[lo, hi) LSN ranges from ``plan.start`` to ``b`` along window ends, about ``max_rows`` rows each,
+    with the columns their MERGEs set: a chunk never spans windows whose MERGEs set different columns."""
+    out: list[tuple[int, int, tuple[str, ...]]] = []
     lo, rows = plan.start, 0
-    for _, end, n in plan.windows:
+    columns: tuple[str, ...] = ()
+    for ws, end, n, cols in plan.windows:
+        if n and columns and cols != columns and lo < ws < b:
+            out.append((lo, ws, columns))
+            lo, rows = ws, 0
+        if n:
+            columns = cols
         rows += n
         if rows >= max_rows and lo < end < b:
-            out.append((lo, end))
+            out.append((lo, end, columns))
             lo, rows = end, 0
-    out.append((lo, b))
+    out.append((lo, b, columns))
     return out
 
 
@@ -294,8 +301,10 @@ def _apply(
             _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
         cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
         nullable_keys = bool(config.table(plan.schema, plan.table).key)
-        for lo, hi in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
+        for lo, hi, columns in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
             rows = engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
+            if rows.num_rows and columns:
+                rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
             tr = TableReport(plan.schema, plan.table, uri)
             before = target_lake.delta_version(uri)
             changes: pa.Table | None = None

@@ -21,7 +21,8 @@ the changelog commit and the table's MERGE, or after both.
 Every window also appends one row per changelog table it touched to
 ``<lake>/_pg2delta/changelog_log`` (window, changelog Delta version, rows, key columns), before the
 applied log's rows: ``pg2delta backfill`` checks with it that the changelog holds every window the
-applied log says changed the table.
+applied log says changed the table, and replays each window with the columns its MERGE set (a
+column the source dropped keeps its last value in the table, as in the run).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import pyarrow.compute as pc
 from pg2delta.changes import (
     LSN_COL,
     META_FIELDS,
+    META_NAMES,
     OP_COL,
     POS_COL,
     TS_COL,
@@ -68,6 +70,7 @@ CHANGELOG_LOG_SCHEMA = pa.schema(
         ("changelog_version", pa.int64()),
         ("rows", pa.int64()),
         ("key_names", pa.list_(pa.string())),
+        ("columns", pa.list_(pa.string())),  # the table's columns the window's MERGE set, in order
         ("applied_at", pa.timestamp("us", tz="UTC")),
     ]
 )
@@ -134,6 +137,7 @@ class ChangelogWriter:
                 self._last_lsn[(schema, name)] = engine.max_of(uri, LSN_COL)
             last = self._last_lsn[(schema, name)]
             rows = window_rows(batches, truncates)
+            columns = [c for c in rows.column_names if c not in META_NAMES] if rows is not None and batches else list(version.column_names)
             if rows is not None and last is not None:
                 rows = rows.filter(pc.greater(rows.column(LSN_COL), last))
             appended = 0
@@ -155,6 +159,7 @@ class ChangelogWriter:
                     "changelog_version": self.lake.delta_version(uri),
                     "rows": appended,
                     "key_names": list(version.key_names),
+                    "columns": columns,
                     "applied_at": now,
                 }
             )
