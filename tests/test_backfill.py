@@ -202,3 +202,25 @@ def test_backfill_follows_added_and_dropped_columns(pgdb: str, tmp_path: Path) -
         proc = _backfill(config, start, b, "--into", str(into), "--table", ACCT.qualified)
         assert proc.returncode == EXIT_OK, proc.stderr[-3000:]
         assert _copy(into, ACCT) == _main_as_of(lake, ACCT, b), f"as of {_fmt(b)}"
+
+
+def test_backfill_killed_half_way_resumes(pgdb: str, tmp_path: Path) -> None:
+    import signal
+
+    from pg2delta.job import FAULT_ENV
+
+    config, lake, ends = _history(pgdb, tmp_path, 35)
+    start, b = min(r["window_start"] for r in _log(lake)), ends[-1]
+    into = tmp_path / "copy"
+    args = ("--into", str(into), "--max-changes", "30")
+    killed = cli("backfill", "--config", str(config), "--from-lsn", _fmt(start), "--to-lsn", _fmt(b), *args,
+                 env={FAULT_ENV: "backfill_after_merge"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert any((into / spec.schema / spec.name / "_delta_log").is_dir() for spec in TABLES)
+    again = _backfill(config, start, b, *args)
+    assert again.returncode == EXIT_OK, again.stderr[-3000:]
+    for spec in TABLES:
+        assert _copy(into, spec) == _main_as_of(lake, spec, b), spec.qualified
+    files = lake_files(into)
+    assert _backfill(config, start, b, *args).returncode == EXIT_NOTHING
+    assert lake_files(into) == files

@@ -45,7 +45,7 @@ from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
 from pg2delta.config import Config
 from pg2delta.engine import Engine, Lake
 from pg2delta.errors import ConfigError, LakeError
-from pg2delta.job import LOG_SCHEMA, LOG_TABLE, Job, TableReport
+from pg2delta.job import LOG_SCHEMA, LOG_TABLE, Job, TableReport, fault_point
 from pg2delta.lsn import format_lsn
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class _Plan:
     start: int  # replay changelog rows with LSN in [start, B)
     seed_version: int | None  # copy the main table at this version first (into, missing copy)
     seed: bool
+    lookup: int  # the version unchanged TOAST is first read at (-1: the table is new, nothing)
     windows: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # changelog windows (start, end, rows, columns)
 
 
@@ -188,6 +189,7 @@ def _plan(
         current = target_lake.delta_version(target_uri)
         seed_version: int | None = None
         seed = False
+        lookup = -1
         if current is None:
             if not into:
                 raise LakeError(
@@ -204,14 +206,21 @@ def _plan(
                 engine.check_version(lake.table_uri(schema, table), seed_version)
         else:
             last = _latest([r for r in target_log if (r["schema_name"], r["table_name"]) == (schema, table)])
-            if last is None or last.get("delta_version") is None or int(last["delta_version"]) != current:
-                where = "an interrupted backfill; remove it and run again" if into else (
+            logged_version = None if last is None or last.get("delta_version") is None else int(last["delta_version"])
+            # A copy is pg2delta's own: commits after its last logged chunk can only be the next
+            # chunk's, interrupted, and re-applying that chunk from its start is idempotent. A table
+            # in place must be exactly where the applied log says.
+            resumable = into and last is not None and (logged_version is None or logged_version <= current)
+            if not resumable and logged_version != current:
+                where = "not made by pg2delta backfill, or its seed was interrupted; remove it and run again" if into else (
                     "changed outside pg2delta, or a run stopped after its MERGE; run pg2delta run first"
                 )
                 raise LakeError(
                     f"table {qualified} at {target_uri} is at Delta version {current}, which the applied log "
                     f"does not record: {where}"
                 )
+            assert last is not None
+            lookup = -1 if logged_version is None else logged_version
             start = int(last["window_end"])
             # A copy was seeded at or before A and is replayed from where it stands.
             if start < a and not into:
@@ -249,7 +258,7 @@ def _plan(
         plans.append(
             _Plan(
                 schema, table, int(latest_cl["relation_oid"]), tuple(latest_cl["key_names"] or ()),
-                start, seed_version, seed, windows,
+                start, seed_version, seed, lookup, windows,
             )
         )
     return plans
@@ -299,6 +308,9 @@ def _apply(
             result.changed = True
             log.info("seeded %s from %s.%s at version %d", uri, plan.schema, plan.table, plan.seed_version)
             _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+        # A new copy is marked as this backfill's in its log before its first write (see _plan).
+        unmarked = into is not None and target_lake.delta_version(uri) is None
+        lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
         cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
         nullable_keys = bool(config.table(plan.schema, plan.table).key)
         for lo, hi, columns in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
@@ -321,10 +333,14 @@ def _apply(
                     changes = changes.filter(
                         pc.or_(pc.greater(lsn, last_lsn), pc.and_(pc.equal(lsn, last_lsn), pc.greater(pos, last_pos)))
                     )
+                if unmarked:
+                    _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+                    unmarked = False
                 job.merge_changes(
                     tr, run_id, changes, list(plan.key_names), [c for c in rows.column_names],
-                    nullable_keys=nullable_keys, lookup_version=None,
+                    nullable_keys=nullable_keys, lookup_version=lookup,
                 )
+                fault_point("backfill_after_merge")
                 tr.delta_version = target_lake.delta_version(uri)
                 if tr.delta_version != before:
                     result.changed = True
@@ -337,6 +353,7 @@ def _apply(
             result.truncated |= tr.truncated
             if tr.delta_version is not None and (into or tr.delta_version != before):
                 _log(job, run_id, plan, lo, hi, tr, target_lake)
+                lookup = tr.delta_version
         result.delta_version = target_lake.delta_version(uri)
         log.info(
             "backfilled %s.%s %s..%s into %s: %d inserts, %d updates, %d deletes -> delta version %s",

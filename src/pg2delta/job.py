@@ -405,7 +405,11 @@ class Job:
             return table
         columns = sorted({c for lk in reduced.lookups for c in lk.columns})
         wanted = list(dict.fromkeys(lk.key for lk in reduced.lookups))
-        rows = self.engine.read_rows(uri, key_names, wanted, columns, version=version, nullable_keys=nullable_keys)
+        rows = (
+            []  # a negative version: the table is new (a backfill copy), there is nothing to read
+            if version is not None and version < 0
+            else self.engine.read_rows(uri, key_names, wanted, columns, version=version, nullable_keys=nullable_keys)
+        )
         found = {tuple(r[k] for k in key_names): r for r in rows}
         values = {c: table.column(c).to_pylist() for c in columns}
         for lk in reduced.lookups:
