@@ -102,13 +102,14 @@ def test_backfill_from_the_middle_is_seeded_by_time_travel(pgdb: str, tmp_path: 
     readable = [a for a, v in seeds if v is not None and v >= checkpoint]
     assert readable, (seeds, checkpoint)
     into = tmp_path / "copy"
+    files = lake_files(lake)
     proc = _backfill(config, readable[0], b, "--into", str(into), "--table", ACCT.qualified, "--json")
     assert proc.returncode == EXIT_OK, proc.stderr[-3000:]
     report = json.loads(proc.stdout)["tables"]
     assert list(report) == [ACCT.qualified] and report[ACCT.qualified]["seed_version"] is not None
     assert _copy(into, ACCT) == _main_as_of(lake, ACCT, b)
     assert not (into / EVENTS.schema / EVENTS.name).exists()
-    assert_lake_matches(pgdb, lake)  # the lake itself was only read
+    assert lake_files(lake) == files  # the lake itself was only read
     # pysail cannot time travel to a version before the latest checkpoint: refused, nothing written.
     unreadable = [a for a, v in seeds if v is not None and v < checkpoint]
     if unreadable:

@@ -297,6 +297,8 @@ def _apply(
     report = BackfillReport(a, b, into)
     run_id = f"backfill-{uuid.uuid4().hex}"
     target_config = dataclasses.replace(config, lake_root=target_lake.root)
+    # The target's engine: staging (changelog slices, MERGE sources) goes under the target lake,
+    # so a backfill --into writes nothing into the lake it reads.
     job = Job(target_config, engine_factory=lambda lk: Engine(engine.spark, lk))
     for plan in plans:
         uri = target_lake.table_uri(plan.schema, plan.table)
@@ -314,7 +316,7 @@ def _apply(
         cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
         nullable_keys = bool(config.table(plan.schema, plan.table).key)
         for lo, hi, columns in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
-            rows = engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
+            rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
             if rows.num_rows and columns:
                 rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
             tr = TableReport(plan.schema, plan.table, uri)
