@@ -160,6 +160,7 @@ def test_backfill_errors(pgdb: str, tmp_path: Path) -> None:
         ((start, end, "--table", EVENTS.qualified), "has no changelog"),
         ((start, end, "--table", "public.nosuch"), "has no changelog"),
         ((start, end, "--table", ACCT.qualified, "--into", str(tmp_path / "copy")), "does not cover"),
+        ((start, end, "--into", f"{tmp_path}/x/../lake/"), "another path than the lake"),
         (("zz", end), "not an lsn"),
         ((start, "1/2/3"), "not an lsn"),
         ((start, end, "--table", "nodot"), "schema.table"),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -93,6 +94,13 @@ class _Plan:
     windows: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # changelog windows (start, end, rows, columns)
 
 
+def _same_place(a: str, b: str) -> bool:
+    """Whether two lake roots name the same place (local paths compared after resolving them)."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _rows_of(engine: Engine, uri: str, slot: str) -> list[dict[str, Any]]:
     return [r for r in engine.read_table(uri) if r.get("slot") == slot and r.get("relation_oid") is not None]
 
@@ -121,7 +129,7 @@ def backfill(
             raise ConfigError(f"--table {name!r} must be schema.table")
     lake = Lake(config.lake_root)
     target_lake = Lake(into) if into else lake
-    if into and target_lake.root == lake.root:
+    if into and _same_place(target_lake.root, lake.root):
         raise ConfigError("--into must be another path than the lake itself (leave it out to backfill in place)")
     own_engine = engine is None
     eng = engine or Engine.start(config.engine, lake)
@@ -174,7 +182,8 @@ def _plan(
                     f"table {w} has no changelog in {lake.root} (set [tables.\"{w}\"] changelog = true; "
                     "it covers changes from then on)"
                 )
-            names.append((schema, table))
+            if (schema, table) not in names:
+                names.append((schema, table))
     else:
         names = with_changelog
         if not names:
