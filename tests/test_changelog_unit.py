@@ -84,3 +84,16 @@ def test_window_rows_merge_changes_and_truncates_in_commit_order() -> None:
     assert rows.column(TS_COL).type == pa.timestamp("us", tz="UTC")
     assert all(f.nullable for f in rows.schema)
     assert window_rows([], []) is None
+
+
+def test_backfill_chunks_follow_windows_rows_and_columns() -> None:
+    from pg2delta.backfill import _chunks, _Plan
+
+    ab, abc = ("a", "b"), ("a", "b", "c")
+    windows = ((100, 200, 30, ab), (200, 300, 30, ab), (300, 400, 0, ()), (400, 500, 10, abc), (500, 600, 50, abc))
+    plan = _Plan("s", "t", 1, ("a",), 100, None, False, -1, windows)
+    # At most 50 rows a chunk, cut at window ends; a new column set starts a new chunk.
+    assert _chunks(plan, 650, 50) == [(100, 300, ab), (300, 400, ab), (400, 600, abc), (600, 650, abc)]
+    # One chunk when the rows fit and the columns never change.
+    same = _Plan("s", "t", 1, ("a",), 100, None, False, -1, windows[:3])
+    assert _chunks(same, 400, 1000) == [(100, 400, ab)]
