@@ -14,8 +14,10 @@ row, in the order the server emits them. The decoder
   logical messages with their positions.
 
 An Update whose old key differs from its new key becomes two rows: a delete of the old
-key and the update, at consecutive positions. Columns sent as unchanged TOAST (``u``) are
-null in the batch and named in ``_pg2delta_toast``.
+key and the update, at consecutive positions. With ``keep_old`` (for the changelog), an
+Update that keeps its key but carries the whole old row (``REPLICA IDENTITY FULL``) is also
+preceded by a ``B`` row holding that old row; the lake apply drops ``B`` rows. Columns sent as
+unchanged TOAST (``u``) are null in the batch and named in ``_pg2delta_toast``.
 
 Pure: bytes in, batches out; no database, no Spark.
 """
@@ -53,7 +55,8 @@ U8 = npt.NDArray[np.uint8]
 # Meta columns added to every change batch.
 LSN_COL = "_pg2delta_lsn"  # commit LSN of the transaction
 POS_COL = "_pg2delta_pos"  # position inside the transaction (ordering key together with the LSN)
-OP_COL = "_pg2delta_op"  # 'I', 'U' or 'D'
+OP_COL = "_pg2delta_op"  # 'I', 'U' or 'D' (and 'B', the old row before an update, with keep_old)
+BEFORE_OP = "B"
 TOAST_COL = "_pg2delta_toast"  # names of columns sent as unchanged TOAST, or null
 XID_COL = "_pg2delta_xid"
 TS_COL = "_pg2delta_commit_ts"
@@ -127,6 +130,8 @@ class TruncateEvent:
     pos: int
     relations: tuple[RelationVersion, ...]
     options: int
+    xid: int | None = None  # of the transaction, as in the change batches' _pg2delta_xid
+    commit_ts: int | None = None  # microseconds since 1970-01-01 UTC, as in _pg2delta_commit_ts
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,9 +318,12 @@ class WindowDecoder:
         self,
         catalog: TypeCatalog | None = None,
         key_resolver: KeyResolver | None = None,
+        *,
+        keep_old: bool = False,
     ) -> None:
         self._catalog = catalog
         self._key_resolver = key_resolver
+        self._keep_old = keep_old
         self._relations: dict[int, RelationVersion] = {}
         self._versions = 0
         self._types: dict[int, po.Type] = {}
@@ -639,7 +647,11 @@ class WindowDecoder:
                 versions = tuple(v for _, v in found if v is not None)
                 if len(versions) < len(found):
                     raise undescribed(next(oid for oid, v in found if v is None), i)
-                out.truncates.append(TruncateEvent(tx.commit_lsn, 2 * int(position[i]) + 1, versions, msg.options))
+                out.truncates.append(
+                    TruncateEvent(
+                        tx.commit_lsn, 2 * int(position[i]) + 1, versions, msg.options, tx.xid, tx.commit_ts + PG_EPOCH_US
+                    )
+                )
             elif isinstance(msg, po.LogicalMessage):
                 out.messages.append(MessageEvent(tx.commit_lsn, 2 * int(position[i]) + 1, msg.lsn, msg))
 
@@ -797,14 +809,21 @@ class WindowDecoder:
             if upd_old.any() and version.key_indexes:
                 for c in version.key_indexes:
                     key_changed |= upd_old & _differs(u8, old_t, new_t, c)
-            # Output rows: for each source row, optionally an old-key delete, then the row itself.
-            n_out = n_in + int(key_changed.sum())
-            src = np.repeat(np.arange(n_in), 1 + key_changed.astype(np.int64))
+            # Updates that keep their key but carry the whole old row: a 'B' row first, if asked.
+            before = upd_old & (marker == ord("O")) & ~key_changed if self._keep_old else np.zeros(n_in, dtype=bool)
+            # Output rows: for each source row, optionally an old-key delete (or 'B'), then the row itself.
+            extra = key_changed | before
+            n_out = n_in + int(extra.sum())
+            src = np.repeat(np.arange(n_in), 1 + extra.astype(np.int64))
             first_of_pair = np.r_[True, src[1:] != src[:-1]]
             is_old_delete = first_of_pair & key_changed[src]
-            use_old = is_old_delete | (row_tags[src] == po.DELETE)
-            op = np.where(use_old, ord("D"), np.where(row_tags[src] == po.INSERT, ord("I"), ord("U"))).astype(np.uint8)
-            pos = pos_in[src] - is_old_delete
+            is_before = first_of_pair & before[src]
+            use_old = is_old_delete | is_before | (row_tags[src] == po.DELETE)
+            op = np.where(
+                is_before, ord(BEFORE_OP),
+                np.where(use_old, ord("D"), np.where(row_tags[src] == po.INSERT, ord("I"), ord("U"))),
+            ).astype(np.uint8)
+            pos = pos_in[src] - (is_old_delete | is_before)
             tid = tid_in[src]
             # REPLICA IDENTITY FULL sends the whole old row ('O'): a value the new tuple leaves
             # out as unchanged TOAST is the old one.

@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true",
         help="the slot exists but the lake holds no bootstrap of it: copy every published table at a new snapshot",
     )
+    backfill = sub.add_parser("backfill", help="re-apply the changelog's changes of an LSN range to the tables or a copy")
+    _common(backfill)
+    backfill.add_argument("--from-lsn", required=True, help="first commit LSN to re-apply (X/Y)")
+    backfill.add_argument("--to-lsn", required=True, help="re-apply changes committed before this LSN (X/Y)")
+    backfill.add_argument("--table", action="append", default=[], help="schema.table (repeat; default: every table with a changelog)")
+    backfill.add_argument("--into", help="write a copy under this lake root instead of the tables in place")
+    backfill.add_argument("--max-changes", type=int, help="changelog rows per chunk (default window.max_changes)")
     status = sub.add_parser("status", help="show the slot's position, lag and the lake's applied LSN per table")
     _common(status)
     return parser
@@ -85,7 +92,9 @@ def _config(args: argparse.Namespace) -> Config:
     }
     if args.command == "run":
         flags.update(create_slot=args.create_slot, max_changes=args.max_changes, max_bytes=args.max_bytes)
-    return load(args.config, **flags)
+    if args.command == "backfill":
+        flags.update(max_changes=args.max_changes)
+    return load(args.config, need_source=args.command != "backfill", **flags)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -154,6 +163,36 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_backfill(args: argparse.Namespace) -> int:
+    from pg2delta.backfill import backfill
+
+    config = _config(args)
+    report = backfill(
+        config, parse_lsn(args.from_lsn), parse_lsn(args.to_lsn), tables=args.table, into=args.into
+    )
+    summary = {
+        "from_lsn": format_lsn(report.from_lsn),
+        "to_lsn": format_lsn(report.to_lsn),
+        "into": report.into,
+        "tables": {
+            f"{t.schema}.{t.table}": {
+                "path": t.path, "replayed_from": format_lsn(t.start_lsn), "seed_version": t.seed_version,
+                "chunks": t.chunks, "inserts": t.inserts, "updates": t.updates, "deletes": t.deletes,
+                "truncated": t.truncated, "delta_version": t.delta_version, "changed": t.changed,
+            }
+            for t in report.tables
+        },
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"pg2delta backfill: {summary['from_lsn']} -> {summary['to_lsn']} into {report.into or 'the lake (in place)'}")
+        for t in report.tables:
+            print(f"  {t.schema}.{t.table}: from {format_lsn(t.start_lsn)}, {t.inserts} inserts, {t.updates} updates, "
+                  f"{t.deletes} deletes -> delta version {t.delta_version}{'' if t.changed else ' (unchanged)'}")
+    return EXIT_NOTHING_TO_DO if report.nothing_to_do else EXIT_OK
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from pg2delta.status import status
 
@@ -187,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "bootstrap":
             return _cmd_bootstrap(args)
+        if args.command == "backfill":
+            return _cmd_backfill(args)
         return _cmd_status(args)
     except Pg2DeltaError as exc:
         print(exc.one_line(), file=sys.stderr)

@@ -55,6 +55,7 @@ class TableConfig:
     # A column whose type becomes narrower (int8 -> int4, numeric(12,2) -> numeric(10,2)): "refuse"
     # stops the run (exit 78, nothing applied); "keep" leaves the Delta column at its wider type.
     narrowing: str = "refuse"
+    changelog: bool | None = None  # keep a changelog of this table (None: the [lake] changelog default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +65,15 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
     tables: Mapping[str, TableConfig] = field(default_factory=dict)  # "schema.table" -> settings
+    changelog: bool = False  # [lake] changelog: the default for tables that do not say
 
     def table(self, schema: str, name: str) -> TableConfig:
         return self.tables.get(f"{schema}.{name}", TableConfig())
+
+    def changelog_of(self, schema: str, name: str) -> bool:
+        """Whether every change of this table is also appended to its changelog (see ``changelog.py``)."""
+        own = self.table(schema, name).changelog
+        return self.changelog if own is None else own
 
 
 _ENV: dict[str, tuple[str, str, type]] = {
@@ -98,8 +105,13 @@ def _take(section: Mapping[str, Any], name: str, cls: type, where: str) -> dict[
     return out
 
 
-def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None, **flags: Any) -> Config:
-    """Build the configuration from file, environment and flags (None flags are ignored)."""
+def load(
+    path: str | Path | None = None, *, env: Mapping[str, str] | None = None, need_source: bool = True, **flags: Any
+) -> Config:
+    """Build the configuration from file, environment and flags (None flags are ignored).
+
+    ``need_source=False`` (``pg2delta backfill``, which reads only the lake) allows an empty DSN.
+    """
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -150,11 +162,14 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
 
     source = SourceConfig(**_take(sections["source"], "source", SourceConfig, "source"))
     lake = sections["lake"]
-    if set(lake) - {"root"}:
-        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root'})}")
+    if set(lake) - {"root", "changelog"}:
+        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root', 'changelog'})}")
     lake_root = lake.get("root", "")
     if not isinstance(lake_root, str):
         raise ConfigError("lake.root must be a string")
+    changelog_default = lake.get("changelog", False)
+    if not isinstance(changelog_default, bool):
+        raise ConfigError(f"lake.changelog must be true or false, not {changelog_default!r}")
     eng = dict(sections["engine"])
     spark_conf = eng.pop("spark_conf", {})
     if not isinstance(spark_conf, dict) or not all(isinstance(v, str) for v in spark_conf.values()):
@@ -170,10 +185,10 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
         if "." not in name or not isinstance(settings, dict):
             raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
         key = settings.get("key", [])
-        unknown_settings = set(settings) - {"key", "partitions", "dropped_columns", "narrowing"}
+        unknown_settings = set(settings) - {"key", "partitions", "dropped_columns", "narrowing", "changelog"}
         if unknown_settings:
             raise ConfigError(
-                f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: dropped_columns, key, narrowing, partitions)"
+                f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: changelog, dropped_columns, key, narrowing, partitions)"
             )
         if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
             raise ConfigError(f"[tables.{name!r}]: key must be a list of column names, like key = [\"col\", ...]")
@@ -188,15 +203,22 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
         narrowing = settings.get("narrowing", "refuse")
         if narrowing not in NARROWING_MODES:
             raise ConfigError(f"[tables.{name!r}]: narrowing must be one of {', '.join(NARROWING_MODES)}, not {narrowing!r}")
-        tables[name] = TableConfig(key=tuple(key), partitions=partitions, dropped_columns=dropped, narrowing=narrowing)
+        changelog = settings.get("changelog")
+        if changelog is not None and not isinstance(changelog, bool):
+            raise ConfigError(f"[tables.{name!r}] changelog must be true or false, not {changelog!r}")
+        tables[name] = TableConfig(
+            key=tuple(key), partitions=partitions, dropped_columns=dropped, narrowing=narrowing, changelog=changelog
+        )
 
-    config = Config(source=source, lake_root=lake_root, engine=engine, window=window, tables=tables)
-    validate(config)
+    config = Config(
+        source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default
+    )
+    validate(config, need_source=need_source)
     return config
 
 
-def validate(config: Config) -> None:
-    if not config.source.dsn:
+def validate(config: Config, *, need_source: bool = True) -> None:
+    if need_source and not config.source.dsn:
         raise ConfigError("no source DSN: set source.dsn, PG2DELTA_DSN or --dsn")
     if not config.lake_root:
         raise ConfigError("no lake root: set lake.root, PG2DELTA_LAKE or --lake")

@@ -343,11 +343,23 @@ class Engine:
                     log.debug("could not drop temp view %s", view)
             self.lake.unstage(staged)
 
-    def append(self, uri: str, table: pa.Table) -> None:
-        """Append ``table`` to the Delta table at ``uri`` (created if missing)."""
+    def append(self, uri: str, table: pa.Table, *, fill_missing: bool = False) -> None:
+        """Append ``table`` to the Delta table at ``uri`` (created if missing; new columns added).
+
+        ``fill_missing``: columns of the table that ``table`` lacks are written as NULL (pysail
+        refuses an append without them).
+        """
         staged = self.lake.stage(table, f"append-{uuid.uuid4().hex}")
         try:
-            self.spark.read.parquet(staged).write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+            df = self.spark.read.parquet(staged)
+            if fill_missing and self.lake.delta_version(uri) is not None:
+                from pyspark.sql import functions as F
+
+                have = set(df.columns)
+                for f in self.spark.read.format("delta").load(uri).schema.fields:
+                    if f.name not in have:
+                        df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
+            df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
         except Exception as exc:
             raise LakeError(f"cannot append to {uri}: {' '.join(str(exc).split())[:500]}") from exc
         finally:
@@ -361,3 +373,61 @@ class Engine:
             return [r.asDict(recursive=True) for r in self.spark.read.format("delta").load(uri).collect()]
         except Exception as exc:
             raise LakeError(f"cannot read {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    # --- changelog and backfill (see changelog.py, backfill.py) ---------------------------------
+
+    def max_of(self, uri: str, column: str) -> int | None:
+        """The largest value of an integer column of the Delta table at ``uri`` (None: empty or missing)."""
+        from pg2delta.merge import quote
+
+        if self.lake.delta_version(uri) is None:
+            return None
+        rows = self._sql(f"SELECT max({quote(column)}) AS m FROM {self.target(uri)}", f"reading max({column}) of {uri}")
+        value = rows[0]["m"] if rows else None
+        return None if value is None else int(value)
+
+    def read_arrow(self, uri: str, where: str) -> pa.Table:
+        """The rows of the Delta table at ``uri`` matching the SQL condition ``where``, as Arrow.
+
+        They travel through a Parquet directory under the lake's staging area (Spark 3.5 has no
+        Arrow collect); use it for bounded slices, not whole large tables.
+        """
+        rel = f"_pg2delta/staging/export-{uuid.uuid4().hex}"
+        local = f"{self.lake.path}/{rel}"
+        try:
+            self.spark.read.format("delta").load(uri).where(where).write.mode("overwrite").parquet(self.lake.table_uri(rel))
+            infos = self.lake.fs.get_file_info(pafs.FileSelector(local, allow_not_found=True, recursive=True))
+            files = sorted(i.path for i in infos if i.is_file and i.base_name.endswith(".parquet"))
+            tables = [pq.read_table(f, filesystem=self.lake.fs) for f in files]
+        except Exception as exc:
+            raise LakeError(f"cannot read {uri} where {where}: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            try:
+                self.lake.fs.delete_dir(local)
+            except (OSError, pa.ArrowException):
+                log.debug("could not remove export directory %s", local)
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def check_version(self, uri: str, version: int) -> None:
+        """Raise :class:`LakeError` unless the Delta table at ``uri`` can be read as of ``version``.
+
+        pysail 0.7.2 cannot time travel to a version before the table's latest checkpoint.
+        """
+        try:
+            _ = self.spark.read.format("delta").option("versionAsOf", version).load(uri).columns
+        except Exception as exc:
+            raise LakeError(
+                f"cannot read {uri} as of Delta version {version} (time travel): {' '.join(str(exc).split())[:300]}"
+            ) from exc
+
+    def copy_table(self, source: str, version: int, target: str) -> None:
+        """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
+        try:
+            df = self.spark.read.format("delta").option("versionAsOf", version).load(source)
+            df.write.format("delta").mode("append").save(target)
+        except Exception as exc:
+            raise LakeError(
+                f"cannot copy {source} at version {version} to {target}: {' '.join(str(exc).split())[:500]}"
+            ) from exc

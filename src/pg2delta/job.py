@@ -34,8 +34,11 @@ import pyarrow.compute as pc
 
 from pg2delta import pgoutput as po
 from pg2delta.catalog import PgTypeCatalog
+from pg2delta.changelog import ChangelogWriter
 from pg2delta.changes import (
+    BEFORE_OP,
     LSN_COL,
+    META_NAMES,
     OP_COL,
     POS_COL,
     ChangeBatch,
@@ -203,6 +206,7 @@ class Job:
         self._catalog_conn: Any = None
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
+        self.changelog = ChangelogWriter(config, self.lake)
 
     @property
     def engine(self) -> Engine:
@@ -269,7 +273,9 @@ class Job:
     ) -> WindowReport:
         cfg = self.config
         t0 = time.monotonic()
-        decoder = WindowDecoder(catalog, key_resolver)
+        # Old rows of updates are kept (as 'B' rows) only for changelogs; the apply drops them.
+        keep_old = cfg.changelog or any(t.changelog for t in cfg.tables.values())
+        decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old)
         tables: dict[int, _TableWindow] = {}
         progress = _Progress(start, upper)
         read: WindowRead | None = None
@@ -315,6 +321,13 @@ class Job:
         # Every table's shape is checked against its Delta table before anything is written, so a
         # change the lake cannot follow stops the run with nothing of the window applied.
         plans = {(t.schema, t.table): self._plan(t, applied.get(t.owner), start, end) for t in ordered}
+        # The changelog next: a crash before the tables' MERGEs replays the window, and the
+        # changelog takes only rows past its end (changelog.py).
+        relations = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
+        changelog_log = self.changelog.append(
+            self.engine, run_id, start, end, [(tw.latest, [b.batch for b in tw.batches], tw.truncates) for tw in relations]
+        )
+        fault_point("after_changelog")
         for n, tgt in enumerate(ordered):
             if n > 0:
                 fault_point("between_tables")
@@ -327,6 +340,7 @@ class Job:
             for tgt, rep in zip(ordered, window.tables, strict=True)
             if not rep.skipped
         ]
+        self.changelog.log(self.engine, changelog_log)
         if applied_tables:
             self._log_window(run_id, window, applied_tables)
         fault_point("before_advance")
@@ -510,16 +524,65 @@ class Job:
                     pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
                 )
                 changes = changes.filter(after)
-        if changes is None or changes.num_rows == 0 or pl is None:
-            if report.truncated and self.lake.delta_version(uri) is not None:
-                self.engine.delete_all(uri)
-                report.delta_version = self.lake.delta_version(uri)
+        if pl is None:  # no changes to merge, perhaps a truncate
+            self.merge_changes(report, run_id, None, [], [], nullable_keys=False, lookup_version=None)
             return report
-        key_names = list(pl.key)
         nullable_keys = bool(self.config.table(schema, name).key) or any(
             bool(self.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
         )  # primary keys and identity indexes are NOT NULL
-        data_columns = [n for n, _ in pl.columns]
+        drop = pl.kept if self.config.table(schema, name).dropped_columns == "drop" else ()
+
+        def reshape() -> frozenset[str] | None:
+            if pl.widened:
+                self.engine.rewrite(uri, {c: new for c, _, new in pl.widened})
+            if drop:
+                self.engine.rewrite(uri, {}, drop=drop)
+            return (pl.existing - set(drop)) if pl.existing else None
+
+        def reshaped() -> None:
+            if pl.existing and pl.added:
+                self._warn_defaults(tgt, pl.added)
+            fault_point("after_schema_change")
+
+        self.merge_changes(
+            report, run_id, changes, list(pl.key), [n for n, _ in pl.columns],
+            nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,
+            optional=kept_by_update, reshape=reshape, reshaped=reshaped,
+        )
+        return report
+
+    def merge_changes(
+        self,
+        report: TableReport,
+        run_id: str,
+        changes: pa.Table | None,
+        key_names: list[str],
+        data_columns: Sequence[str],
+        *,
+        nullable_keys: bool,
+        lookup_version: int | None,
+        optional: set[str] | None = None,
+        reshape: Callable[[], frozenset[str] | None] | None = None,
+        reshaped: Callable[[], None] | None = None,
+    ) -> None:
+        """Reduce ``changes`` (commit order, after the last truncate) and MERGE them into ``report.path``.
+
+        ``data_columns`` may name meta columns (they are left out). ``report.truncated`` adds the
+        truncate (alone when there are no changes); unchanged TOAST the changes cannot fill is read
+        from the table at ``lookup_version``. ``reshape`` (after those reads, before anything is
+        written) changes the Delta table's shape and returns the columns it then has;
+        ``reshaped`` runs once the table has every column of the MERGE. Shared by the run and by
+        ``pg2delta backfill``.
+        """
+        schema, name, uri = report.schema, report.table, report.path
+        if changes is not None:
+            changes = changes.filter(pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
+        if changes is None or changes.num_rows == 0:
+            if report.truncated and self.lake.delta_version(uri) is not None:
+                self.engine.delete_all(uri)
+                report.delta_version = self.lake.delta_version(uri)
+            return
+        data_columns = [c for c in data_columns if c not in META_NAMES]
         if not key_names:
             # No replica identity: only inserts can be published. Rows are keyed by their
             # commit position, kept in the table, so a replayed window inserts nothing twice.
@@ -534,22 +597,16 @@ class Job:
         # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
         # crash between tables must not see what the crashed run already merged.
         source = self._fill_lookups(
-            uri, reduced, key_names, applied.delta_version if applied else None, nullable_keys=nullable_keys,
-            optional=kept_by_update,
+            uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional
         )
         report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
         report.rows_merged = source.num_rows
-        if pl.widened:
-            self.engine.rewrite(uri, {c: new for c, _, new in pl.widened})
-        drop = pl.kept if self.config.table(schema, name).dropped_columns == "drop" else ()
-        if drop:
-            self.engine.rewrite(uri, {}, drop=drop)
+        existing = reshape() if reshape is not None else None
         staged = self.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
         try:
-            self.engine.ensure_table(uri, staged, data_columns, (pl.existing - set(drop)) if pl.existing else None)
-            if pl.existing and pl.added:
-                self._warn_defaults(tgt, pl.added)
-            fault_point("after_schema_change")
+            self.engine.ensure_table(uri, staged, data_columns, existing)
+            if reshaped is not None:
+                reshaped()
             self.engine.merge(
                 uri,
                 staged,
@@ -565,7 +622,6 @@ class Job:
             schema, name, report.inserts, report.updates, report.deletes,
             ", truncated" if report.truncated else "", report.delta_version,
         )
-        return report
 
     def _warn_defaults(self, tgt: _Target, added: Sequence[str]) -> None:
         """Say so when PostgreSQL reads older rows of an added column as its default (the lake holds NULL)."""
@@ -601,7 +657,11 @@ class Job:
             return table
         columns = sorted({c for lk in reduced.lookups for c in lk.columns})
         wanted = list(dict.fromkeys(lk.key for lk in reduced.lookups))
-        rows = self.engine.read_rows(uri, key_names, wanted, columns, version=version, nullable_keys=nullable_keys)
+        rows = (
+            []  # a negative version: the table is new (a backfill copy), there is nothing to read
+            if version is not None and version < 0
+            else self.engine.read_rows(uri, key_names, wanted, columns, version=version, nullable_keys=nullable_keys)
+        )
         found = {tuple(r[k] for k in key_names): r for r in rows}
         values = {c: table.column(c).to_pylist() for c in columns}
         for lk in reduced.lookups:

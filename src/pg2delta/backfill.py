@@ -1,0 +1,396 @@
+"""``pg2delta backfill``: re-apply the changelog's changes of an LSN range to Delta tables.
+
+``backfill(config, A, B, tables, into)`` replays, table by table, the changelog rows whose
+commit LSN is in ``[A, B)``, in commit order, through the same reduce and MERGE as the run
+(:meth:`pg2delta.job.Job.merge_changes`), in chunks of about ``window.max_changes`` rows that
+follow the windows the changelog log recorded. No database connection is needed.
+
+Where the changes land, and from which state:
+
+* ``into=PATH``: a copy at ``PATH/<schema>/<table>``. A missing copy is first seeded with the
+  main table as of the last window the applied log recorded for it ending at or before ``A``
+  (Delta time travel to that window's version; empty when there is none), and the changelog is
+  replayed from that window's end. So the copy equals the main table as of ``B`` whenever ``B``
+  is a window end. Every chunk is recorded in ``PATH/_pg2delta/applied_log``, so a backfill that
+  stopped half-way continues, and the same backfill run again changes nothing.
+* in place (no ``into``): the main table, only when that cannot produce a state the table never
+  had. Its current Delta version must be the one the applied log recorded for its latest window
+  (nothing outside pg2delta wrote to it since), and that window's end ``P`` must lie in
+  ``[A, B]``: a table behind ``A`` would miss the changes in ``[P, A)``, a table past ``B`` would
+  have some rows moved back in time. Only changes at or after ``P`` are applied (those before
+  are in the table), so on a lake the job keeps current this changes nothing; it brings forward
+  a table whose last MERGE failed after its changelog commit.
+
+Refused with a one-line error before anything is written (exit 78): ``A >= B``; ``A`` before the
+lake's start (the first window the lake recorded); ``B`` past the last window it recorded; a
+table without a changelog; a range in which the applied log names a window that changed the
+table but the changelog log does not (the changelog was off then, or started later).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pg2delta.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
+from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
+from pg2delta.config import Config
+from pg2delta.engine import Engine, Lake
+from pg2delta.errors import ConfigError, LakeError
+from pg2delta.job import LOG_SCHEMA, LOG_TABLE, Job, TableReport, fault_point
+from pg2delta.lsn import format_lsn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TableBackfill:
+    schema: str
+    table: str
+    path: str
+    start_lsn: int  # where the replay started (the copy's seed, or the table's applied LSN)
+    end_lsn: int
+    seed_version: int | None = None  # the main table's version the copy was seeded from
+    chunks: int = 0
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    truncated: bool = False
+    delta_version: int | None = None
+    changed: bool = False
+
+
+@dataclass
+class BackfillReport:
+    from_lsn: int
+    to_lsn: int
+    into: str | None
+    tables: list[TableBackfill] = field(default_factory=list)
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not any(t.changed for t in self.tables)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    schema: str
+    table: str
+    oid: int
+    key_names: tuple[str, ...]
+    start: int  # replay changelog rows with LSN in [start, B)
+    seed_version: int | None  # copy the main table at this version first (into, missing copy)
+    seed: bool
+    lookup: int  # the version unchanged TOAST is first read at (-1: the table is new, nothing)
+    windows: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # changelog windows (start, end, rows, columns)
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Whether two lake roots name the same place (local paths compared after resolving them)."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _rows_of(engine: Engine, uri: str, slot: str) -> list[dict[str, Any]]:
+    return [r for r in engine.read_table(uri) if r.get("slot") == slot and r.get("relation_oid") is not None]
+
+
+def _latest(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row of the latest window (ties: the latest written)."""
+    if not rows:
+        return None
+    return max(rows, key=lambda r: (int(r["window_end"]), str(r.get("applied_at") or "")))
+
+
+def backfill(
+    config: Config,
+    from_lsn: int,
+    to_lsn: int,
+    *,
+    tables: Sequence[str] = (),
+    into: str | None = None,
+    engine: Engine | None = None,
+) -> BackfillReport:
+    """Re-apply the changelog's changes in ``[from_lsn, to_lsn)``; see the module docstring."""
+    if from_lsn >= to_lsn:
+        raise ConfigError(f"--from-lsn {format_lsn(from_lsn)} must be before --to-lsn {format_lsn(to_lsn)}")
+    for name in tables:
+        if name.count(".") < 1 or name.startswith(".") or name.endswith("."):
+            raise ConfigError(f"--table {name!r} must be schema.table")
+    lake = Lake(config.lake_root)
+    target_lake = Lake(into) if into else lake
+    if into and _same_place(target_lake.root, lake.root):
+        raise ConfigError("--into must be another path than the lake itself (leave it out to backfill in place)")
+    own_engine = engine is None
+    eng = engine or Engine.start(config.engine, lake)
+    try:
+        plans = _plan(config, eng, lake, target_lake, from_lsn, to_lsn, tables, into is not None)
+        if into:
+            target_lake.check_writable()
+        return _apply(config, eng, lake, target_lake, from_lsn, to_lsn, plans, into)
+    finally:
+        if own_engine:
+            eng.stop()
+
+
+def _plan(
+    config: Config,
+    engine: Engine,
+    lake: Lake,
+    target_lake: Lake,
+    a: int,
+    b: int,
+    wanted: Sequence[str],
+    into: bool,
+) -> list[_Plan]:
+    """Every check, before anything is written."""
+    slot = config.source.slot
+    applied = _rows_of(engine, lake.table_uri(LOG_TABLE), slot)
+    cl_log = _rows_of(engine, lake.table_uri(CHANGELOG_LOG), slot)
+    everything = applied + cl_log
+    if not everything:
+        raise LakeError(f"the lake at {lake.root} has recorded no window for slot {slot!r}: nothing to backfill from")
+    lake_start = min(int(r["window_start"]) for r in everything)
+    lake_end = max(int(r["window_end"]) for r in everything)
+    if a < lake_start:
+        raise LakeError(
+            f"--from-lsn {format_lsn(a)} is earlier than the lake's start {format_lsn(lake_start)} "
+            "(the first window it recorded): the changes before it were never read"
+        )
+    if b > lake_end:
+        raise LakeError(
+            f"--to-lsn {format_lsn(b)} is past the last window the lake recorded ({format_lsn(lake_end)}): "
+            "run pg2delta run first"
+        )
+    with_changelog = sorted({(str(r["schema_name"]), str(r["table_name"])) for r in cl_log})
+    if wanted:
+        names: list[tuple[str, str]] = []
+        for w in wanted:
+            schema, table = w.split(".", 1)
+            if (schema, table) not in with_changelog:
+                raise LakeError(
+                    f"table {w} has no changelog in {lake.root} (set [tables.\"{w}\"] changelog = true; "
+                    "it covers changes from then on)"
+                )
+            if (schema, table) not in names:
+                names.append((schema, table))
+    else:
+        names = with_changelog
+        if not names:
+            raise LakeError(f"no table of the lake at {lake.root} has a changelog")
+    target_log = _rows_of(engine, target_lake.table_uri(LOG_TABLE), slot) if into else applied
+    plans = []
+    for schema, table in names:
+        qualified = f"{schema}.{table}"
+        mine_cl = [r for r in cl_log if (r["schema_name"], r["table_name"]) == (schema, table)]
+        mine_applied = [r for r in applied if (r["schema_name"], r["table_name"]) == (schema, table)]
+        target_uri = target_lake.table_uri(schema, table)
+        current = target_lake.delta_version(target_uri)
+        seed_version: int | None = None
+        seed = False
+        lookup = -1
+        if current is None:
+            if not into:
+                raise LakeError(
+                    f"table {qualified} does not exist at {target_uri}: backfill in place needs it; "
+                    "rebuild it with --into PATH"
+                )
+            # Seed from the main table as the last window at or before A left it.
+            before = [r for r in mine_applied if int(r["window_end"]) <= a and r.get("delta_version") is not None]
+            base = _latest(before)
+            start = int(base["window_end"]) if base else lake_start
+            seed_version = int(base["delta_version"]) if base else None
+            seed = seed_version is not None
+            if seed_version is not None:
+                engine.check_version(lake.table_uri(schema, table), seed_version)
+        else:
+            last = _latest([r for r in target_log if (r["schema_name"], r["table_name"]) == (schema, table)])
+            logged_version = None if last is None or last.get("delta_version") is None else int(last["delta_version"])
+            # A copy is pg2delta's own: commits after its last logged chunk can only be the next
+            # chunk's, interrupted, and re-applying that chunk from its start is idempotent. A table
+            # in place must be exactly where the applied log says.
+            resumable = into and last is not None and (logged_version is None or logged_version <= current)
+            if not resumable and logged_version != current:
+                where = "not made by pg2delta backfill, or its seed was interrupted; remove it and run again" if into else (
+                    "changed outside pg2delta, or a run stopped after its MERGE; run pg2delta run first"
+                )
+                raise LakeError(
+                    f"table {qualified} at {target_uri} is at Delta version {current}, which the applied log "
+                    f"does not record: {where}"
+                )
+            assert last is not None
+            lookup = -1 if logged_version is None else logged_version
+            start = int(last["window_end"])
+            # A copy was seeded at or before A and is replayed from where it stands.
+            if start < a and not into:
+                raise LakeError(
+                    f"table {qualified} is at {format_lsn(start)}, before --from-lsn {format_lsn(a)}: re-applying "
+                    f"from there would skip the changes in between; use --from-lsn {format_lsn(start)} or earlier"
+                )
+            if start > b:
+                raise LakeError(
+                    f"table {qualified} is already at {format_lsn(start)}, past --to-lsn {format_lsn(b)}: re-applying "
+                    "older changes would move rows back in time; backfill --into a fresh path instead"
+                )
+        # The changelog must hold every window that changed the table in [start, B).
+        logged = {(str(r["run_id"]), int(r["window_end"])) for r in mine_cl}
+        for r in sorted(mine_applied, key=lambda r: int(r["window_end"])):
+            ws, we = int(r["window_start"]), int(r["window_end"])
+            if we > start and ws < b and (str(r["run_id"]), we) not in logged:
+                first = min((int(c["window_start"]) for c in mine_cl), default=None)
+                since = f"; its changelog starts at {format_lsn(first)}" if first is not None else ""
+                raise LakeError(
+                    f"the changelog of {qualified} does not cover {format_lsn(max(ws, start))}..{format_lsn(min(we, b))}: "
+                    f"the window {format_lsn(ws)}..{format_lsn(we)} changed the table but is not in its changelog{since}"
+                )
+        windows = tuple(
+            sorted(
+                {
+                    (int(r["window_start"]), int(r["window_end"]), int(r["rows"] or 0), tuple(r.get("columns") or ()))
+                    for r in mine_cl
+                    if int(r["window_end"]) > start and int(r["window_start"]) < b
+                }
+            )
+        )
+        latest_cl = _latest(mine_cl)
+        assert latest_cl is not None
+        plans.append(
+            _Plan(
+                schema, table, int(latest_cl["relation_oid"]), tuple(latest_cl["key_names"] or ()),
+                start, seed_version, seed, lookup, windows,
+            )
+        )
+    return plans
+
+
+def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[str, ...]]]:
+    """[lo, hi) LSN ranges from ``plan.start`` to ``b`` along window ends, about ``max_rows`` rows each,
+    with the columns their MERGEs set: a chunk never spans windows whose MERGEs set different columns."""
+    out: list[tuple[int, int, tuple[str, ...]]] = []
+    lo, rows = plan.start, 0
+    columns: tuple[str, ...] = ()
+    for ws, end, n, cols in plan.windows:
+        if n and columns and cols != columns and lo < ws < b:
+            out.append((lo, ws, columns))
+            lo, rows = ws, 0
+        if n:
+            columns = cols
+        rows += n
+        if rows >= max_rows and lo < end < b:
+            out.append((lo, end, columns))
+            lo, rows = end, 0
+    out.append((lo, b, columns))
+    return out
+
+
+def _apply(
+    config: Config,
+    engine: Engine,
+    lake: Lake,
+    target_lake: Lake,
+    a: int,
+    b: int,
+    plans: list[_Plan],
+    into: str | None,
+) -> BackfillReport:
+    report = BackfillReport(a, b, into)
+    run_id = f"backfill-{uuid.uuid4().hex}"
+    target_config = dataclasses.replace(config, lake_root=target_lake.root)
+    # The target's engine: staging (changelog slices, MERGE sources) goes under the target lake,
+    # so a backfill --into writes nothing into the lake it reads.
+    job = Job(target_config, engine_factory=lambda lk: Engine(engine.spark, lk))
+    for plan in plans:
+        uri = target_lake.table_uri(plan.schema, plan.table)
+        result = TableBackfill(plan.schema, plan.table, uri, plan.start, b, plan.seed_version)
+        report.tables.append(result)
+        if plan.seed:
+            assert plan.seed_version is not None
+            engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri)
+            result.changed = True
+            log.info("seeded %s from %s.%s at version %d", uri, plan.schema, plan.table, plan.seed_version)
+            _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+        # A new copy is marked as this backfill's in its log before its first write (see _plan).
+        unmarked = into is not None and target_lake.delta_version(uri) is None
+        lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
+        cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
+        nullable_keys = bool(config.table(plan.schema, plan.table).key)
+        for lo, hi, columns in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
+            rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
+            if rows.num_rows and columns:
+                rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
+            tr = TableReport(plan.schema, plan.table, uri)
+            before = target_lake.delta_version(uri)
+            changes: pa.Table | None = None
+            if rows.num_rows:
+                rows = rows.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
+                is_trunc = pc.equal(rows.column(OP_COL), TRUNCATE_OP)
+                truncs = rows.filter(is_trunc)
+                changes = rows.filter(pc.invert(is_trunc))
+                if truncs.num_rows:
+                    tr.truncated = True
+                    last_lsn = truncs.column(LSN_COL)[-1].as_py()
+                    last_pos = truncs.column(POS_COL)[-1].as_py()
+                    lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
+                    changes = changes.filter(
+                        pc.or_(pc.greater(lsn, last_lsn), pc.and_(pc.equal(lsn, last_lsn), pc.greater(pos, last_pos)))
+                    )
+                if unmarked:
+                    _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+                    unmarked = False
+                job.merge_changes(
+                    tr, run_id, changes, list(plan.key_names), [c for c in rows.column_names],
+                    nullable_keys=nullable_keys, lookup_version=lookup,
+                )
+                fault_point("backfill_after_merge")
+                tr.delta_version = target_lake.delta_version(uri)
+                if tr.delta_version != before:
+                    result.changed = True
+            else:
+                tr.delta_version = target_lake.delta_version(uri)
+            result.chunks += 1
+            result.inserts += tr.inserts
+            result.updates += tr.updates
+            result.deletes += tr.deletes
+            result.truncated |= tr.truncated
+            if tr.delta_version is not None and (into or tr.delta_version != before):
+                _log(job, run_id, plan, lo, hi, tr, target_lake)
+                lookup = tr.delta_version
+        result.delta_version = target_lake.delta_version(uri)
+        log.info(
+            "backfilled %s.%s %s..%s into %s: %d inserts, %d updates, %d deletes -> delta version %s",
+            plan.schema, plan.table, format_lsn(plan.start), format_lsn(b), uri,
+            result.inserts, result.updates, result.deletes, result.delta_version,
+        )
+    return report
+
+
+def _log(job: Job, run_id: str, plan: _Plan, lo: int, hi: int, tr: TableReport, target_lake: Lake) -> None:
+    """Record a chunk in the target lake's applied log (the seed as an empty window at its LSN)."""
+    now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    row = {
+        "run_id": run_id,
+        "slot": job.config.source.slot,
+        "window_start": lo,
+        "window_end": hi,
+        "window_end_lsn": format_lsn(hi),
+        "relation_oid": plan.oid,
+        "schema_name": plan.schema,
+        "table_name": plan.table,
+        "delta_version": target_lake.delta_version(tr.path),
+        "inserts": tr.inserts,
+        "updates": tr.updates,
+        "deletes": tr.deletes,
+        "truncated": tr.truncated,
+        "applied_at": now.as_py(),
+    }
+    job.engine.append(target_lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
