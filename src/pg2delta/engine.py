@@ -15,6 +15,7 @@ created and widened with (empty) appends using ``mergeSchema`` (pysail has no
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -23,6 +24,7 @@ import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -86,6 +88,39 @@ class Lake:
             raise LakeError(f"cannot list {log_dir}: {exc}") from exc
         versions = [int(m.group(1)) for i in infos if (m := re.fullmatch(r"(\d{20})\.json", i.base_name))]
         return max(versions) if versions else None
+
+    def snapshot_at(self, uri: str, version: int) -> tuple[list[str], str | None]:
+        """The data files and the schema (Spark's StructType JSON) of the Delta table at ``uri`` as
+        of ``version``, replayed from its JSON commits.
+
+        For reading an old version where the engine cannot time-travel (pysail 0.7.2 fails for any
+        version below its latest checkpoint, though the commits are all there). Refuses what
+        plain Parquet files cannot express: deletion vectors and column mapping.
+        """
+        local = self._local(uri)
+        files: dict[str, None] = {}
+        schema: str | None = None
+        for v in range(version + 1):
+            name = f"{local}/_delta_log/{v:020d}.json"
+            try:
+                with self.fs.open_input_stream(name) as f:
+                    lines = f.read().decode().splitlines()
+            except (OSError, pa.ArrowException) as exc:
+                raise LakeError(f"cannot read version {version} of {uri}: commit {v} is gone ({exc})") from exc
+            for line in lines:
+                action = json.loads(line) if line.strip() else {}
+                if "add" in action:
+                    if action["add"].get("deletionVector"):
+                        raise LakeError(f"cannot read version {version} of {uri} from its files: it has deletion vectors")
+                    files[unquote(action["add"]["path"])] = None
+                elif "remove" in action:
+                    files.pop(unquote(action["remove"]["path"]), None)
+                elif "metaData" in action:
+                    conf = action["metaData"].get("configuration") or {}
+                    if conf.get("delta.columnMapping.mode", "none") != "none":
+                        raise LakeError(f"cannot read version {version} of {uri} from its files: it uses column mapping")
+                    schema = action["metaData"].get("schemaString")
+        return [p if "://" in p or p.startswith("/") else f"{uri}/{p}" for p in files], schema
 
     def stage(self, table: pa.Table, name: str) -> str:
         """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""
@@ -230,9 +265,17 @@ class Engine:
             if version is not None:
                 reader = reader.option("versionAsOf", version)
             schema = reader.load(uri).schema
-            return {f.name: f.dataType.simpleString() for f in schema.fields}
         except Exception as exc:
-            raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+            if version is None:
+                raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+            # pysail 0.7.2 cannot time-travel below its latest checkpoint: the log has the schema.
+            from pyspark.sql.types import StructType
+
+            _, text = self.lake.snapshot_at(uri, version)
+            if text is None:
+                raise LakeError(f"cannot read the schema of {uri} at version {version}: no metadata") from exc
+            schema = StructType.fromJson(json.loads(text))
+        return {f.name: f.dataType.simpleString() for f in schema.fields}
 
     def rewrite(self, uri: str, casts: dict[str, str], *, drop: Sequence[str] = ()) -> None:
         """Rewrite the Delta table with the columns in ``casts`` cast to wider Spark types, without ``drop``.
@@ -317,10 +360,10 @@ class Engine:
         key_view = f"pg2delta_keys_{uuid.uuid4().hex[:12]}"
         table_view = f"pg2delta_table_{uuid.uuid4().hex[:12]}"
         try:
-            reader = self.spark.read.format("delta")
-            if version is not None:
-                reader = reader.option("versionAsOf", version)
-            table = reader.load(uri)
+            table = self._read_version(uri, version)
+            if table is None:
+                self.lake.unstage(staged)
+                return []
             present = set(table.columns)
             table.createOrReplaceTempView(table_view)
             self.spark.read.parquet(staged).createOrReplaceTempView(key_view)
@@ -342,6 +385,23 @@ class Engine:
                 except Exception:
                     log.debug("could not drop temp view %s", view)
             self.lake.unstage(staged)
+
+    def _read_version(self, uri: str, version: int | None) -> Any:
+        """The Delta table at ``uri`` (as of ``version``) as a DataFrame; None if it had no files then."""
+        if version is None:
+            return self.spark.read.format("delta").load(uri)
+        try:
+            table = self.spark.read.format("delta").option("versionAsOf", version).load(uri)
+            table.columns  # noqa: B018 -- resolves the snapshot now, so a failure is caught here
+            return table
+        except Exception as exc:
+            # pysail 0.7.2 cannot time-travel below its latest checkpoint: read the files the
+            # JSON commits list at that version instead, through the same session.
+            log.debug("time travel to version %d of %s failed (%s); reading its files", version, uri, exc)
+            files, _ = self.lake.snapshot_at(uri, version)
+            if not files:
+                return None
+            return self.spark.read.option("mergeSchema", "true").parquet(*files)
 
     def append(self, uri: str, table: pa.Table, *, fill_missing: bool = False) -> None:
         """Append ``table`` to the Delta table at ``uri`` (created if missing; new columns added).
