@@ -361,9 +361,6 @@ class Engine:
         table_view = f"pg2delta_table_{uuid.uuid4().hex[:12]}"
         try:
             table = self._read_version(uri, version)
-            if table is None:
-                self.lake.unstage(staged)
-                return []
             present = set(table.columns)
             table.createOrReplaceTempView(table_view)
             self.spark.read.parquet(staged).createOrReplaceTempView(key_view)
@@ -387,7 +384,7 @@ class Engine:
             self.lake.unstage(staged)
 
     def _read_version(self, uri: str, version: int | None) -> Any:
-        """The Delta table at ``uri`` (as of ``version``) as a DataFrame; None if it had no files then."""
+        """The Delta table at ``uri`` (as of ``version``) as a DataFrame."""
         if version is None:
             return self.spark.read.format("delta").load(uri)
         try:
@@ -396,12 +393,15 @@ class Engine:
             return table
         except Exception as exc:
             # pysail 0.7.2 cannot time-travel below its latest checkpoint: read the files the
-            # JSON commits list at that version instead, through the same session.
+            # JSON commits list at that version instead, with that version's schema.
             log.debug("time travel to version %d of %s failed (%s); reading its files", version, uri, exc)
-            files, _ = self.lake.snapshot_at(uri, version)
-            if not files:
-                return None
-            return self.spark.read.option("mergeSchema", "true").parquet(*files)
+            files, text = self.lake.snapshot_at(uri, version)
+            if text is None:
+                raise LakeError(f"cannot read {uri} at version {version}: no metadata") from exc
+            from pyspark.sql.types import StructType
+
+            schema = StructType.fromJson(json.loads(text))
+            return self.spark.read.schema(schema).parquet(*files) if files else self.spark.createDataFrame([], schema)
 
     def append(self, uri: str, table: pa.Table, *, fill_missing: bool = False) -> None:
         """Append ``table`` to the Delta table at ``uri`` (created if missing; new columns added).
@@ -471,12 +471,11 @@ class Engine:
         return pa.concat_tables(tables, promote_options="permissive")
 
     def check_version(self, uri: str, version: int) -> None:
-        """Raise :class:`LakeError` unless the Delta table at ``uri`` can be read as of ``version``.
-
-        pysail 0.7.2 cannot time travel to a version before the table's latest checkpoint.
-        """
+        """Raise :class:`LakeError` unless the Delta table at ``uri`` can be read as of ``version``."""
         try:
-            _ = self.spark.read.format("delta").option("versionAsOf", version).load(uri).columns
+            _ = self._read_version(uri, version).columns
+        except LakeError:
+            raise
         except Exception as exc:
             raise LakeError(
                 f"cannot read {uri} as of Delta version {version} (time travel): {' '.join(str(exc).split())[:300]}"
@@ -485,8 +484,9 @@ class Engine:
     def copy_table(self, source: str, version: int, target: str) -> None:
         """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
         try:
-            df = self.spark.read.format("delta").option("versionAsOf", version).load(source)
-            df.write.format("delta").mode("append").save(target)
+            self._read_version(source, version).write.format("delta").mode("append").save(target)
+        except LakeError:
+            raise
         except Exception as exc:
             raise LakeError(
                 f"cannot copy {source} at version {version} to {target}: {' '.join(str(exc).split())[:500]}"
