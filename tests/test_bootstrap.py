@@ -11,6 +11,7 @@ import json
 import signal
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -202,8 +203,9 @@ def test_bootstrap_killed_mid_table_exposes_nothing(pgdb: str, tmp_path: Path) -
 EXTRA = TableSpec("public", "extra", ("id",))
 
 
-def _extra_writer(dsn: str, stop: threading.Event, errors: list[BaseException]) -> None:
-    """Inserts, updates and deletes on the table added later, in small transactions."""
+def _extra_writer(dsn: str, stop: threading.Event, errors: list[BaseException], committed: list[int] | None = None) -> None:
+    """Inserts, updates and deletes on the table added later, in small transactions (their count
+    goes to ``committed``)."""
     n = 0
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -214,6 +216,8 @@ def _extra_writer(dsn: str, stop: threading.Event, errors: list[BaseException]) 
                     conn.execute("UPDATE extra SET n = n + 1, v = v || '+' WHERE id = %s", (1 + (n * 37) % 20_000,))
                     conn.execute("DELETE FROM extra WHERE id = %s", (1 + (n * 101) % 20_000,))
                 conn.execute("INSERT INTO events (kind, n) VALUES ('extra', %s)", (n,))
+                if committed is not None:
+                    committed.append(n)
     except BaseException as exc:
         errors.append(exc)
 
@@ -231,12 +235,17 @@ def test_table_added_to_the_publication_mid_workload(pgdb: str, tmp_path: Path) 
             conn.execute("CREATE TABLE extra (id integer PRIMARY KEY, v text, n integer)")
             conn.execute("INSERT INTO extra SELECT g, 'old ' || g, g FROM generate_series(1, 20000) g")
             conn.execute("ANALYZE extra")
-        stop, errors = threading.Event(), []
-        writer = threading.Thread(target=_extra_writer, args=(pgdb, stop, errors), daemon=True)
+        stop, errors, committed = threading.Event(), [], []
+        writer = threading.Thread(target=_extra_writer, args=(pgdb, stop, errors, committed), daemon=True)
         writer.start()
         try:
             with psycopg.connect(pgdb, autocommit=True) as conn:
                 conn.execute(f'ALTER PUBLICATION "{pub}" ADD TABLE extra')
+            # changes of extra committed after it joined the publication, before the run fixes its bound
+            after = len(committed)
+            deadline = time.monotonic() + 60
+            while len(committed) < after + 2 and not errors and time.monotonic() < deadline:
+                time.sleep(0.01)
             first = run(cfg)  # copies extra at a snapshot of its own, then applies everyone's changes
             stop.wait(0.5)
         finally:
