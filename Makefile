@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install demo test test-unit test-integration lint typecheck bench bench-decode postgres clean
 
-$(STAMP): pyproject.toml
+# setup.py and the C source too: an editable install does not rebuild the extension by itself.
+$(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[embedded,dev]'
