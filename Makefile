@@ -12,6 +12,7 @@ COMPAT_PINS := 'pyspark[connect]==3.5.*' 'numpy<2' 'pyarrow==15.*' 'pandas<3' 'p
 
 .PHONY: install demo test test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap postgres clean
 
+# setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -1,20 +1,29 @@
 /*
  * pg2delta._tuples: the byte-level inner loops of the window decoder.
  *
- * Three functions over caller-allocated numpy buffers (buffer protocol, no numpy C API):
+ * Functions over caller-allocated numpy buffers (buffer protocol, no numpy C API):
  *
- *   walk_changes  one pass over the Insert/Update/Delete messages of a chunk: for every
- *                 row and column, the value kind, start and length of its new and old
- *                 TupleData, every read bounds-checked against the row's end.
+ *   walk_changes        one pass over the Insert/Update/Delete messages of a chunk: for every
+ *                       row and column, the value kind, start and length of its new and old
+ *                       TupleData, every read bounds-checked against the row's end.
+ *   gather_fixed        the `width` bytes at each start, optionally byte-reversed (big-endian
+ *                       wire values to native little-endian numbers).
+ *   gather_var          concatenate byte ranges into one bytes object plus int32 offsets
+ *                       (the two buffers of an Arrow string/binary array).
  *   numeric_decimal128  binary numerics to Arrow decimal128 values.
- *   gather_fixed  the `width` bytes at each start, optionally byte-reversed (big-endian
- *                 wire values to native little/big-endian numbers).
- *   gather_var    concatenate byte ranges into one bytes object plus int32 offsets
- *                 (the two buffers of an Arrow string/binary array).
+ *   numeric_texts       binary numerics to PostgreSQL's text of them.
+ *   array_counts,       binary one-dimensional arrays: element counts, then the elements'
+ *   array_elements      starts and lengths (the element codec then decodes them in bulk).
+ *
+ * Values these functions do not handle (infinities, multi-dimensional arrays, bad bytes)
+ * are reported by index; the Python side then takes its per-value reference path, which
+ * says precisely what is wrong.
  *
  * No function reads outside the buffers it is given, whatever the bytes say: malformed
- * messages are reported to the caller (walk_changes returns the row and the reason, the
- * gathers raise IndexError/ValueError/OverflowError), which turns them into DecodeError.
+ * messages are reported to the caller (walk_changes returns the row and the reason), which
+ * turns them into DecodeError. Byte ranges outside the buffer raise IndexError and wrong
+ * buffer sizes ValueError (the Python side checks ranges first, so these would be bugs);
+ * more than 2 GiB of output raises OverflowError.
  * The wire format is PostgreSQL's logical replication protocol (pgoutput), TupleData:
  * Int16 column count, then per column a kind byte 'n' (NULL), 'u' (unchanged TOAST),
  * 't' (text) or 'b' (binary), the latter two followed by an Int32 length and the bytes.

@@ -7,8 +7,9 @@ text (``t``) or binary (``b``) wire format, freely mixed. ``n`` (NULL) and ``u``
 (unchanged TOAST) become nulls; the caller tracks unchanged TOAST itself. Bytes that
 do not form a value of the type raise :class:`~pg2delta.errors.DecodeError` naming the
 type and the row index (never another exception). Hot types decode in bulk: byte
-gathers (and binary numeric -> decimal128) in the C extension ``_tuples.c``, the rest
-with numpy and Arrow compute; the other types loop per value. Every type also has a per-value
+gathers, binary numeric (decimal128 or text) and one-dimensional binary arrays in the C
+extension ``_tuples.c``, the rest with numpy and Arrow compute; the other types loop per
+value. Every type also has a per-value
 reference path (``ColumnCodec.decode(..., reference=True)``) that the tests hold the
 vectorized path against.
 
