@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from pg2delta.errors import SlotBusy
 from pg2delta.throwaway import ThrowawayPostgres
 from workload import cli, confirmed_lsn, create_schema
 
@@ -195,6 +196,23 @@ def test_second_run_while_the_first_holds_the_lock(source: Source) -> None:
     done = cli(*source.args())
     assert done.returncode == 0, done.stderr[-2000:]
     assert confirmed_lsn(source.dsn, source.slot) != before
+
+
+def test_the_lock_is_free_as_soon_as_a_run_closes(source: Source) -> None:
+    """A run right after another (a retry, a test, a backfill chain) finds the lock free: closing
+    releases it in the session, not when the server gets round to ending the backend."""
+    from pg2delta.slot import SlotSource
+
+    first = SlotSource(source.dsn, source.slot, source.publication)
+    try:
+        first.lock()
+        with SlotSource(source.dsn, source.slot, source.publication) as second, pytest.raises(SlotBusy):
+            second.lock()
+        first.unlock()  # what close() does first; the session is still open here
+        with SlotSource(source.dsn, source.slot, source.publication) as third:
+            third.lock()
+    finally:
+        first.close()
 
 
 def test_full_identity_without_key_after_the_engine_started(source: Source) -> None:

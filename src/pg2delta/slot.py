@@ -81,6 +81,10 @@ def _lsn_value(text: object) -> int | None:
     return (int(hi, 16) << 32) | int(lo, 16)
 
 
+_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('pg2delta slot ' || %s, 0))"
+_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended('pg2delta slot ' || %s, 0))"
+
+
 class SlotSource:
     """A control connection to the source database, holding the run's advisory lock."""
 
@@ -93,6 +97,10 @@ class SlotSource:
         self.server_version = self.conn.info.server_version
 
     def close(self) -> None:
+        # Release the lock before closing: the server drops a session's locks only once its backend
+        # has exited, after the client is gone, so a run started right after this one could still
+        # find the slot locked and exit 73.
+        self.unlock()
         with contextlib.suppress(psycopg.Error):
             self.conn.close()
 
@@ -112,12 +120,17 @@ class SlotSource:
 
     def lock(self) -> None:
         """Take the per-slot advisory lock for this run, or fail at once if another run has it."""
-        (got,) = self._query(
-            "SELECT pg_try_advisory_lock(hashtextextended('pg2delta slot ' || %s, 0))", (self.slot,)
-        )[0]
+        (got,) = self._query(_LOCK, (self.slot,))[0]
         if not got:
             raise SlotBusy(f"another pg2delta run is using slot {self.slot!r}; this run did nothing")
         self._locked = True
+
+    def unlock(self) -> None:
+        """Release this run's advisory lock, if it holds it."""
+        if self._locked:
+            with contextlib.suppress(psycopg.Error):
+                self.conn.execute(_UNLOCK, (self.slot,))
+            self._locked = False
 
     def slot_info(self) -> SlotInfo | None:
         cols = "slot_name, plugin, slot_type, database, confirmed_flush_lsn, restart_lsn, wal_status, safe_wal_size, active_pid, two_phase"
