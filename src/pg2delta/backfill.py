@@ -30,6 +30,7 @@ table but the changelog log does not (the changelog was off then, or started lat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -48,6 +49,7 @@ from pg2delta.engine import Engine, Lake
 from pg2delta.errors import ConfigError, LakeError
 from pg2delta.job import LOG_SCHEMA, LOG_TABLE, Job, TableReport, fault_point
 from pg2delta.lsn import format_lsn
+from pg2delta.schema import spark_type, widens
 
 log = logging.getLogger(__name__)
 
@@ -350,6 +352,7 @@ def _apply(
                 job.merge_changes(
                     tr, run_id, changes, list(plan.key_names), [c for c in rows.column_names],
                     nullable_keys=nullable_keys, lookup_version=lookup,
+                    reshape=functools.partial(_widen, job.engine, uri, rows.schema),
                 )
                 fault_point("backfill_after_merge")
                 tr.delta_version = target_lake.delta_version(uri)
@@ -372,6 +375,23 @@ def _apply(
             result.inserts, result.updates, result.deletes, result.delta_version,
         )
     return report
+
+
+def _widen(engine: Engine, uri: str, schema: pa.Schema) -> frozenset[str] | None:
+    """Widen the copy's columns the changelog slice holds wider (the changelog follows the source's
+    widenings by rewriting, so older slices carry the newer, wider types): one rewrite, as the run
+    widens the main table; a MERGE or ``mergeSchema`` append cannot widen a Delta column."""
+    current = engine.table_types(uri)
+    if current is None:
+        return None
+    casts = {
+        f.name: new
+        for f in schema
+        if f.name in current and (new := spark_type(f.type)) != current[f.name] and widens(current[f.name], new)
+    }
+    if casts:
+        engine.rewrite(uri, casts)
+    return frozenset(current)
 
 
 def _log(job: Job, run_id: str, plan: _Plan, lo: int, hi: int, tr: TableReport, target_lake: Lake) -> None:
