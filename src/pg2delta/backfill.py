@@ -93,7 +93,7 @@ class _Plan:
     seed_version: int | None  # copy the main table at this version first (into, missing copy)
     seed: bool
     lookup: int  # the version unchanged TOAST is first read at (-1: the table is new, nothing)
-    windows: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # changelog windows (start, end, rows, columns)
+    windows: tuple[tuple[int, int, int, tuple[str, ...], tuple[str, ...]], ...]  # changelog windows (start, end, rows, columns, key)
 
 
 def _same_place(a: str, b: str) -> bool:
@@ -258,7 +258,10 @@ def _plan(
         windows = tuple(
             sorted(
                 {
-                    (int(r["window_start"]), int(r["window_end"]), int(r["rows"] or 0), tuple(r.get("columns") or ()))
+                    (
+                        int(r["window_start"]), int(r["window_end"]), int(r["rows"] or 0),
+                        tuple(r.get("columns") or ()), tuple(r.get("key_names") or ()),
+                    )
                     for r in mine_cl
                     if int(r["window_end"]) > start and int(r["window_start"]) < b
                 }
@@ -275,23 +278,26 @@ def _plan(
     return plans
 
 
-def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[str, ...]]]:
+def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[str, ...], tuple[str, ...]]]:
     """[lo, hi) LSN ranges from ``plan.start`` to ``b`` along window ends, about ``max_rows`` rows each,
-    with the columns their MERGEs set: a chunk never spans windows whose MERGEs set different columns."""
-    out: list[tuple[int, int, tuple[str, ...]]] = []
+    with the columns their MERGEs set and the key they merged on: a chunk never spans windows whose
+    MERGEs set different columns or used different keys (a delete sent before a primary-key change
+    carries only the old key's columns)."""
+    out: list[tuple[int, int, tuple[str, ...], tuple[str, ...]]] = []
     lo, rows = plan.start, 0
     columns: tuple[str, ...] = ()
-    for ws, end, n, cols in plan.windows:
-        if n and columns and cols != columns and lo < ws < b:
-            out.append((lo, ws, columns))
+    key: tuple[str, ...] | None = None
+    for ws, end, n, cols, wkey in plan.windows:
+        if n and columns and (cols, wkey) != (columns, key) and lo < ws < b:
+            out.append((lo, ws, columns, plan.key_names if key is None else key))
             lo, rows = ws, 0
         if n:
-            columns = cols
+            columns, key = cols, wkey
         rows += n
         if rows >= max_rows and lo < end < b:
-            out.append((lo, end, columns))
+            out.append((lo, end, columns, plan.key_names if key is None else key))
             lo, rows = end, 0
-    out.append((lo, b, columns))
+    out.append((lo, b, columns, plan.key_names if key is None else key))
     return out
 
 
@@ -326,7 +332,7 @@ def _apply(
         lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
         cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
         nullable_keys = bool(config.table(plan.schema, plan.table).key)
-        for lo, hi, columns in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
+        for lo, hi, columns, key in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
             rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
             if rows.num_rows and columns:
                 rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
@@ -350,7 +356,7 @@ def _apply(
                     _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
                     unmarked = False
                 job.merge_changes(
-                    tr, run_id, changes, list(plan.key_names), [c for c in rows.column_names],
+                    tr, run_id, changes, list(key), [c for c in rows.column_names],
                     nullable_keys=nullable_keys, lookup_version=lookup,
                     reshape=functools.partial(_widen, job.engine, uri, rows.schema),
                 )
