@@ -108,3 +108,9 @@ def test_backfill_chunks_follow_key_changes() -> None:
     windows = ((100, 200, 10, ab, ("a",)), (200, 300, 10, ab, ("a",)), (300, 400, 10, ab, ("b",)))
     plan = _Plan("s", "t", 1, ("b",), 100, None, False, -1, windows)
     assert _chunks(plan, 400, 1000) == [(100, 300, ab, ("a",)), (300, 400, ab, ("b",))]
+    # A window replayed after a crash past its changelog commit is logged with 0 rows appended:
+    # its columns and key still hold for its rows.
+    abc = ("a", "b", "c")
+    replayed = (*windows[:2], (300, 400, 0, abc, ("b",)))
+    plan = _Plan("s", "t", 1, ("b",), 100, None, False, -1, replayed)
+    assert _chunks(plan, 400, 1000) == [(100, 300, ab, ("a",)), (300, 400, abc, ("b",))]

@@ -288,10 +288,12 @@ def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[st
     columns: tuple[str, ...] = ()
     key: tuple[str, ...] | None = None
     for ws, end, n, cols, wkey in plan.windows:
-        if n and columns and (cols, wkey) != (columns, key) and lo < ws < b:
+        # A window replayed after a crash that came after its changelog commit is logged with 0
+        # rows appended (they were appended before the crash) but with its columns and key.
+        if cols and columns and (cols, wkey) != (columns, key) and lo < ws < b:
             out.append((lo, ws, columns, plan.key_names if key is None else key))
             lo, rows = ws, 0
-        if n:
+        if cols:
             columns, key = cols, wkey
         rows += n
         if rows >= max_rows and lo < end < b:
