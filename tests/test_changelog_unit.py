@@ -90,11 +90,27 @@ def test_window_rows_merge_changes_and_truncates_in_commit_order() -> None:
 def test_backfill_chunks_follow_windows_rows_and_columns() -> None:
     from pg2delta.backfill import _chunks, _Plan
 
-    ab, abc = ("a", "b"), ("a", "b", "c")
-    windows = ((100, 200, 30, ab), (200, 300, 30, ab), (300, 400, 0, ()), (400, 500, 10, abc), (500, 600, 50, abc))
-    plan = _Plan("s", "t", 1, ("a",), 100, None, False, -1, windows)
+    ab, abc, a = ("a", "b"), ("a", "b", "c"), ("a",)
+    windows = ((100, 200, 30, ab, a), (200, 300, 30, ab, a), (300, 400, 0, (), a), (400, 500, 10, abc, a), (500, 600, 50, abc, a))
+    plan = _Plan("s", "t", 1, a, 100, None, False, -1, windows)
     # At most 50 rows a chunk, cut at window ends; a new column set starts a new chunk.
-    assert _chunks(plan, 650, 50) == [(100, 300, ab), (300, 400, ab), (400, 600, abc), (600, 650, abc)]
+    assert _chunks(plan, 650, 50) == [(100, 300, ab, a), (300, 400, ab, a), (400, 600, abc, a), (600, 650, abc, a)]
     # One chunk when the rows fit and the columns never change.
-    same = _Plan("s", "t", 1, ("a",), 100, None, False, -1, windows[:3])
-    assert _chunks(same, 400, 1000) == [(100, 400, ab)]
+    same = _Plan("s", "t", 1, a, 100, None, False, -1, windows[:3])
+    assert _chunks(same, 400, 1000) == [(100, 400, ab, a)]
+
+
+def test_backfill_chunks_follow_key_changes() -> None:
+    """Windows merged on the old key are replayed on it: their deletes carry only the old key's columns."""
+    from pg2delta.backfill import _chunks, _Plan
+
+    ab = ("a", "b")
+    windows = ((100, 200, 10, ab, ("a",)), (200, 300, 10, ab, ("a",)), (300, 400, 10, ab, ("b",)))
+    plan = _Plan("s", "t", 1, ("b",), 100, None, False, -1, windows)
+    assert _chunks(plan, 400, 1000) == [(100, 300, ab, ("a",)), (300, 400, ab, ("b",))]
+    # A window replayed after a crash past its changelog commit is logged with 0 rows appended:
+    # its columns and key still hold for its rows.
+    abc = ("a", "b", "c")
+    replayed = (*windows[:2], (300, 400, 0, abc, ("b",)))
+    plan = _Plan("s", "t", 1, ("b",), 100, None, False, -1, replayed)
+    assert _chunks(plan, 400, 1000) == [(100, 300, ab, ("a",)), (300, 400, abc, ("b",))]

@@ -30,6 +30,7 @@ table but the changelog log does not (the changelog was off then, or started lat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -48,6 +49,7 @@ from pg2delta.engine import Engine, Lake
 from pg2delta.errors import ConfigError, LakeError
 from pg2delta.job import LOG_SCHEMA, LOG_TABLE, Job, TableReport, fault_point
 from pg2delta.lsn import format_lsn
+from pg2delta.schema import spark_type, widens
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ class _Plan:
     seed_version: int | None  # copy the main table at this version first (into, missing copy)
     seed: bool
     lookup: int  # the version unchanged TOAST is first read at (-1: the table is new, nothing)
-    windows: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # changelog windows (start, end, rows, columns)
+    windows: tuple[tuple[int, int, int, tuple[str, ...], tuple[str, ...]], ...]  # changelog windows (start, end, rows, columns, key)
 
 
 def _same_place(a: str, b: str) -> bool:
@@ -256,7 +258,10 @@ def _plan(
         windows = tuple(
             sorted(
                 {
-                    (int(r["window_start"]), int(r["window_end"]), int(r["rows"] or 0), tuple(r.get("columns") or ()))
+                    (
+                        int(r["window_start"]), int(r["window_end"]), int(r["rows"] or 0),
+                        tuple(r.get("columns") or ()), tuple(r.get("key_names") or ()),
+                    )
                     for r in mine_cl
                     if int(r["window_end"]) > start and int(r["window_start"]) < b
                 }
@@ -273,23 +278,28 @@ def _plan(
     return plans
 
 
-def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[str, ...]]]:
+def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[str, ...], tuple[str, ...]]]:
     """[lo, hi) LSN ranges from ``plan.start`` to ``b`` along window ends, about ``max_rows`` rows each,
-    with the columns their MERGEs set: a chunk never spans windows whose MERGEs set different columns."""
-    out: list[tuple[int, int, tuple[str, ...]]] = []
+    with the columns their MERGEs set and the key they merged on: a chunk never spans windows whose
+    MERGEs set different columns or used different keys (a delete sent before a primary-key change
+    carries only the old key's columns)."""
+    out: list[tuple[int, int, tuple[str, ...], tuple[str, ...]]] = []
     lo, rows = plan.start, 0
     columns: tuple[str, ...] = ()
-    for ws, end, n, cols in plan.windows:
-        if n and columns and cols != columns and lo < ws < b:
-            out.append((lo, ws, columns))
+    key: tuple[str, ...] | None = None
+    for ws, end, n, cols, wkey in plan.windows:
+        # A window replayed after a crash that came after its changelog commit is logged with 0
+        # rows appended (they were appended before the crash) but with its columns and key.
+        if cols and columns and (cols, wkey) != (columns, key) and lo < ws < b:
+            out.append((lo, ws, columns, plan.key_names if key is None else key))
             lo, rows = ws, 0
-        if n:
-            columns = cols
+        if cols:
+            columns, key = cols, wkey
         rows += n
         if rows >= max_rows and lo < end < b:
-            out.append((lo, end, columns))
+            out.append((lo, end, columns, plan.key_names if key is None else key))
             lo, rows = end, 0
-    out.append((lo, b, columns))
+    out.append((lo, b, columns, plan.key_names if key is None else key))
     return out
 
 
@@ -324,7 +334,7 @@ def _apply(
         lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
         cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
         nullable_keys = bool(config.table(plan.schema, plan.table).key)
-        for lo, hi, columns in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
+        for lo, hi, columns, key in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
             rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
             if rows.num_rows and columns:
                 rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
@@ -348,8 +358,9 @@ def _apply(
                     _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
                     unmarked = False
                 job.merge_changes(
-                    tr, run_id, changes, list(plan.key_names), [c for c in rows.column_names],
+                    tr, run_id, changes, list(key), [c for c in rows.column_names],
                     nullable_keys=nullable_keys, lookup_version=lookup,
+                    reshape=functools.partial(_widen, job.engine, uri, rows.schema),
                 )
                 fault_point("backfill_after_merge")
                 tr.delta_version = target_lake.delta_version(uri)
@@ -372,6 +383,23 @@ def _apply(
             result.inserts, result.updates, result.deletes, result.delta_version,
         )
     return report
+
+
+def _widen(engine: Engine, uri: str, schema: pa.Schema) -> frozenset[str] | None:
+    """Widen the copy's columns the changelog slice holds wider (the changelog follows the source's
+    widenings by rewriting, so older slices carry the newer, wider types): one rewrite, as the run
+    widens the main table; a MERGE or ``mergeSchema`` append cannot widen a Delta column."""
+    current = engine.table_types(uri)
+    if current is None:
+        return None
+    casts = {
+        f.name: new
+        for f in schema
+        if f.name in current and (new := spark_type(f.type)) != current[f.name] and widens(current[f.name], new)
+    }
+    if casts:
+        engine.rewrite(uri, casts)
+    return frozenset(current)
 
 
 def _log(job: Job, run_id: str, plan: _Plan, lo: int, hi: int, tr: TableReport, target_lake: Lake) -> None:

@@ -50,6 +50,7 @@ from pg2delta.changes import (
 from pg2delta.config import Config
 from pg2delta.engine import Engine, Lake
 from pg2delta.lsn import format_lsn
+from pg2delta.schema import arrow_type, spark_type, widens
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class ChangelogWriter:
     config: Config
     lake: Lake
     _last_lsn: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    _types: dict[str, dict[str, str] | None] = field(default_factory=dict)  # changelog column types by uri
 
     def enabled(self, version: RelationVersion) -> bool:
         return self.config.changelog_of(*version.qualified_name)
@@ -142,7 +144,10 @@ class ChangelogWriter:
                 rows = rows.filter(pc.greater(rows.column(LSN_COL), last))
             appended = 0
             if rows is not None and rows.num_rows:
+                rows = self._conform(engine, uri, rows)
                 engine.append(uri, rows, fill_missing=True)
+                known = self._types.get(uri) or {}
+                self._types[uri] = {**{f.name: spark_type(f.type) for f in rows.schema}, **known}
                 appended = rows.num_rows
                 self._last_lsn[(schema, name)] = int(pc.max(rows.column(LSN_COL)).as_py())
                 log.info("changelog %s.%s: %d rows appended", schema, name, appended)
@@ -164,6 +169,29 @@ class ChangelogWriter:
                 }
             )
         return logged
+
+    def _conform(self, engine: Engine, uri: str, rows: pa.Table) -> pa.Table:
+        """Follow a widened column: rewrite the changelog once with the wider type (as the table's
+        own rewrite does; a ``mergeSchema`` append cannot widen a column), and cast rows narrower
+        than a column the changelog already holds wider (``narrowing = "keep"``)."""
+        if uri not in self._types:
+            self._types[uri] = engine.table_types(uri)
+        current = self._types[uri]
+        if current is None:
+            return rows
+        casts: dict[str, str] = {}
+        for i, f in enumerate(rows.schema):
+            have, new = current.get(f.name), spark_type(f.type)
+            if have is None or have == new:
+                continue
+            if widens(have, new):
+                casts[f.name] = new
+            elif widens(new, have) and (wider := arrow_type(have)) is not None:
+                rows = rows.set_column(i, f.with_type(wider), rows.column(i).cast(wider))
+        if casts:
+            engine.rewrite(uri, casts)
+            self._types.pop(uri, None)
+        return rows
 
     def log(self, engine: Engine, rows: list[dict[str, Any]]) -> None:
         if not rows:
