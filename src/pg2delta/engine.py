@@ -56,6 +56,15 @@ def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return fs, path
 
 
+# pyspark 3.5's Spark Connect client deadlocks when a SparkSession is garbage-collected on one of
+# its own release threads: __del__ closes the client, which joins the class-wide thread pool it is
+# running on while SparkSession.stop() in the main thread holds the pool's lock (seen here with
+# pyspark 3.5.9 after a few runs in one process; pyspark 4 no longer joins). Connect sessions are
+# therefore kept referenced until the process exits, so their __del__ never runs mid-run: one per
+# run, stopped, a few kilobytes each.
+_CONNECT_SESSIONS: list[Any] = []
+
+
 class Lake:
     """Files under the lake root: Delta logs and staged Parquet, through pyarrow's filesystems."""
 
@@ -165,8 +174,9 @@ class Engine:
                     raise ConfigError("engine 'connect' needs remote = \"sc://host:port\"")
                 from pyspark.sql import SparkSession
 
-                builder = SparkSession.builder.remote(config.remote)
-                return cls(builder.getOrCreate(), lake)
+                spark = SparkSession.builder.remote(config.remote).getOrCreate()
+                _CONNECT_SESSIONS.append(spark)
+                return cls(spark, lake)
             return cls._start_classic(config, lake)
         except ImportError as exc:
             extra = "embedded" if config.kind != "spark" else "spark"
@@ -184,6 +194,7 @@ class Engine:
         server.start(background=True)
         _, port = server.listening_address
         spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+        _CONNECT_SESSIONS.append(spark)
 
         def stop() -> None:
             try:
