@@ -4,13 +4,26 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# The oldest stack pg2delta supports (Spark 3.5 line: Databricks LTS, EMR 7), in a venv of its own.
-COMPAT_VENV ?= .venv-compat
-COMPAT_PY := $(COMPAT_VENV)/bin/python
-COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
-COMPAT_PINS := 'pyspark[connect]==3.5.*' 'numpy<2' 'pyarrow==15.*' 'pandas<3' 'pysail>=0.7.2'
+# The Spark 3.5 line (Databricks LTS, EMR 7), the oldest stack pg2delta supports, in a venv of its own:
+# the full pyspark 3.5 with delta-spark 3.3 (Apache Spark + Delta, Scala 2.12 jars) and, with the same
+# pyspark's Connect client, pysail; numpy 1.x, pyarrow 15 (our minimum), pandas 2.
+SPARK35_VENV ?= .venv-spark35
+SPARK35_PY := $(SPARK35_VENV)/bin/python
+SPARK35_STAMP := $(SPARK35_VENV)/.installed-stamp
+SPARK35_PINS := 'pyspark[connect]==3.5.*' 'delta-spark==3.3.*' 'numpy<2' 'pyarrow==15.*' 'pandas<3' 'pysail>=0.7.2'
+# Delta's jars (from Maven Central, through Spark's own --packages resolution) and the Spark config
+# dir that loads them: `SPARK_CONF_DIR=$(SPARK35_CONF) spark-submit ...` has Delta (tools/spark_setup.py).
+SPARK35_CACHE := .cache/spark35
+SPARK35_CONF := $(SPARK35_CACHE)/conf
+# The classic engine's tests: the job end to end, every fault point, the type matrix, schema changes,
+# bootstrap, changelog, backfill, spark-submit; each reads the lake back with delta-rs.
+SPARK_TESTS ?= tests/test_job_e2e.py tests/test_job_faults.py tests/test_type_fidelity.py tests/test_schema_changes.py \
+	tests/test_bootstrap.py tests/test_changelog.py tests/test_backfill.py
+# A Java 17 (Spark 3.5 and 4.x run on it), found or installed at run time: nobody sets JAVA_HOME.
+WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
+XDIST ?= -n 2
 
-.PHONY: install demo test test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap postgres clean
+.PHONY: install install-spark demo test test-embedded test-spark test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap postgres clean
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
@@ -21,12 +34,15 @@ $(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
 
 install: $(STAMP)
 
-# pyspark 3.5's client (not pyspark-client 4.x) next to pysail: both provide the pyspark package.
-$(COMPAT_STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
-	$(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_PY) -m pip install --quiet --upgrade pip
-	$(COMPAT_PY) -m pip install --quiet -e '.[dev]' $(COMPAT_PINS)
-	touch $(COMPAT_STAMP)
+# pyspark 3.5 (not pyspark-client 4.x) next to pysail: both provide the pyspark package.
+$(SPARK35_STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c tools/spark_setup.py
+	$(PYTHON) -m venv $(SPARK35_VENV)
+	$(SPARK35_PY) -m pip install --quiet --upgrade pip
+	$(SPARK35_PY) -m pip install --quiet -e '.[dev]' $(SPARK35_PINS)
+	$(WITH_JAVA) $(SPARK35_PY) tools/spark_setup.py $(SPARK35_CACHE)
+	touch $(SPARK35_STAMP)
+
+install-spark: $(SPARK35_STAMP)
 
 # PostgreSQL 15 from Debian, if this machine does not have it yet (PostgreSQL 18 comes from PyPI).
 postgres:
@@ -39,15 +55,22 @@ postgres:
 demo: install postgres
 	$(PY) tools/demo.py
 
-test: install postgres lint
-	$(PY) -m pytest -q
-	$(MAKE) test-compat
+# Everything: lint, the whole suite on the embedded engine, the classic engine's tests on Apache
+# Spark + Delta, and the Spark 3.5 line's Connect client against pysail.
+test: lint test-embedded test-spark test-compat
+
+test-embedded: install postgres
+	$(PY) -m pytest -q $(XDIST)
+
+test-spark: install-spark postgres
+	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) PG2DELTA_TEST_ENGINE=spark \
+	  $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK_TESTS)
 
 # The unit tier and the engine-facing end-to-end tests again on the oldest supported stack:
 # the pyspark 3.5 Spark Connect client against pysail, numpy 1.x, pyarrow 15, pandas 2.
-test-compat: $(COMPAT_STAMP) postgres
-	$(COMPAT_PY) -m pytest -q -p no:cacheprovider -m "not integration and not e2e"
-	$(COMPAT_PY) -m pytest -q -p no:cacheprovider tests/test_job_e2e.py tests/test_type_fidelity.py
+test-compat: install-spark postgres
+	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration and not e2e"
+	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) tests/test_job_e2e.py tests/test_type_fidelity.py
 
 test-unit: install
 	$(PY) -m pytest -q -m "not integration and not e2e"
@@ -66,4 +89,4 @@ bench-bootstrap: install postgres
 	$(PY) bench/bench_bootstrap.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) var lake .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SPARK35_VENV) .cache var lake .pytest_cache .mypy_cache .ruff_cache

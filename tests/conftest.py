@@ -13,9 +13,15 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from engines import TEST_ENGINE, SharedEngine
+from pg2delta.engine import Engine
 from pg2delta.throwaway import ThrowawayPostgres, available_versions
 
 PG_VERSIONS = [int(v) for v in os.environ.get("PG2DELTA_TEST_PG", "").split(",") if v] or available_versions()
+if TEST_ENGINE != "embedded" and "PG2DELTA_TEST_PG" not in os.environ:
+    # The server and the engine are independent: the embedded run covers every server, the
+    # classic engine runs against the newest one.
+    PG_VERSIONS = PG_VERSIONS[-1:]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,6 +29,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if {"pg", "pgdb", "pg_server"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"pg2delta engine under test: {TEST_ENGINE}; PostgreSQL {', '.join(map(str, PG_VERSIONS))}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_engine() -> Iterator[SharedEngine]:
+    """One engine for every in-process run of this test process (see tests/engines.py)."""
+    shared = SharedEngine()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engine, "start", shared.start)
+        try:
+            yield shared
+        finally:
+            shared.close()
 
 
 @pytest.fixture(scope="session", params=PG_VERSIONS, ids=lambda v: f"pg{v}")

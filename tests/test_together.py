@@ -32,7 +32,7 @@ from workload import TABLES, TableSpec, Workload, assert_lake_matches, cli, conf
 pytestmark = pytest.mark.e2e
 
 EXIT_OK = 0
-MAX_CHANGES = "20"
+MAX_CHANGES = "150"
 
 # A table of our own for the shape changes: ``uid`` becomes its primary key half-way.
 DOC = TableSpec("public", "doc", ("uid",))

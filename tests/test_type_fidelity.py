@@ -507,8 +507,40 @@ def _spark_rows(job: Job, uri: str) -> tuple[list[int], dict[str, list[Any]]]:
         return v
 
     df = spark.read.format("delta").load(uri)
+    if type(spark).__module__.startswith("pyspark.sql.session"):
+        # Classic pyspark turns a timestamp into a datetime in the Python process's local time
+        # zone (and fails near year 1): its microseconds since the epoch come out instead.
+        return _classic_spark_rows(df)
     rows = df.orderBy("id").collect()
     data = {f.name: [fix(r[f.name], f.dataType) for r in rows] for f in df.schema.fields}
+    return [int(i) for i in data.pop("id")], data
+
+
+def _classic_spark_rows(df: Any) -> tuple[list[int], dict[str, list[Any]]]:
+    from pyspark.sql.types import ArrayType, TimestampType
+
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+    def expr(name: str, t: Any) -> str:
+        q = f"`{name}`"
+        if isinstance(t, TimestampType):
+            return f"unix_micros({q}) AS {q}"
+        if isinstance(t, ArrayType) and isinstance(t.elementType, TimestampType):
+            return f"transform({q}, x -> unix_micros(x)) AS {q}"
+        return q
+
+    def back(v: Any, t: Any) -> Any:
+        if v is None:
+            return None
+        if isinstance(t, ArrayType) and isinstance(t.elementType, TimestampType):
+            return [back(x, t.elementType) for x in v]
+        if isinstance(t, TimestampType):
+            return epoch + dt.timedelta(microseconds=v)
+        return v
+
+    fields = df.schema.fields
+    rows = df.selectExpr(*[expr(f.name, f.dataType) for f in fields]).orderBy("id").collect()
+    data = {f.name: [back(r[f.name], f.dataType) for r in rows] for f in fields}
     return [int(i) for i in data.pop("id")], data
 
 

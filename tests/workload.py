@@ -33,6 +33,8 @@ import psycopg
 from deltalake import DeltaTable
 from psycopg import sql
 
+from engines import child_env
+
 META_PREFIX = "_pg2delta_"
 
 
@@ -490,6 +492,7 @@ def lsn_int(text: str) -> int:
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m pg2delta.cli ...`` in a child process (the real CLI, the real exit code)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
+    full_env.update(child_env())
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "pg2delta.cli", *args], capture_output=True, text=True, env=full_env, timeout=timeout

@@ -16,10 +16,12 @@ Logs go to stderr and never contain row values.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from pg2delta import __version__
@@ -211,7 +213,36 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@contextlib.contextmanager
+def _stdout_for_the_report() -> Iterator[None]:
+    """Only pg2delta's report reaches standard output while a command runs.
+
+    A JVM the engine starts (Apache Spark) inherits file descriptor 1, and Spark's Ivy prints its
+    package resolution there, which would break ``--json``: descriptor 1 points at stderr for the
+    command, and ``print`` writes to a duplicate of the real stdout.
+    """
+    try:
+        real = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (captured): nothing to guard
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(real)
+    os.dup2(sys.stderr.fileno(), real)
+    try:
+        with os.fdopen(os.dup(saved), "w") as out, contextlib.redirect_stdout(out):
+            yield
+    finally:
+        os.dup2(saved, real)
+        os.close(saved)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with _stdout_for_the_report():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -64,6 +64,20 @@ def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 # run, stopped, a few kilobytes each.
 _CONNECT_SESSIONS: list[Any] = []
 
+# Session settings of a classic Spark session, unless the config names them. Staged Parquet comes
+# from pyarrow, which writes dates and timestamps in the proleptic Gregorian calendar as PostgreSQL
+# does; Spark 3.5 refuses to read (or write) one before 1582-10-15 or 1900-01-01 unless told
+# which calendar the file uses (READ_ANCIENT_DATETIME). Spark 4 defaults to CORRECTED already.
+# Spark writes timestamps as INT96 unless told otherwise; other Delta readers (delta-rs, DuckDB)
+# read INT96 as nanoseconds and cannot hold PostgreSQL's range (years 1 to 9999) that way.
+_CLASSIC_SQL_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+}
+
 
 class Lake:
     """Files under the lake root: Delta logs and staged Parquet, through pyarrow's filesystems."""
@@ -221,7 +235,11 @@ class Engine:
                 builder = configure_spark_with_delta_pip(builder)
             except ImportError:
                 pass
-        return cls(builder.getOrCreate(), lake)
+        spark = builder.getOrCreate()
+        for key, value in _CLASSIC_SQL_CONF.items():
+            if key not in conf:
+                spark.conf.set(key, value)
+        return cls(spark, lake)
 
     def stop(self) -> None:
         if self._stop is not None:

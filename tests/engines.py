@@ -1,0 +1,48 @@
+"""The engine the tests run on: ``PG2DELTA_TEST_ENGINE`` = ``embedded`` (default) or ``spark``.
+
+Every in-process run of a test session shares one engine (one pysail server, or one classic
+SparkSession with delta-spark) instead of starting one per run: a classic session costs seconds
+to start. Runs in child processes (the CLI, ``spark-submit``) get the same engine kind through
+``PG2DELTA_ENGINE``; a classic Spark child finds Delta's jars through ``SPARK_CONF_DIR``
+(written by ``make install-spark``, see tools/spark_setup.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pg2delta.engine import Engine, EngineConfig, Lake
+
+TEST_ENGINE = os.environ.get("PG2DELTA_TEST_ENGINE", "embedded")
+if TEST_ENGINE not in ("embedded", "spark"):
+    raise RuntimeError(f"PG2DELTA_TEST_ENGINE={TEST_ENGINE!r}: choose embedded or spark")
+
+
+class SharedEngine:
+    """Stands in for ``Engine.start`` during a test session: one session of the engine under test."""
+
+    def __init__(self) -> None:
+        self._first: Engine | None = None
+        self._start = Engine.start
+
+    def start(self, config: EngineConfig, lake: Lake) -> Engine:
+        if config.kind == "connect":  # a test that names a server of its own
+            return self._start(config, lake)
+        if self._first is None:
+            self._first = self._start(EngineConfig(kind=TEST_ENGINE, spark_conf=config.spark_conf), lake)
+        return Engine(self._first.spark, lake)
+
+    @property
+    def spark(self) -> Any:
+        return None if self._first is None else self._first.spark
+
+    def close(self) -> None:
+        if self._first is not None:
+            self._first.stop()
+            self._first = None
+
+
+def child_env() -> dict[str, str]:
+    """Environment entries that make a child process run on the engine under test."""
+    return {"PG2DELTA_ENGINE": TEST_ENGINE} if TEST_ENGINE != "embedded" else {}

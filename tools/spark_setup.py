@@ -1,0 +1,70 @@
+"""`make install-spark`: Delta's jars for this venv's pyspark, and a Spark config dir that loads them.
+
+Resolves ``io.delta:delta-spark_<scala>:<delta-spark's version>`` (and what it depends on) from
+Maven Central with Spark's own ``--packages`` resolution (Ivy) into a cache inside the checkout,
+then writes ``<dir>/conf/spark-defaults.conf`` naming the packages, that cache and the two Delta
+session configs. Any Spark started with ``SPARK_CONF_DIR=<dir>/conf`` (``spark-submit``, the
+tests, the benchmarks) then has Delta without further flags, and without the network once the
+jars are cached. The local-mode settings below keep a test session light; a cluster has its own.
+
+    python tools/spark_setup.py .cache/spark35
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+LOCAL = {
+    "spark.master": "local[2]",
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.driver.memory": "2g",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def packages() -> str:
+    """The Maven coordinates of Delta for the installed pyspark and delta-spark."""
+    scala = "2.13" if int(version("pyspark").split(".")[0]) >= 4 else "2.12"
+    return f"io.delta:delta-spark_{scala}:{version('delta-spark')}"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    root = Path(argv[0]).resolve()
+    conf_dir = root / "conf"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "spark.jars.packages": packages(),
+        "spark.jars.ivy": str(root / "ivy"),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        **LOCAL,
+    }
+    (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
+    import os
+
+    os.environ["SPARK_CONF_DIR"] = str(conf_dir)
+    from pyspark.sql import SparkSession
+
+    t0 = time.monotonic()
+    spark = SparkSession.builder.appName("pg2delta-setup").getOrCreate()
+    try:  # a Delta round trip proves the jars load
+        path = root / "probe"
+        spark.range(3).write.format("delta").mode("overwrite").save(str(path))
+        n = spark.read.format("delta").load(str(path)).count()
+    finally:
+        spark.stop()
+    print(f"spark {version('pyspark')} with {packages()}: ok ({n} rows, {time.monotonic() - t0:.1f} s); SPARK_CONF_DIR={conf_dir}")
+    return 0 if n == 3 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
