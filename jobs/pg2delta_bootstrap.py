@@ -1,6 +1,6 @@
 """spark-submit entry point: the same as ``pg2delta bootstrap``, on the cluster's Spark session.
 
-    spark-submit --packages io.delta:delta-spark_2.12:3.2.0 jobs/pg2delta_bootstrap.py \
+    spark-submit --packages io.delta:delta-spark_2.12:3.3.2 jobs/pg2delta_bootstrap.py \
         --config conf/spark.toml [--parallel 4] [--resume]
 
 The engine defaults to ``spark`` (a classic session with delta-spark) unless ``--engine``

@@ -149,6 +149,7 @@ def test_bootstrap_under_a_concurrent_workload_then_run(pgdb: str, tmp_path: Pat
     assert not list((lake / "_pg2delta" / "staging").rglob("*.parquet")), "staging files left behind"
 
 
+@pytest.mark.classic
 def test_bootstrap_killed_after_a_table_then_resumed(pgdb: str, tmp_path: Path) -> None:
     slot, pub = _names()
     lake = tmp_path / "lake"

@@ -60,7 +60,7 @@ def _flush_lsn(dsn: str) -> int:
 # (seed, max_changes per window, phases of (steps, runs after the phase))
 SCENARIOS = [
     pytest.param(1001, None, [(50, 1), (60, 1), (40, 2)], id="seed1001-big-windows"),
-    pytest.param(2002, 40, [(50, 1), (50, 1)], id="seed2002-small-windows"),
+    pytest.param(2002, 40, [(50, 1), (50, 1)], id="seed2002-small-windows", marks=pytest.mark.classic),
     pytest.param(3003, 150, [(70, 1), (30, 1), (30, 1)], id="seed3003"),
 ]
 

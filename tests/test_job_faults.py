@@ -51,6 +51,7 @@ def _versions(lake: Path) -> dict[str, int | None]:
     return out
 
 
+@pytest.mark.classic
 @pytest.mark.parametrize("point", POINTS)
 def test_crash_at_point_then_rerun(pgdb: str, tmp_path: Path, point: str) -> None:
     seed = 500 + POINTS.index(point)

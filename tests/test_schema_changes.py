@@ -282,6 +282,7 @@ def test_renamed_column_is_a_drop_and_an_add(pgdb: str, tmp_path: Path) -> None:
 WIDE_DDL = "CREATE TABLE w (id int PRIMARY KEY, s int2, f float4, v varchar(5), n numeric(8,2), i int4)"
 
 
+@pytest.mark.classic
 def test_type_widening(pgdb: str, tmp_path: Path) -> None:
     slot, pub = _names()
     lake = tmp_path / "lake"
@@ -413,6 +414,7 @@ def test_replica_identity_full_switch(pgdb: str, tmp_path: Path) -> None:
     assert_lake_equals(pgdb, lake, "public.ri", ["id"], context="after the switch back")
 
 
+@pytest.mark.classic
 def test_primary_key_changed_between_transactions(pgdb: str, tmp_path: Path) -> None:
     """A new primary key: changes before it merge on the old key, changes after on the new one."""
     slot, pub = _names()
@@ -648,7 +650,7 @@ def test_table_renamed_and_moved_keeps_its_delta_table(pgdb: str, tmp_path: Path
 # --- crashes --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("point", ["after_schema_change", "after_commits"])
+@pytest.mark.parametrize("point", [pytest.param("after_schema_change", marks=pytest.mark.classic), "after_commits"])
 def test_crash_after_a_schema_change_then_rerun(pgdb: str, tmp_path: Path, point: str) -> None:
     """SIGKILL after the Delta table was widened, had columns dropped and added, before the MERGE (or
     before the applied log): the slot stays, and the rerun (with other window caps) gives the same lake."""
@@ -699,7 +701,7 @@ def _value(rng: Any, typ: str) -> str:
     return f"'{rng.choice(['x', 'yy', 'zzz', 'abcdefgh'])}'"
 
 
-@pytest.mark.parametrize("seed", [101, 202, 303])
+@pytest.mark.parametrize("seed", [pytest.param(101, marks=pytest.mark.classic), 202, 303])
 def test_random_ddl_among_changes(pgdb: str, tmp_path: Path, seed: int) -> None:
     """Seeded random columns added, dropped and widened, inside and between transactions, among inserts,
     updates (with unchanged TOAST), key changes and deletes, with runs of random window caps between;

@@ -637,6 +637,7 @@ def _diff(snap: Snapshot, got_ids: list[int], got: dict[str, list[Any]], reader:
 
 
 @pytest.mark.e2e
+@pytest.mark.classic
 def test_scenario_exercises_the_rules(matrix: list[Snapshot]) -> None:
     """The phases did what they claim: TOAST sent unchanged, values clamped and nulled, a truncate."""
     inserts, updates, truncate = matrix
@@ -651,6 +652,7 @@ def test_scenario_exercises_the_rules(matrix: list[Snapshot]) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.classic
 def test_delta_rs_reads_what_postgres_holds(matrix: list[Snapshot]) -> None:
     """delta-rs (independent of the engine) reads every value as PostgreSQL has it, under the rules."""
     failures = [f for snap in matrix for f in _diff(snap, snap.delta_rs["id"], snap.delta_rs, "delta-rs")]
@@ -658,6 +660,7 @@ def test_delta_rs_reads_what_postgres_holds(matrix: list[Snapshot]) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.classic
 def test_spark_reads_what_postgres_holds(matrix: list[Snapshot]) -> None:
     """The engine's own read (Spark) gives the same values."""
     failures = [f for snap in matrix for f in _diff(snap, snap.spark_ids, snap.spark, "spark")]
@@ -666,6 +669,7 @@ def test_spark_reads_what_postgres_holds(matrix: list[Snapshot]) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.classic
 def test_generated_columns_arrive_like_any_other(matrix: list[Snapshot]) -> None:
     """PostgreSQL 18 publishes stored generated columns (publish_generated_columns = stored)."""
     if matrix[0].version < 18:
@@ -690,6 +694,7 @@ DOCUMENTED = {
 
 
 @pytest.mark.e2e
+@pytest.mark.classic
 def test_delta_schema_follows_the_documented_mapping(matrix: list[Snapshot]) -> None:
     """Every other type is a string; arrays are (nested) lists of their element type."""
     snap = matrix[0]

@@ -2,8 +2,8 @@
 
 Resolves ``io.delta:delta-spark_<scala>:<delta-spark's version>`` (and what it depends on) from
 Maven Central with Spark's own ``--packages`` resolution (Ivy) into a cache inside the checkout,
-then writes ``<dir>/conf/spark-defaults.conf`` naming the packages, that cache and the two Delta
-session configs. Any Spark started with ``SPARK_CONF_DIR=<dir>/conf`` (``spark-submit``, the
+proves them with a Delta round trip, then writes ``<dir>/conf/spark-defaults.conf`` naming those
+jars (``spark.jars``) and the two Delta session configs. Any Spark started with ``SPARK_CONF_DIR=<dir>/conf`` (``spark-submit``, the
 tests, the benchmarks) then has Delta without further flags, and without the network once the
 jars are cached. The local-mode settings below keep a test session light; a cluster has its own.
 
@@ -62,8 +62,16 @@ def main(argv: list[str]) -> int:
         n = spark.read.format("delta").load(str(path)).count()
     finally:
         spark.stop()
-    print(f"spark {version('pyspark')} with {packages()}: ok ({n} rows, {time.monotonic() - t0:.1f} s); SPARK_CONF_DIR={conf_dir}")
-    return 0 if n == 3 else 1
+    # From now on the cached jars themselves: no resolution (nor network) when a JVM starts.
+    jars = sorted(str(p) for p in (root / "ivy" / "jars").glob("*.jar"))
+    if n != 3 or not jars:
+        print(f"spark {version('pyspark')} with {packages()}: the probe failed ({n} rows, jars {jars})", file=sys.stderr)
+        return 1
+    del settings["spark.jars.packages"], settings["spark.jars.ivy"]
+    settings["spark.jars"] = ",".join(jars)
+    (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
+    print(f"spark {version('pyspark')} with {packages()}: ok ({time.monotonic() - t0:.1f} s); SPARK_CONF_DIR={conf_dir}")
+    return 0
 
 
 if __name__ == "__main__":

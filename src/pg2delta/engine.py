@@ -79,6 +79,25 @@ _CLASSIC_SQL_CONF = {
 }
 
 
+def _delta_jars_named(conf: dict[str, str]) -> bool:
+    """Whether Spark will have jars it was told about: under ``spark-submit`` (the JVM is up, with
+    its ``--packages``/``--jars``), or ``spark.jars``/``spark.jars.packages`` in the config or in
+    Spark's own ``spark-defaults.conf`` (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``)."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ or {"spark.jars", "spark.jars.packages"} & set(conf):
+        return True
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    if conf_dir is None:
+        return False
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as f:
+            keys = {line.split(None, 1)[0] for line in f if line.strip() and not line.lstrip().startswith("#")}
+    except OSError:
+        return False
+    return bool({"spark.jars", "spark.jars.packages"} & keys)
+
+
 class Lake:
     """Files under the lake root: Delta logs and staged Parquet, through pyarrow's filesystems."""
 
@@ -228,7 +247,7 @@ class Engine:
         conf.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         for key, value in conf.items():
             builder = builder.config(key, value)
-        if "spark.jars.packages" not in conf:
+        if not _delta_jars_named(conf):
             try:  # outside spark-submit: let delta-spark name its jars for this pyspark
                 from delta import configure_spark_with_delta_pip
 

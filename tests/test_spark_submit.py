@@ -1,0 +1,118 @@
+"""The user's own command line: ``spark-submit jobs/pg2delta_*.py`` exactly as the README shows it.
+
+Local master, client mode, Delta from ``--packages`` with the two Delta session configs, nothing
+else: no ``SPARK_CONF_DIR`` of ours (only the Ivy cache is pointed into the checkout, so the jars
+are not fetched again). Exit codes 0, 3, 75 and 78 as documented, and the lake equal to
+PostgreSQL (read with delta-rs) after run, bootstrap and backfill.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from changelog_support import write_config
+from engines import TEST_ENGINE
+from workload import TABLES, Workload, assert_lake_matches, confirmed_lsn, create_schema
+
+REPO = Path(__file__).resolve().parents[1]
+SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.classic,
+    pytest.mark.skipif(
+        TEST_ENGINE != "spark" or not SPARK_SUBMIT.exists(),
+        reason="spark-submit comes with the full pyspark (make test-spark)",
+    ),
+]
+
+
+def _delta_package() -> str:
+    try:
+        scala = "2.13" if int(version("pyspark").split(".")[0]) >= 4 else "2.12"
+        return f"io.delta:delta-spark_{scala}:{version('delta-spark')}"
+    except PackageNotFoundError:
+        pytest.skip("delta-spark is not installed")
+
+
+def spark_submit(job: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The README's command line, run the way a scheduler runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_CONF_DIR"))}
+    env["PYSPARK_PYTHON"] = sys.executable  # the Python pg2delta is installed in (README)
+    flags = [
+        "--master", "local[2]",
+        "--packages", _delta_package(),
+        "--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",
+        "--conf", "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    ]
+    if os.environ.get("SPARK_CONF_DIR"):  # the jars make install-spark fetched: no download again
+        flags += ["--conf", f"spark.jars.ivy={Path(os.environ['SPARK_CONF_DIR']).parent / 'ivy'}"]
+    return subprocess.run(
+        [str(SPARK_SUBMIT), *flags, str(REPO / "jobs" / job), *args],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+
+
+def test_run_bootstrap_backfill_through_spark_submit(pgdb: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    wl = Workload(pgdb, 4242)
+    with wl:
+        wl.phase(20)  # rows before the slot: bootstrap copies them
+    config = write_config(tmp_path / "spark.toml", pgdb, slot, pub, lake)
+
+    boot = spark_submit("pg2delta_bootstrap.py", "--config", str(config))
+    assert boot.returncode == 0, boot.stderr[-3000:]
+    assert_lake_matches(pgdb, lake, TABLES, context="spark-submit bootstrap")
+    start = confirmed_lsn(pgdb, slot)
+    assert start is not None
+
+    with wl:
+        wl.phase(30)
+    first = spark_submit("pg2delta_run.py", "--config", str(config), "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert '"changes"' in first.stdout
+    assert_lake_matches(pgdb, lake, TABLES, context="spark-submit run")
+
+    # The server may log a record of its own (a running-transactions snapshot) past the run's
+    # bound: a run over it applies nothing and exits 0; within a few runs the answer is 3.
+    codes = []
+    for _ in range(3):
+        idle = spark_submit("pg2delta_run.py", "--config", str(config), "--json")
+        codes.append(idle.returncode)
+        if idle.returncode != 0:
+            break
+        assert '"changes": 0' in idle.stdout, idle.stdout
+    assert codes[-1] == 3, (codes, idle.stderr[-3000:])
+
+    # The changelog (on for every table in this config) replayed into a copy, up to the last
+    # window the lake recorded, equals the tables.
+    end = max(r["window_end"] for r in DeltaTable(str(lake / "_pg2delta" / "applied_log")).to_pyarrow_table().to_pylist())
+    row = (f"{end >> 32:X}/{end & 0xFFFFFFFF:X}",)
+    copy = tmp_path / "copy"
+    back = spark_submit("pg2delta_backfill.py", "--config", str(config), "--from-lsn", start, "--to-lsn", row[0], "--into", str(copy))
+    assert back.returncode == 0, [line for line in back.stderr.splitlines() if line.startswith("pg2delta")]
+    assert_lake_matches(pgdb, copy, TABLES, context="spark-submit backfill --into a copy")
+
+    missing = write_config(tmp_path / "missing.toml", pgdb, slot, f"no_such_{tag}", lake)
+    refused = spark_submit("pg2delta_run.py", "--config", str(missing))
+    assert refused.returncode == 78, (refused.returncode, refused.stderr[-3000:])
+    # spark-submit's PythonRunner merges the driver's stderr into its stdout: the one-line error is there.
+    assert "publication" in refused.stdout + refused.stderr
+
+    with psycopg.connect(pgdb) as conn:
+        port = conn.info.port
+    unreachable = write_config(tmp_path / "down.toml", pgdb.replace(f"port={port}", "port=1"), slot, pub, lake)
+    retry = spark_submit("pg2delta_run.py", "--config", str(unreachable))
+    assert retry.returncode == 75, (retry.returncode, retry.stderr[-3000:])
