@@ -7,6 +7,7 @@ Tests marked ``integration`` get a fresh database on a real server with
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -16,6 +17,14 @@ import pytest
 from engines import TEST_ENGINE, SharedEngine
 from pg2delta.engine import Engine
 from pg2delta.throwaway import ThrowawayPostgres, available_versions
+
+# pyspark's Connect client takes a __main__ without __file__ (a pytest-xdist worker runs as
+# `python -c ...`) for a doctest run of its own, unless the session is interactive, and then
+# looks for a Spark installation, which the pyspark-client package has not. The worker is marked
+# interactive (sys.ps1) rather than given a __main__ file, which spawned processes would re-run.
+_main = sys.modules["__main__"]
+if getattr(_main, "__spec__", None) is None and not hasattr(_main, "__file__") and not hasattr(sys, "ps1"):
+    sys.ps1 = ""
 
 PG_VERSIONS = [int(v) for v in os.environ.get("PG2DELTA_TEST_PG", "").split(",") if v] or available_versions()
 if TEST_ENGINE != "embedded" and "PG2DELTA_TEST_PG" not in os.environ:
