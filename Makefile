@@ -32,7 +32,7 @@ SPARK4_TESTS ?= -m classic tests/test_job_e2e.py tests/test_job_faults.py
 WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 XDIST ?= -n 2
 
-.PHONY: install install-spark demo test test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap postgres clean
+.PHONY: install install-spark demo test test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark postgres clean
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
@@ -108,6 +108,10 @@ bench: install postgres
 
 bench-bootstrap: install postgres
 	$(PY) bench/bench_bootstrap.py
+
+# The job on Apache Spark + Delta (spark_e2e_vs_server) and one window of 50 tables on both engines.
+bench-spark: $(SPARK35_STAMP) postgres
+	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(SPARK35_PY) bench/bench_spark.py
 
 clean:
 	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) .cache var lake .pytest_cache .mypy_cache .ruff_cache

@@ -6,7 +6,8 @@ One run, one throwaway PostgreSQL (15 by default) and a temporary lake:
    10-column table, in transactions of ``--txn-rows`` rows);
 2. **server**: ``COPY (SELECT data FROM pg_logical_slot_peek_binary_changes(...)) TO STDOUT
    (FORMAT binary)`` into nothing, best of ``--repeat``, before the job consumes the window;
-3. **job**: ``pg2delta.job.Job(config).run()`` on the embedded engine (pysail), timed once
+3. **job**: ``pg2delta.job.Job(config).run()`` on the embedded engine (pysail; ``--engine spark``
+   for Apache Spark + Delta, see bench_spark.py), timed once
    from the job object's creation to its return, engine start included; the time spent in
    each stage is added up by wrapping the job's functions in this process;
 4. the Delta table is read back with deltalake (an independent reader) and must hold the
@@ -72,7 +73,7 @@ def time_generator(timer: StageTimer, owner: Any, name: str, label: str) -> None
 # (label, owner, attribute), in the order they are printed; indented stages are part of the one above.
 STAGES: list[tuple[str, Any, str]] = [
     ("read applied log", jobmod.Job, "_applied_lsns"),
-    ("  engine start (pysail)", Engine, "start"),
+    ("  engine start", Engine, "start"),
     ("read: peek COPY + framing", SlotSource, "read_window"),
     ("decode: WindowDecoder.feed", WindowDecoder, "feed"),
     ("apply table (reduce + stage + MERGE)", jobmod.Job, "_apply_table"),
@@ -97,14 +98,28 @@ def instrument() -> StageTimer:
     return timer
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_e2e_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of the end-to-end run (shared with bench_spark.py)."""
     add_window_args(ap)
     ap.add_argument("--repeat", type=int, default=3, help="server timings; the best counts (default 3)")
     ap.add_argument("--max-changes", type=int, default=None, help="window.max_changes of the job (default: the job's)")
     ap.add_argument("--keep-lake", action="store_true", help="keep the temporary lake and print where it is")
-    args = ap.parse_args(argv)
+    ap.add_argument("--engine", default="embedded", choices=("embedded", "spark"), help="engine.kind (default embedded)")
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_e2e_args(ap)
+    args = ap.parse_args(argv)
+    ratio = measure(args)
+    if ratio is None:
+        return 1
+    print(f"e2e_vs_server={ratio:.2f}")
+    return 0
+
+
+def measure(args: argparse.Namespace) -> float | None:
+    """One end-to-end run as the module docstring says; the ratio, or None when the lake is wrong."""
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pg2delta").setLevel(logging.INFO)
@@ -117,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         t_server, (server_rows, first_row) = best_of(args.repeat, lambda: server_copy(dsn, win.upto))
 
         config = cfgmod.load(
-            env={}, dsn=dsn, slot=SLOT, publication=PUB, lake=str(lake), engine="embedded",
+            env={}, dsn=dsn, slot=SLOT, publication=PUB, lake=str(lake), engine=args.engine,
             max_changes=args.max_changes,
         )
         timer = instrument()
@@ -135,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"window: {server_rows:,} slot rows, {n:,} changes; the job read {read_rows:,} rows "
               f"in {len(report.windows)} window(s) (window.max_changes={config.window.max_changes:,}), "
               f"counted {applied:,} changes")
-        t_engine = timer.seconds["  engine start (pysail)"] + timer.seconds["engine stop"]
+        t_engine = timer.seconds["  engine start"] + timer.seconds["engine stop"]
         print("rates in changes (Insert/Update messages) per second:")
         print(f"  server  COPY (peek) TO STDOUT, dropped (best of {args.repeat}) {rate(n, t_server)}   <- reference")
         print(f"          (first row after {first_row:.2f} s, in the last of those runs)")
@@ -165,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = (pg_count, pg_qty, pg_amount) == (delta_count, delta_qty, delta_amount) and applied == n
         if not ok:
             print("MISMATCH: the Delta table does not hold what PostgreSQL holds", file=sys.stderr)
-            return 1
-        print(f"e2e_vs_server={(n / t_job) / (n / t_server):.2f}")
-        return 0
+            return None
+        return (n / t_job) / (n / t_server)
     finally:
         win.pg.stop()
         if args.keep_lake or not ok:

@@ -31,7 +31,7 @@ class SharedEngine:
             return self._start(config, lake)
         if self._first is None:
             self._first = self._start(EngineConfig(kind=TEST_ENGINE, spark_conf=config.spark_conf), lake)
-        return Engine(self._first.spark, lake)
+        return self._first.with_lake(lake)
 
     @property
     def spark(self) -> Any:

@@ -318,7 +318,7 @@ def _apply(
     target_config = dataclasses.replace(config, lake_root=target_lake.root)
     # The target's engine: staging (changelog slices, MERGE sources) goes under the target lake,
     # so a backfill --into writes nothing into the lake it reads.
-    job = Job(target_config, engine_factory=lambda lk: Engine(engine.spark, lk))
+    job = Job(target_config, engine_factory=engine.with_lake)
     for plan in plans:
         uri = target_lake.table_uri(plan.schema, plan.table)
         result = TableBackfill(plan.schema, plan.table, uri, plan.start, b, plan.seed_version)

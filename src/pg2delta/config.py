@@ -35,6 +35,10 @@ class SourceConfig:
 class WindowConfig:
     max_changes: int = 1_000_000  # rows of the slot function per window (the server stops at a commit)
     max_bytes: int = 512 << 20  # bytes per window; the read stops at the first commit past it
+    # Tables of one window merged at once (each its own Spark job, from its own driver thread): a
+    # MERGE on Apache Spark has a fixed cost of about a second, so a window touching many tables
+    # would otherwise cost that many seconds. 1 merges them one after the other.
+    parallel_tables: int = 4
 
 
 PARTITION_MODES = ("leaf", "root")
@@ -85,6 +89,7 @@ _ENV: dict[str, tuple[str, str, type]] = {
     "PG2DELTA_REMOTE": ("engine", "remote", str),
     "PG2DELTA_MAX_CHANGES": ("window", "max_changes", int),
     "PG2DELTA_MAX_BYTES": ("window", "max_bytes", int),
+    "PG2DELTA_PARALLEL_TABLES": ("window", "parallel_tables", int),
 }
 
 
@@ -224,7 +229,7 @@ def validate(config: Config, *, need_source: bool = True) -> None:
         raise ConfigError("no lake root: set lake.root, PG2DELTA_LAKE or --lake")
     if config.engine.kind not in ENGINES:
         raise ConfigError(f"unknown engine {config.engine.kind!r}; choose one of {', '.join(ENGINES)}")
-    if config.window.max_changes < 1 or config.window.max_bytes < 1:
-        raise ConfigError("window.max_changes and window.max_bytes must be positive")
+    if config.window.max_changes < 1 or config.window.max_bytes < 1 or config.window.parallel_tables < 1:
+        raise ConfigError("window.max_changes, window.max_bytes and window.parallel_tables must be positive")
     if not config.source.slot or not config.source.publication:
         raise ConfigError("source.slot and source.publication must not be empty")

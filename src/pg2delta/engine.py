@@ -19,9 +19,11 @@ import json
 import logging
 import os
 import re
+import threading
 import uuid
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -77,6 +79,21 @@ _CLASSIC_SQL_CONF = {
     "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
 }
+
+
+# Delta's idempotent-write identifiers as session settings: a MERGE, DELETE or append made with
+# them is skipped by Delta itself when the table already recorded a transaction of that app id
+# with a version at least as high (delta-io/delta#1555, Delta 2.3 and later).
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """An idempotent-write identifier: the application and its monotonically growing version."""
+
+    app_id: str
+    version: int
 
 
 def _delta_jars_named(conf: dict[str, str]) -> bool:
@@ -184,12 +201,63 @@ class Lake:
 
 
 class Engine:
-    """A SparkSession that applies staged changes to Delta tables."""
+    """A SparkSession that applies staged changes to Delta tables.
 
-    def __init__(self, spark: Any, lake: Lake, *, stop: Any = None) -> None:
-        self.spark = spark
+    Safe to use from several threads at once (``Job`` merges independent tables concurrently).
+    A classic session gives every other thread a session of its own (``newSession()``: the same
+    SparkContext, its own SQL settings and temporary views), so the per-statement idempotent-write
+    settings of one thread never reach another's statement. A Spark Connect session (embedded,
+    connect) is shared: its statements carry no per-thread settings.
+    """
+
+    def __init__(
+        self, spark: Any, lake: Lake, *, stop: Any = None, classic: bool = False, session_conf: dict[str, str] | None = None
+    ) -> None:
+        self._main = spark
         self.lake = lake
         self._stop = stop
+        self.classic = classic
+        self._session_conf = dict(session_conf or {})
+        self._owner = threading.get_ident()
+        self._local = threading.local()
+
+    def with_lake(self, lake: Lake) -> Engine:
+        """An engine on the same session writing another lake (its owner stops the session)."""
+        return Engine(self._main, lake, classic=self.classic, session_conf=self._session_conf)
+
+    @property
+    def spark(self) -> Any:
+        """This thread's session: the main one, or for a classic engine in another thread its own."""
+        if not self.classic or threading.get_ident() == self._owner:
+            return self._main
+        session = getattr(self._local, "spark", None)
+        if session is None:
+            session = self._main.newSession()
+            for key, value in self._session_conf.items():
+                session.conf.set(key, value)
+            self._local.spark = session
+        return session
+
+    @property
+    def idempotent_writes(self) -> bool:
+        """Whether Delta itself recognises a replayed commit (:class:`Txn`); delta-spark does,
+        pysail 0.7 has no ``txnAppId``."""
+        return self.classic
+
+    @contextmanager
+    def _txn(self, txn: Txn | None) -> Iterator[None]:
+        """Statements in this block carry ``txn`` as Delta's idempotent-write session settings."""
+        if txn is None or not self.idempotent_writes:
+            yield
+            return
+        conf = self.spark.conf
+        conf.set(TXN_APP_ID, txn.app_id)
+        conf.set(TXN_VERSION, str(txn.version))
+        try:
+            yield
+        finally:
+            conf.unset(TXN_APP_ID)
+            conf.unset(TXN_VERSION)
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -255,10 +323,10 @@ class Engine:
             except ImportError:
                 pass
         spark = builder.getOrCreate()
-        for key, value in _CLASSIC_SQL_CONF.items():
-            if key not in conf:
-                spark.conf.set(key, value)
-        return cls(spark, lake)
+        session_conf = {k: v for k, v in _CLASSIC_SQL_CONF.items() if k not in conf}
+        for key, value in session_conf.items():
+            spark.conf.set(key, value)
+        return cls(spark, lake, classic=True, session_conf=session_conf)
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -349,15 +417,20 @@ class Engine:
             uri, ", ".join(f"{c} {t}" for c, t in sorted(casts.items())) or "none", ", ".join(drop) or "none",
         )
 
-    def merge(self, uri: str, staged: str, statement_for: Any) -> None:
-        """Run the MERGE built by ``statement_for(target, source_view)`` with ``staged`` as the source."""
+    def merge(self, uri: str, staged: str, statement_for: Any, *, txn: Txn | None = None) -> None:
+        """Run the MERGE built by ``statement_for(target, source_view)`` with ``staged`` as the source.
+
+        With ``txn``, Delta skips the MERGE when the table already committed that transaction
+        (where the engine supports it, :attr:`idempotent_writes`).
+        """
         view = f"pg2delta_src_{uuid.uuid4().hex[:12]}"
         try:
             self.spark.read.parquet(staged).createOrReplaceTempView(view)
         except Exception as exc:
             raise LakeError(f"cannot read staged changes {staged}: {' '.join(str(exc).split())[:500]}") from exc
         try:
-            self._sql(statement_for(self.target(uri), view), f"MERGE into {uri}")
+            with self._txn(txn):
+                self._sql(statement_for(self.target(uri), view), f"MERGE into {uri}")
         finally:
             try:
                 self.spark.catalog.dropTempView(view)
@@ -381,8 +454,9 @@ class Engine:
         except Exception as exc:
             raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
 
-    def delete_all(self, uri: str) -> None:
-        self._sql(f"DELETE FROM {self.target(uri)}", f"DELETE FROM {uri}")
+    def delete_all(self, uri: str, *, txn: Txn | None = None) -> None:
+        with self._txn(txn):
+            self._sql(f"DELETE FROM {self.target(uri)}", f"DELETE FROM {uri}")
 
     def read_rows(
         self,
@@ -451,11 +525,11 @@ class Engine:
             schema = StructType.fromJson(json.loads(text))
             return self.spark.read.schema(schema).parquet(*files) if files else self.spark.createDataFrame([], schema)
 
-    def append(self, uri: str, table: pa.Table, *, fill_missing: bool = False) -> None:
+    def append(self, uri: str, table: pa.Table, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
         """Append ``table`` to the Delta table at ``uri`` (created if missing; new columns added).
 
         ``fill_missing``: columns of the table that ``table`` lacks are written as NULL (pysail
-        refuses an append without them).
+        refuses an append without them). ``txn``: skipped by Delta when already committed.
         """
         staged = self.lake.stage(table, f"append-{uuid.uuid4().hex}")
         try:
@@ -467,7 +541,10 @@ class Engine:
                 for f in self.spark.read.format("delta").load(uri).schema.fields:
                     if f.name not in have:
                         df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
-            df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+            writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
+            if txn is not None and self.idempotent_writes:
+                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
+            writer.save(uri)
         except Exception as exc:
             raise LakeError(f"cannot append to {uri}: {' '.join(str(exc).split())[:500]}") from exc
         finally:

@@ -26,6 +26,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,7 @@ from pg2delta.changes import (
     WindowDecoder,
 )
 from pg2delta.config import Config
-from pg2delta.engine import Engine, Lake
+from pg2delta.engine import Engine, Lake, Txn
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.lsn import format_lsn
 from pg2delta.merge import Reduced, merge_statement, reduce_changes
@@ -206,6 +207,7 @@ class Job:
         self._catalog_conn: Any = None
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
+        self._app_id = ""  # Delta's txnAppId for this slot's commits (see _txn)
         self.changelog = ChangelogWriter(config, self.lake)
 
     @property
@@ -238,6 +240,9 @@ class Job:
                 log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))
                 return report
             self.lake.check_writable()
+            # Per server (a new initdb starts WAL positions again) and slot: Delta's idempotent-
+            # write id, with the window's end as its version.
+            self._app_id = f"pg2delta/{src.system_identifier()}/{cfg.source.slot}"
             from pg2delta.bootstrap import copy_new_tables
 
             # Tables added to the publication since the lake's bootstrap are copied first.
@@ -328,11 +333,12 @@ class Job:
             self.engine, run_id, start, end, [(tw.latest, [b.batch for b in tw.batches], tw.truncates) for tw in relations]
         )
         fault_point("after_changelog")
-        for n, tgt in enumerate(ordered):
-            if n > 0:
-                fault_point("between_tables")
-            report = self._apply_table(run_id, tgt, plans[(tgt.schema, tgt.table)], applied.get(tgt.owner), end)
-            window.tables.append(report)
+        window.tables.extend(
+            self._apply_tables(
+                ordered,
+                lambda tgt: self._apply_table(run_id, tgt, plans[(tgt.schema, tgt.table)], applied.get(tgt.owner), end),
+            )
+        )
         fault_point("after_commits")
         keys = {k: (p.key if p is not None else None) for k, p in plans.items()}
         applied_tables = [
@@ -342,7 +348,7 @@ class Job:
         ]
         self.changelog.log(self.engine, changelog_log)
         if applied_tables:
-            self._log_window(run_id, window, applied_tables)
+            self._log_window(run_id, window, applied_tables, txn=self._txn(end))
         fault_point("before_advance")
         if end > start:
             src.advance(end)
@@ -359,6 +365,49 @@ class Job:
             format_lsn(start), format_lsn(end), read.rows, transactions, len(window.tables), window.seconds,
         )
         return window
+
+    def _apply_tables(self, targets: Sequence[_Target], apply: Callable[[_Target], TableReport]) -> list[TableReport]:
+        """``apply`` every target, up to ``window.parallel_tables`` at once; reports in ``targets``' order.
+
+        The tables of one window are independent (each its own Delta table and commit), so Spark
+        runs their MERGEs as concurrent jobs. The first failure stops tables not yet started and is
+        raised once the running ones have finished: nothing is logged and the slot stays put, so
+        the next run applies the window again (tables that did commit are recognised, see ``_txn``).
+        """
+        workers = min(self.config.window.parallel_tables, len(targets))
+        if workers <= 1:
+            reports = []
+            for n, tgt in enumerate(targets):
+                if n > 0:
+                    fault_point("between_tables")
+                reports.append(apply(tgt))
+            return reports
+        with ThreadPoolExecutor(workers, thread_name_prefix="pg2delta-apply") as pool:
+            futures: list[Future[TableReport]] = [pool.submit(apply, tgt) for tgt in targets]
+            pending: set[Future[TableReport]] = set(futures)
+            first = True
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                if any(f.exception() is not None for f in done):
+                    for f in pending:
+                        f.cancel()
+                    wait(pending)
+                    break
+                if first and pending:
+                    first = False
+                    fault_point("between_tables")  # some tables committed, others not yet
+            for f in futures:  # the first failure in the targets' order
+                if f.done() and not f.cancelled() and f.exception() is not None:
+                    raise f.exception()  # type: ignore[misc]
+            return [f.result() for f in futures]
+
+    def _txn(self, version: int) -> Txn | None:
+        """Delta's idempotent-write id of a commit (the engine uses it where Delta has it): a table's
+        MERGE carries the commit LSN of its newest change in the window, the applied log's append
+        the window's end. Versions only grow from window to window, so a replayed window's MERGE
+        into a table that committed it before a crash is skipped by Delta itself (no second
+        commit), and the applied-log rule stays the guarantee on every engine."""
+        return Txn(self._app_id, version) if self._app_id else None
 
     # --- which Delta table, in which shape ---------------------------------------------------
 
@@ -524,8 +573,16 @@ class Job:
                     pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
                 )
                 changes = changes.filter(after)
+        # The table's newest change in the window is its commit's idempotent-write version: a
+        # replay of the window holds the same changes (or more, then a higher version) for it.
+        newest = max(
+            [t.commit_lsn for t in truncates]
+            + [pc.max(b.batch.column(LSN_COL)).as_py() or 0 for tw in tgt.parts for b in tw.batches if b.batch.num_rows]
+            or [window_end]
+        )
+        txn = self._txn(newest)
         if pl is None:  # no changes to merge, perhaps a truncate
-            self.merge_changes(report, run_id, None, [], [], nullable_keys=False, lookup_version=None)
+            self.merge_changes(report, run_id, None, [], [], nullable_keys=False, lookup_version=None, txn=txn)
             return report
         nullable_keys = bool(self.config.table(schema, name).key) or any(
             bool(self.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
@@ -547,7 +604,7 @@ class Job:
         self.merge_changes(
             report, run_id, changes, list(pl.key), [n for n, _ in pl.columns],
             nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,
-            optional=kept_by_update, reshape=reshape, reshaped=reshaped,
+            optional=kept_by_update, reshape=reshape, reshaped=reshaped, txn=txn,
         )
         return report
 
@@ -564,6 +621,7 @@ class Job:
         optional: set[str] | None = None,
         reshape: Callable[[], frozenset[str] | None] | None = None,
         reshaped: Callable[[], None] | None = None,
+        txn: Txn | None = None,
     ) -> None:
         """Reduce ``changes`` (commit order, after the last truncate) and MERGE them into ``report.path``.
 
@@ -571,15 +629,15 @@ class Job:
         truncate (alone when there are no changes); unchanged TOAST the changes cannot fill is read
         from the table at ``lookup_version``. ``reshape`` (after those reads, before anything is
         written) changes the Delta table's shape and returns the columns it then has;
-        ``reshaped`` runs once the table has every column of the MERGE. Shared by the run and by
-        ``pg2delta backfill``.
+        ``reshaped`` runs once the table has every column of the MERGE. ``txn``: Delta's
+        idempotent-write id of the commit. Shared by the run and by ``pg2delta backfill``.
         """
         schema, name, uri = report.schema, report.table, report.path
         if changes is not None:
             changes = changes.filter(pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
         if changes is None or changes.num_rows == 0:
             if report.truncated and self.lake.delta_version(uri) is not None:
-                self.engine.delete_all(uri)
+                self.engine.delete_all(uri, txn=txn)
                 report.delta_version = self.lake.delta_version(uri)
             return
         data_columns = [c for c in data_columns if c not in META_NAMES]
@@ -613,6 +671,7 @@ class Job:
                 lambda target, view: merge_statement(
                     target, view, key_names, data_columns, truncate=report.truncated, nullable_keys=nullable_keys
                 ),
+                txn=txn,
             )
         finally:
             self.lake.unstage(staged)
@@ -731,7 +790,12 @@ class Job:
         return out
 
     def _log_window(
-        self, run_id: str, window: WindowReport, reports: list[tuple[int, TableReport, tuple[str, ...] | None]]
+        self,
+        run_id: str,
+        window: WindowReport,
+        reports: list[tuple[int, TableReport, tuple[str, ...] | None]],
+        *,
+        txn: Txn | None = None,
     ) -> None:
         now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
         rows = [
@@ -755,7 +819,7 @@ class Job:
             }
             for oid, t, key in reports
         ]
-        self.engine.append(self.lake.table_uri(LOG_TABLE), pa.Table.from_pylist(rows, schema=LOG_SCHEMA))
+        self.engine.append(self.lake.table_uri(LOG_TABLE), pa.Table.from_pylist(rows, schema=LOG_SCHEMA), txn=txn)
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

@@ -204,6 +204,11 @@ class SlotSource:
         assert lsn is not None
         return lsn
 
+    def system_identifier(self) -> int:
+        """The server's system identifier (new for every initdb; WAL positions are only comparable within one)."""
+        (value,) = self._query("SELECT system_identifier FROM pg_control_system()")[0]
+        return int(str(value))
+
     def current_lsn(self) -> int:
         (value,) = self._query("SELECT pg_current_wal_lsn()")[0]
         lsn = _lsn_value(value)
