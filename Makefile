@@ -32,7 +32,7 @@ SPARK4_TESTS ?= -m classic tests/test_job_e2e.py tests/test_job_faults.py
 WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 XDIST ?= -n 2
 
-.PHONY: install install-spark demo test test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark postgres clean
+.PHONY: install install-spark demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark postgres clean
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
@@ -92,6 +92,20 @@ test-spark4: $(SPARK4_STAMP) postgres
 test-compat: $(SPARK35_STAMP) postgres
 	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration and not e2e"
 	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) tests/test_job_e2e.py tests/test_type_fidelity.py
+
+# The C extension built with AddressSanitizer and UBSan (in a copy of src/ under .cache/asan),
+# then the decoder's unit and hypothesis tests against it; any report stops the run. PostgreSQL
+# does not start under the preloaded sanitizer, so only tests without a server run here.
+test-asan: install
+	rm -rf .cache/asan && mkdir -p .cache/asan && cp -r src/pg2delta .cache/asan/ && rm -f .cache/asan/pg2delta/*.so
+	gcc -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -Wall -Wextra -Werror -fPIC -shared \
+	  -I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" src/pg2delta/_tuples.c \
+	  -o .cache/asan/pg2delta/_tuples$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+	PG2DELTA_TEST_PG=15 PYTHONPATH=$(CURDIR)/.cache/asan \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  $(PY) -m pytest -q -p no:cacheprovider -m "not integration" \
+	  tests/test_tuples_ext.py tests/test_pgoutput_properties.py tests/test_changes.py tests/test_typemap.py tests/test_pgoutput_golden.py
 
 test-unit: install
 	$(PY) -m pytest -q -m "not integration and not e2e"

@@ -49,6 +49,66 @@ get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count
     return 0;
 }
 
+/* The buffers one call holds: taken one by one with views_get, all given back by views_release
+ * (every function ends through it, whatever failed). */
+typedef struct {
+    Py_buffer v[12]; /* walk_changes holds 11 */
+    int n;
+} Views;
+
+/* get_buffer as the next view of `vs`; NULL (exception set) when it fails, with nothing new held. */
+static Py_buffer *
+views_get(Views *vs, PyObject *obj, Py_ssize_t itemsize, Py_ssize_t count, int writable, const char *name)
+{
+    if (vs->n >= (int)(sizeof vs->v / sizeof vs->v[0])) {
+        PyErr_SetString(PyExc_SystemError, "_tuples: too many buffers in one call");
+        return NULL;
+    }
+    if (get_buffer(obj, &vs->v[vs->n], itemsize, count, writable, name) < 0)
+        return NULL;
+    return &vs->v[vs->n++];
+}
+
+static void
+views_release(Views *vs)
+{
+    while (vs->n > 0)
+        PyBuffer_Release(&vs->v[--vs->n]);
+}
+
+/* The inputs of the per-value functions: values at buf[starts[i]:starts[i] + lengths[i]]. */
+typedef struct {
+    const uint8_t *buf;
+    Py_ssize_t buflen;
+    const int64_t *starts, *lengths;
+    Py_ssize_t n;
+} Ranges;
+
+/* Take buf, starts and lengths (as many as starts) into `vs` and check that every range lies
+ * inside buf: IndexError naming the first that does not. 0, or -1 with an exception set. */
+static int
+ranges_get(Views *vs, PyObject *o_buf, PyObject *o_starts, PyObject *o_lengths, Ranges *r)
+{
+    Py_buffer *b = views_get(vs, o_buf, 1, -1, 0, "buf");
+    Py_buffer *s = b ? views_get(vs, o_starts, 8, -1, 0, "starts") : NULL;
+    Py_buffer *l = s ? views_get(vs, o_lengths, 8, s->len / 8, 0, "lengths") : NULL;
+    if (l == NULL)
+        return -1;
+    r->buf = b->buf;
+    r->buflen = b->len;
+    r->starts = s->buf;
+    r->lengths = l->buf;
+    r->n = s->len / 8;
+    for (Py_ssize_t i = 0; i < r->n; i++) {
+        int64_t st = r->starts[i], len = r->lengths[i];
+        if (st < 0 || len < 0 || st > r->buflen || len > r->buflen - st) {
+            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static inline uint32_t
 be32(const uint8_t *p)
 {
@@ -187,46 +247,40 @@ walk_changes(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "ncols out of range");
         return NULL;
     }
-    Py_buffer b_in[4], b_out[7];
-    PyObject *o_in[4] = {o_buf, o_tags, o_offs, o_ends};
-    static const char *in_names[4] = {"buf", "tags", "offs", "ends"};
     static const Py_ssize_t out_sizes[7] = {1, 8, 8, 1, 8, 8, 1};
     static const char *out_names[7] = {"new_kinds", "new_starts", "new_lengths", "old_kinds", "old_starts",
                                        "old_lengths", "markers"};
-    int n_in = 0, n_out = 0;
-    Py_ssize_t n = 0;
+    Views vs = {.n = 0};
+    Py_buffer *out[7];
     PyObject *result = NULL;
-    for (; n_in < 4; n_in++) {
-        /* buf and tags are bytes; offs and ends hold n int64 each, n being the length of tags */
-        Py_ssize_t itemsize = n_in < 2 ? 1 : 8, count = n_in < 2 ? -1 : n;
-        if (get_buffer(o_in[n_in], &b_in[n_in], itemsize, count, 0, in_names[n_in]) < 0)
+    /* buf and tags are bytes; offs and ends hold n int64 each, n being the length of tags */
+    Py_buffer *b_buf = views_get(&vs, o_buf, 1, -1, 0, "buf");
+    Py_buffer *b_tags = b_buf ? views_get(&vs, o_tags, 1, -1, 0, "tags") : NULL;
+    Py_ssize_t n = b_tags ? b_tags->len : 0;
+    Py_buffer *b_offs = b_tags ? views_get(&vs, o_offs, 8, n, 0, "offs") : NULL;
+    Py_buffer *b_ends = b_offs ? views_get(&vs, o_ends, 8, n, 0, "ends") : NULL;
+    if (b_ends == NULL)
+        goto done;
+    for (int k = 0; k < 7; k++) {
+        Py_ssize_t count = k == 6 ? n : ncols * n;
+        if ((out[k] = views_get(&vs, o_out[k], out_sizes[k], count, 1, out_names[k])) == NULL)
             goto done;
-        if (n_in == 1)
-            n = b_in[1].len;
     }
-    for (; n_out < 7; n_out++) {
-        Py_ssize_t count = n_out == 6 ? n : ncols * n;
-        if (get_buffer(o_out[n_out], &b_out[n_out], out_sizes[n_out], count, 1, out_names[n_out]) < 0)
-            goto done;
-    }
-    Side new_side = {b_out[0].buf, b_out[1].buf, b_out[2].buf};
-    Side old_side = {b_out[3].buf, b_out[4].buf, b_out[5].buf};
+    Side new_side = {out[0]->buf, out[1]->buf, out[2]->buf};
+    Side old_side = {out[3]->buf, out[4]->buf, out[5]->buf};
     const char *why = NULL;
     int64_t at = 0;
     Py_ssize_t bad;
     Py_BEGIN_ALLOW_THREADS
-    bad = walk_rows(b_in[0].buf, b_in[0].len, b_in[1].buf, b_in[2].buf, b_in[3].buf, n, ncols, &new_side, &old_side,
-                    b_out[6].buf, &why, &at);
+    bad = walk_rows(b_buf->buf, b_buf->len, b_tags->buf, b_offs->buf, b_ends->buf, n, ncols, &new_side, &old_side,
+                    out[6]->buf, &why, &at);
     Py_END_ALLOW_THREADS
     if (bad < 0)
         result = Py_NewRef(Py_None);
     else
         result = Py_BuildValue("(nsL)", bad, why, (long long)at);
 done:
-    while (n_out > 0)
-        PyBuffer_Release(&b_out[--n_out]);
-    while (n_in > 0)
-        PyBuffer_Release(&b_in[--n_in]);
+    views_release(&vs);
     return result;
 }
 
@@ -248,26 +302,22 @@ gather_fixed(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "width out of range");
         return NULL;
     }
-    Py_buffer b_buf, b_starts, b_out;
-    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
-        return NULL;
-    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0) {
-        PyBuffer_Release(&b_buf);
-        return NULL;
-    }
-    Py_ssize_t n = b_starts.len / 8;
-    if (get_buffer(o_out, &b_out, 1, n * width, 1, "out") < 0) {
-        PyBuffer_Release(&b_starts);
-        PyBuffer_Release(&b_buf);
+    Views vs = {.n = 0};
+    Py_buffer *b_buf = views_get(&vs, o_buf, 1, -1, 0, "buf");
+    Py_buffer *b_starts = b_buf ? views_get(&vs, o_starts, 8, -1, 0, "starts") : NULL;
+    Py_ssize_t n = b_starts ? b_starts->len / 8 : 0;
+    Py_buffer *b_out = b_starts ? views_get(&vs, o_out, 1, n * width, 1, "out") : NULL;
+    if (b_out == NULL) {
+        views_release(&vs);
         return NULL;
     }
-    const uint8_t *buf = b_buf.buf;
-    const int64_t *starts = b_starts.buf;
-    uint8_t *out = b_out.buf;
+    const uint8_t *buf = b_buf->buf;
+    const int64_t *starts = b_starts->buf;
+    uint8_t *out = b_out->buf;
     Py_ssize_t bad = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t s = starts[i];
-        if (s < 0 || s > b_buf.len - width) {
+        if (s < 0 || s > b_buf->len - width) {
             bad = i;
             break;
         }
@@ -305,9 +355,7 @@ gather_fixed(PyObject *self, PyObject *args)
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&b_out);
-    PyBuffer_Release(&b_starts);
-    PyBuffer_Release(&b_buf);
+    views_release(&vs);
     if (bad >= 0) {
         PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", bad);
         return NULL;
@@ -328,51 +376,34 @@ gather_var(PyObject *self, PyObject *args)
     PyObject *o_buf, *o_starts, *o_lengths, *o_offsets;
     if (!PyArg_ParseTuple(args, "OOOO", &o_buf, &o_starts, &o_lengths, &o_offsets))
         return NULL;
-    Py_buffer b_buf, b_starts, b_lengths, b_offsets;
+    Views vs = {.n = 0};
+    Ranges r;
+    Py_buffer *b_offsets;
     PyObject *result = NULL;
-    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
-        return NULL;
-    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0)
-        goto release_buf;
-    Py_ssize_t n = b_starts.len / 8;
-    if (get_buffer(o_lengths, &b_lengths, 8, n, 0, "lengths") < 0)
-        goto release_starts;
-    if (get_buffer(o_offsets, &b_offsets, 4, n + 1, 1, "offsets") < 0)
-        goto release_lengths;
-    const uint8_t *buf = b_buf.buf;
-    const int64_t *starts = b_starts.buf, *lengths = b_lengths.buf;
-    int32_t *offsets = b_offsets.buf;
+    if (ranges_get(&vs, o_buf, o_starts, o_lengths, &r) < 0
+        || (b_offsets = views_get(&vs, o_offsets, 4, r.n + 1, 1, "offsets")) == NULL)
+        goto done;
+    int32_t *offsets = b_offsets->buf;
     int64_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t s = starts[i], len = lengths[i];
-        if (s < 0 || len < 0 || s > b_buf.len || len > b_buf.len - s) {
-            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
-            goto release_all;
-        }
+    for (Py_ssize_t i = 0; i < r.n; i++) {
         offsets[i] = (int32_t)total;
-        total += len;
+        total += r.lengths[i];
         if (total > INT32_MAX) {
             PyErr_SetString(PyExc_OverflowError, "more than 2 GiB of values in one column chunk");
-            goto release_all;
+            goto done;
         }
     }
-    offsets[n] = (int32_t)total;
+    offsets[r.n] = (int32_t)total;
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result != NULL) {
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(result);
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++)
-            memcpy(dst + offsets[i], buf + starts[i], (size_t)lengths[i]);
+        for (Py_ssize_t i = 0; i < r.n; i++)
+            memcpy(dst + offsets[i], r.buf + r.starts[i], (size_t)r.lengths[i]);
         Py_END_ALLOW_THREADS
     }
-release_all:
-    PyBuffer_Release(&b_offsets);
-release_lengths:
-    PyBuffer_Release(&b_lengths);
-release_starts:
-    PyBuffer_Release(&b_starts);
-release_buf:
-    PyBuffer_Release(&b_buf);
+done:
+    views_release(&vs);
     return result;
 }
 
@@ -487,37 +518,22 @@ numeric_decimal128(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "precision or scale out of range");
         return NULL;
     }
-    Py_buffer b_buf, b_starts, b_lengths, b_out, b_valid;
+    Views vs = {.n = 0};
+    Ranges r;
+    Py_buffer *b_out, *b_valid;
     PyObject *result = NULL;
-    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
-        return NULL;
-    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0)
-        goto release_buf;
-    Py_ssize_t n = b_starts.len / 8;
-    if (get_buffer(o_lengths, &b_lengths, 8, n, 0, "lengths") < 0)
-        goto release_starts;
-    if (get_buffer(o_out, &b_out, 1, 16 * n, 1, "out") < 0)
-        goto release_lengths;
-    if (get_buffer(o_valid, &b_valid, 1, n, 1, "valid") < 0)
-        goto release_out;
-    const uint8_t *buf = b_buf.buf;
-    const int64_t *starts = b_starts.buf, *lengths = b_lengths.buf;
-    uint8_t *out = b_out.buf, *valid = b_valid.buf;
-    Py_ssize_t i;
-    for (i = 0; i < n; i++) {
-        int64_t s = starts[i], len = lengths[i];
-        if (s < 0 || len < 0 || s > b_buf.len || len > b_buf.len - s) {
-            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
-            goto release_all;
-        }
-    }
+    if (ranges_get(&vs, o_buf, o_starts, o_lengths, &r) < 0
+        || (b_out = views_get(&vs, o_out, 1, 16 * r.n, 1, "out")) == NULL
+        || (b_valid = views_get(&vs, o_valid, 1, r.n, 1, "valid")) == NULL)
+        goto done;
+    uint8_t *out = b_out->buf, *valid = b_valid->buf;
     NumericSpec spec = numeric_spec(precision, scale);
     Py_ssize_t first_other = -1;
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < r.n; i++) {
         __int128 v = 0;
-        int r = numeric_scaled(buf + starts[i], lengths[i], &spec, &v);
-        if (r < 0) {
+        int k = numeric_scaled(r.buf + r.starts[i], r.lengths[i], &spec, &v);
+        if (k < 0) {
             first_other = i;
             break;
         }
@@ -525,20 +541,12 @@ numeric_decimal128(PyObject *self, PyObject *args)
         uint64_t lo = (uint64_t)u, hi = (uint64_t)(u >> 64);
         memcpy(out + 16 * i, &lo, 8);
         memcpy(out + 16 * i + 8, &hi, 8);
-        valid[i] = (uint8_t)r;
+        valid[i] = (uint8_t)k;
     }
     Py_END_ALLOW_THREADS
     result = PyLong_FromSsize_t(first_other);
-release_all:
-    PyBuffer_Release(&b_valid);
-release_out:
-    PyBuffer_Release(&b_out);
-release_lengths:
-    PyBuffer_Release(&b_lengths);
-release_starts:
-    PyBuffer_Release(&b_starts);
-release_buf:
-    PyBuffer_Release(&b_buf);
+done:
+    views_release(&vs);
     return result;
 }
 
@@ -625,54 +633,37 @@ numeric_texts(PyObject *self, PyObject *args)
     PyObject *o_buf, *o_starts, *o_lengths, *o_offsets;
     if (!PyArg_ParseTuple(args, "OOOO", &o_buf, &o_starts, &o_lengths, &o_offsets))
         return NULL;
-    Py_buffer b_buf, b_starts, b_lengths, b_offsets;
+    Views vs = {.n = 0};
+    Ranges r;
+    Py_buffer *b_offsets;
     PyObject *result = NULL;
-    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
-        return NULL;
-    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0)
-        goto release_buf;
-    Py_ssize_t n = b_starts.len / 8;
-    if (get_buffer(o_lengths, &b_lengths, 8, n, 0, "lengths") < 0)
-        goto release_starts;
-    if (get_buffer(o_offsets, &b_offsets, 4, n + 1, 1, "offsets") < 0)
-        goto release_lengths;
-    const uint8_t *buf = b_buf.buf;
-    const int64_t *starts = b_starts.buf, *lengths = b_lengths.buf;
-    int32_t *offsets = b_offsets.buf;
+    if (ranges_get(&vs, o_buf, o_starts, o_lengths, &r) < 0
+        || (b_offsets = views_get(&vs, o_offsets, 4, r.n + 1, 1, "offsets")) == NULL)
+        goto done;
+    int32_t *offsets = b_offsets->buf;
     int64_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t s = starts[i], len = lengths[i];
-        if (s < 0 || len < 0 || s > b_buf.len || len > b_buf.len - s) {
-            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
-            goto release_all;
-        }
-        int64_t size = numeric_text(buf + s, len, NULL);
+    for (Py_ssize_t i = 0; i < r.n; i++) {
+        int64_t size = numeric_text(r.buf + r.starts[i], r.lengths[i], NULL);
         if (size < 0) {
             result = PyLong_FromSsize_t(i);
-            goto release_all;
+            goto done;
         }
         offsets[i] = (int32_t)total;
         total += size;
         if (total > INT32_MAX) {
             PyErr_SetString(PyExc_OverflowError, "more than 2 GiB of values in one column chunk");
-            goto release_all;
+            goto done;
         }
     }
-    offsets[n] = (int32_t)total;
+    offsets[r.n] = (int32_t)total;
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result != NULL) {
         char *dst = PyBytes_AS_STRING(result);
-        for (Py_ssize_t i = 0; i < n; i++)
-            numeric_text(buf + starts[i], lengths[i], dst + offsets[i]);
+        for (Py_ssize_t i = 0; i < r.n; i++)
+            numeric_text(r.buf + r.starts[i], r.lengths[i], dst + offsets[i]);
     }
-release_all:
-    PyBuffer_Release(&b_offsets);
-release_lengths:
-    PyBuffer_Release(&b_lengths);
-release_starts:
-    PyBuffer_Release(&b_starts);
-release_buf:
-    PyBuffer_Release(&b_buf);
+done:
+    views_release(&vs);
     return result;
 }
 
@@ -740,57 +731,33 @@ array_walk(PyObject *args, int fill)
     if (fill ? !PyArg_ParseTuple(args, "OOOIOO", &o_buf, &o_starts, &o_lengths, &elem_oid, &o_a, &o_b)
              : !PyArg_ParseTuple(args, "OOOIO", &o_buf, &o_starts, &o_lengths, &elem_oid, &o_a))
         return NULL;
-    Py_buffer b_buf, b_starts, b_lengths, b_a, b_b;
+    Views vs = {.n = 0};
+    Ranges r;
+    Py_buffer *b_a, *b_b = NULL;
     PyObject *result = NULL;
-    if (get_buffer(o_buf, &b_buf, 1, -1, 0, "buf") < 0)
-        return NULL;
-    if (get_buffer(o_starts, &b_starts, 8, -1, 0, "starts") < 0)
-        goto release_buf;
-    Py_ssize_t n = b_starts.len / 8;
-    if (get_buffer(o_lengths, &b_lengths, 8, n, 0, "lengths") < 0)
-        goto release_starts;
-    if (get_buffer(o_a, &b_a, 8, fill ? -1 : n, 1, fill ? "estarts" : "counts") < 0)
-        goto release_lengths;
-    if (fill && get_buffer(o_b, &b_b, 8, b_a.len / 8, 1, "elens") < 0) {
-        PyBuffer_Release(&b_a);
-        goto release_lengths;
-    }
-    const uint8_t *buf = b_buf.buf;
-    const int64_t *starts = b_starts.buf, *lengths = b_lengths.buf;
-    int64_t *a = b_a.buf, room = b_a.len / 8, used = 0;
+    if (ranges_get(&vs, o_buf, o_starts, o_lengths, &r) < 0
+        || (b_a = views_get(&vs, o_a, 8, fill ? -1 : r.n, 1, fill ? "estarts" : "counts")) == NULL
+        || (fill && (b_b = views_get(&vs, o_b, 8, b_a->len / 8, 1, "elens")) == NULL))
+        goto done;
+    int64_t *a = b_a->buf, room = b_a->len / 8, used = 0;
     Py_ssize_t other = -1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t s = starts[i], len = lengths[i];
-        if (s < 0 || len < 0 || s > b_buf.len || len > b_buf.len - s) {
-            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
-            goto release_all;
-        }
-    }
-    for (Py_ssize_t i = 0; i < n && other < 0; i++) {
-        const uint8_t *p = buf + starts[i];
-        int64_t count = array_1d(p, lengths[i], elem_oid, starts[i], NULL, NULL);
+    for (Py_ssize_t i = 0; i < r.n && other < 0; i++) {
+        const uint8_t *p = r.buf + r.starts[i];
+        int64_t count = array_1d(p, r.lengths[i], elem_oid, r.starts[i], NULL, NULL);
         if (count < 0 || (fill && count > room - used)) {
             other = i;
         } else if (fill) {
-            array_1d(p, lengths[i], elem_oid, starts[i], a + used, (int64_t *)b_b.buf + used);
+            array_1d(p, r.lengths[i], elem_oid, r.starts[i], a + used, (int64_t *)b_b->buf + used);
             used += count;
         } else {
             a[i] = count;
         }
     }
     if (fill && other < 0 && used != room)
-        other = n; /* fewer elements than the caller made room for */
+        other = r.n; /* fewer elements than the caller made room for */
     result = PyLong_FromSsize_t(other);
-release_all:
-    if (fill)
-        PyBuffer_Release(&b_b);
-    PyBuffer_Release(&b_a);
-release_lengths:
-    PyBuffer_Release(&b_lengths);
-release_starts:
-    PyBuffer_Release(&b_starts);
-release_buf:
-    PyBuffer_Release(&b_buf);
+done:
+    views_release(&vs);
     return result;
 }
 
