@@ -195,11 +195,11 @@ def _expect_columns(dsn: str, lake: Path, context: str) -> None:
     b = {(i,): i * 10 for i in (1, 2, 3, 4, 6, 7)}
     # c was dropped inside the last transaction; row 6, updated after that, keeps 600.
     c = {(1,): 100, (6,): 600, (7,): 700}
-    # d was added with a default: PostgreSQL reads it for every older row, but sends it only for
-    # rows it writes again. Row 1 was not written since, so the lake holds NULL there (README).
+    # d was added with a default: PostgreSQL reads it for every older row but sends it only for rows
+    # it writes again. Row 1 was not written since: the lake has it from attmissingval (README).
     _, pg = _pg(dsn, "public.t", ["id"])
     assert pg[(1,)]["d"] == "dflt"
-    assert_lake_equals(dsn, lake, "public.t", ["id"], kept={"b": b, "c": c}, null_in_lake={"d": [(1,)]}, context=context)
+    assert_lake_equals(dsn, lake, "public.t", ["id"], kept={"b": b, "c": c}, context=context)
 
 
 @pytest.mark.parametrize("max_changes", [None, 1], ids=["one-run-one-window", "a-window-per-transaction"])
@@ -275,6 +275,236 @@ def test_renamed_column_is_a_drop_and_an_add(pgdb: str, tmp_path: Path) -> None:
     _sql(pgdb, "UPDATE r SET v = 30 WHERE id = 3")
     _run(pgdb, slot, pub, lake, conf)
     assert_lake_equals(pgdb, lake, "public.r", ["id"], null_in_lake={"new_name": [(1,)]})
+
+
+# --- columns added with a default -----------------------------------------------------------------
+
+DEFAULTS_DDL = "CREATE TABLE dv (id int PRIMARY KEY, a text); CREATE TABLE other (id int PRIMARY KEY, v text)"
+
+
+def _hundred_rows(dsn: str, slot: str, pub: str, lake: Path) -> None:
+    """dv with 100 rows in PostgreSQL and in the lake."""
+    _setup(dsn, slot, pub, DEFAULTS_DDL, "dv, other")
+    _sql(dsn, "INSERT INTO dv SELECT g, 'a' || g FROM generate_series(1, 100) g", "INSERT INTO other VALUES (1, 'a')")
+    _run(dsn, slot, pub, lake)
+
+
+def _server_version(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000  # type: ignore[index]
+
+
+@pytest.mark.classic
+@pytest.mark.parametrize("max_changes", [None, 1], ids=["one-window", "a-window-per-transaction"])
+def test_constant_default_reaches_rows_already_in_the_lake(pgdb: str, tmp_path: Path, max_changes: int | None) -> None:
+    """ADD COLUMN c int DEFAULT 7 on a table of 100 rows, then updates in the same window: the rows not
+    written since hold 7 in the lake, as PostgreSQL reads them (attmissingval); rows written since
+    hold what PostgreSQL sent."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    _hundred_rows(pgdb, slot, pub, lake)
+    _sql(
+        pgdb,
+        "ALTER TABLE dv ADD COLUMN c int DEFAULT 7",
+        "UPDATE dv SET a = 'touched' WHERE id <= 10",  # PostgreSQL sends c = 7 for these
+        "UPDATE dv SET c = 70 WHERE id BETWEEN 11 AND 15",
+        "UPDATE dv SET c = NULL WHERE id = 16",
+        "DELETE FROM dv WHERE id = 17",
+        "INSERT INTO dv VALUES (101, 'new', 1)",
+    )
+    flags = {"max_changes": max_changes} if max_changes else {}
+    _run(pgdb, slot, pub, lake, **flags)
+    assert_lake_equals(pgdb, lake, "public.dv", ["id"])
+    _, got = _lake(lake, "public", "dv", ["id"])
+    assert got[(100,)]["c"] == 7 and got[(1,)]["c"] == 7 and got[(11,)]["c"] == 70
+    assert got[(16,)]["c"] is None and (17,) not in got and got[(101,)]["c"] == 1
+    assert lake_types(lake, "public", "dv")["c"] == pa.int32()
+    # The value is set once, when the column reaches the lake: later changes are merged as usual.
+    _sql(pgdb, "UPDATE dv SET c = 8 WHERE id = 99", "UPDATE dv SET a = 'later' WHERE id = 98")
+    _run(pgdb, slot, pub, lake, **flags)
+    assert_lake_equals(pgdb, lake, "public.dv", ["id"], context="after a later run")
+
+
+def test_defaults_of_other_types(pgdb: str, tmp_path: Path) -> None:
+    """attmissingval's text form goes through the column's codec: text with quotes, commas and
+    backslashes, numeric, now(), arrays with NULLs, a type without a decoder of its own (box, whose
+    array delimiter is ';'), a domain's default; a column without a default among them stays NULL."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    _setup(pgdb, slot, pub, "CREATE DOMAIN seven AS int DEFAULT 7; CREATE TABLE ty (id int PRIMARY KEY, a text)", "ty")
+    _sql(pgdb, "INSERT INTO ty SELECT g, 'a' || g FROM generate_series(1, 20) g")
+    _run(pgdb, slot, pub, lake)
+    _sql(
+        pgdb,
+        "ALTER TABLE ty ADD COLUMN s text DEFAULT 'a, \"b\" \\ {c}', ADD COLUMN n numeric(8,2) DEFAULT 12.5, "
+        "ADD COLUMN ts timestamptz DEFAULT now(), ADD COLUMN arr int[] DEFAULT '{1,NULL,3}', "
+        "ADD COLUMN bx box DEFAULT '((1,1),(0,0))', ADD COLUMN dm seven, ADD COLUMN plain int",
+        "UPDATE ty SET a = 'x' WHERE id = 1",
+    )
+    _run(pgdb, slot, pub, lake)
+    assert_lake_equals(pgdb, lake, "public.ty", ["id"])
+    _, got = _lake(lake, "public", "ty", ["id"])
+    row = got[(20,)]
+    assert row["s"] == 'a, "b" \\ {c}' and row["n"] == Decimal("12.50") and row["arr"] == [1, None, 3]
+    assert row["bx"] == "(1,1),(0,0)" and row["dm"] == 7 and row["plain"] is None and row["ts"] is not None
+
+
+@pytest.mark.parametrize("max_changes", [None, 1], ids=["one-window", "a-window-per-transaction"])
+def test_default_with_rows_written_before_and_after_it(pgdb: str, tmp_path: Path, max_changes: int | None) -> None:
+    """Rows written in the ALTER's own transaction before it (sent without the column) read the default in
+    PostgreSQL too; rows inserted and updated after it keep what PostgreSQL sent. Also for a table
+    the lake sees for the first time in that transaction."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    _hundred_rows(pgdb, slot, pub, lake)
+    _sql(pgdb, "CREATE TABLE nd (id int PRIMARY KEY, a text)", f"ALTER PUBLICATION {pub} ADD TABLE nd")
+    _txn(
+        pgdb,
+        "INSERT INTO dv VALUES (101, 'before')",
+        "UPDATE dv SET a = 'before' WHERE id = 1",
+        "INSERT INTO nd SELECT g, 'before' FROM generate_series(1, 5) g",
+        "ALTER TABLE dv ADD COLUMN c int DEFAULT 7",
+        "ALTER TABLE nd ADD COLUMN c text DEFAULT 'seven'",
+        "INSERT INTO dv VALUES (102, 'after', 1)",
+        "UPDATE dv SET c = 20 WHERE id = 2",
+        "INSERT INTO dv (id, a) VALUES (103, 'after, default')",
+        "INSERT INTO nd VALUES (6, 'after', 'six')",
+    )
+    _sql(
+        pgdb,
+        "INSERT INTO dv VALUES (104, 'later', NULL)",
+        "UPDATE dv SET a = 'later' WHERE id = 3",
+        "UPDATE dv SET c = 30 WHERE id = 101",
+        "DELETE FROM dv WHERE id = 4",
+        "UPDATE nd SET a = 'later' WHERE id = 2",
+    )
+    flags = {"max_changes": max_changes} if max_changes else {}
+    _run(pgdb, slot, pub, lake, **flags)
+    assert_lake_equals(pgdb, lake, "public.dv", ["id"])
+    assert_lake_equals(pgdb, lake, "public.nd", ["id"])
+    _, got = _lake(lake, "public", "dv", ["id"])
+    assert [got[(i,)]["c"] for i in (1, 2, 3, 50, 101, 102, 103, 104)] == [7, 20, 7, 7, 30, 1, 7, None]
+    _, nd = _lake(lake, "public", "nd", ["id"])
+    assert [nd[(i,)]["c"] for i in range(1, 7)] == ["seven"] * 5 + ["six"]
+
+
+def test_column_added_without_a_default_stays_null(pgdb: str, tmp_path: Path) -> None:
+    """No default (or DEFAULT NULL, which PostgreSQL does not even record): the rows read NULL, in the lake too."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    _hundred_rows(pgdb, slot, pub, lake)
+    _sql(
+        pgdb,
+        "ALTER TABLE dv ADD COLUMN c int",
+        "ALTER TABLE dv ADD COLUMN d text DEFAULT NULL",
+        "UPDATE dv SET c = 5, d = 'x' WHERE id = 1",
+        "UPDATE dv SET a = 'y' WHERE id = 2",
+    )
+    _run(pgdb, slot, pub, lake)
+    assert_lake_equals(pgdb, lake, "public.dv", ["id"])
+    _, got = _lake(lake, "public", "dv", ["id"])
+    assert got[(1,)]["c"] == 5 and got[(50,)]["c"] is None and got[(50,)]["d"] is None
+
+
+@pytest.mark.parametrize(
+    ("statements", "column"),
+    [
+        (("ALTER TABLE dv ADD COLUMN c timestamptz DEFAULT clock_timestamp()",), "c"),
+        (("ALTER TABLE dv ADD COLUMN c uuid DEFAULT gen_random_uuid()",), "c"),
+        (("ALTER TABLE dv ADD COLUMN c int GENERATED ALWAYS AS IDENTITY",), "c"),
+        (("ALTER TABLE dv ADD COLUMN c int DEFAULT 7", "VACUUM FULL dv"), "c"),
+        (("ALTER TABLE dv ADD COLUMN g int GENERATED ALWAYS AS (id * 2) STORED",), "g"),
+    ],
+    ids=["clock_timestamp", "gen_random_uuid", "identity", "rewritten-since", "stored-generated"],
+)
+def test_default_pg2delta_cannot_know_is_refused(
+    pgdb: str, tmp_path: Path, statements: tuple[str, ...], column: str
+) -> None:
+    """PostgreSQL computed the rows' values in a rewrite it does not send, or a rewrite since cleared
+    attmissingval: refused (exit 78) naming pg2delta resync, nothing of the window applied, slot unmoved."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    generated = column == "g"
+    if generated and _server_version(pgdb) < 18:
+        pytest.skip("PostgreSQL publishes stored generated columns from 18 on")
+    _setup(pgdb, slot, pub, DEFAULTS_DDL, "dv, other", pub_options=" WITH (publish_generated_columns = stored)" if generated else "")
+    _sql(pgdb, "INSERT INTO dv SELECT g, 'a' || g FROM generate_series(1, 100) g", "INSERT INTO other VALUES (1, 'a')")
+    _run(pgdb, slot, pub, lake)
+    _sql(pgdb, "INSERT INTO other VALUES (2, 'b')", *statements, "UPDATE dv SET a = 'x' WHERE id = 1")
+    before_slot, before_lake = confirmed_lsn(pgdb, slot), lake_files(lake)
+    proc = _cli_run(pgdb, slot, pub, lake)
+    line = assert_refused(proc, f"column {column} of public.dv", "pg2delta resync --table public.dv")
+    assert "nothing of this window was applied" in line
+    assert confirmed_lsn(pgdb, slot) == before_slot, "the slot moved past a refused window"
+    assert lake_files(lake) == before_lake, "a refused window wrote to the lake"
+    again = _cli_run(pgdb, slot, pub, lake)
+    assert_refused(again, "pg2delta resync --table public.dv")
+    assert confirmed_lsn(pgdb, slot) == before_slot
+
+
+def test_volatile_default_on_a_table_without_rows_goes_on(pgdb: str, tmp_path: Path) -> None:
+    """No row was written before the column: nothing to know, nothing refused."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    _setup(pgdb, slot, pub, DEFAULTS_DDL, "dv, other")
+    _sql(pgdb, "INSERT INTO dv VALUES (1, 'a')")
+    _run(pgdb, slot, pub, lake)
+    _sql(pgdb, "DELETE FROM dv")
+    _run(pgdb, slot, pub, lake)
+    _sql(pgdb, "ALTER TABLE dv ADD COLUMN c timestamptz DEFAULT clock_timestamp()", "INSERT INTO dv (id, a) VALUES (2, 'b')")
+    _run(pgdb, slot, pub, lake)
+    assert_lake_equals(pgdb, lake, "public.dv", ["id"])
+
+
+@pytest.mark.parametrize("point", ["after_schema_change", "after_commits"])
+def test_crash_after_the_default_was_set_then_rerun(pgdb: str, tmp_path: Path, point: str) -> None:
+    """SIGKILL after the rewrite that set the default on the lake's rows (before the MERGE), or after the
+    MERGE (before the applied log): the slot stays, and the rerun (with other window caps) gives the same lake."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    _hundred_rows(pgdb, slot, pub, lake)
+    _sql(
+        pgdb,
+        "ALTER TABLE dv ADD COLUMN c int DEFAULT 7",
+        "UPDATE dv SET c = 70 WHERE id <= 5",
+        "UPDATE dv SET a = 'x' WHERE id BETWEEN 6 AND 8",
+        "INSERT INTO dv VALUES (101, 'new', NULL)",
+    )
+    before = confirmed_lsn(pgdb, slot)
+    crashed = cli(
+        "run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake), env={"PG2DELTA_CRASH_AT": point}
+    )
+    assert crashed.returncode == -9, (crashed.returncode, crashed.stderr[-2000:])
+    assert confirmed_lsn(pgdb, slot) == before
+    _, got = _lake(lake, "public", "dv", ["id"])
+    assert got[(50,)]["c"] == 7, "the rows already in the lake got the default before the MERGE"
+    if point == "after_schema_change":
+        assert got[(1,)]["c"] == 7 and (101,) not in got
+    _run(pgdb, slot, pub, lake, max_changes=1)
+    assert_lake_equals(pgdb, lake, "public.dv", ["id"])
+
+
+@pytest.mark.parametrize("mode", ["via-root", "partitions-to-root", "leaf-tables"])
+def test_default_on_a_partitioned_table(pgdb: str, tmp_path: Path, mode: str) -> None:
+    """PostgreSQL keeps attmissingval on the leaf partitions (the root has no storage)."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    conf = None
+    if mode == "partitions-to-root":
+        conf = tmp_path / "root.toml"
+        conf.write_text('[tables."public.m"]\npartitions = "root"\n')
+    _setup(pgdb, slot, pub, PART_DDL, "m", pub_options=" WITH (publish_via_partition_root = true)" if mode == "via-root" else "")
+    _sql(pgdb, "INSERT INTO m SELECT g, g * 10, 'v' || g FROM generate_series(1, 15) g")
+    _run(pgdb, slot, pub, lake, conf)
+    _sql(pgdb, "ALTER TABLE m ADD COLUMN c int DEFAULT 5", "UPDATE m SET c = 6 WHERE id = 1", "UPDATE m SET v = 'w' WHERE id = 12")
+    _run(pgdb, slot, pub, lake, conf)
+    if mode == "leaf-tables":
+        for part in ("m1", "m2"):
+            assert_lake_equals(pgdb, lake, f"public.{part}", ["id", "k"])
+    else:
+        assert_lake_equals(pgdb, lake, "public.m", ["id", "k"])
+        _, got = _lake(lake, "public", "m", ["id", "k"])
+        assert got[(2, 20)]["c"] == 5 and got[(1, 10)]["c"] == 6
 
 
 # --- types --------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from pg2delta.typemap import (
     arrow_schema,
     codec_for,
     numeric_typmod,
+    value_of_text_array,
 )
 
 OID = {t.name: t.oid for t in _oids.TYPES}
@@ -295,6 +296,25 @@ def test_arrays() -> None:
     assert got == [["a b", "", None, "NULL", 'x"y']]
     got, notes = run(OID["_numeric"], [b"{1.5,NaN}"], KIND_TEXT, typmod_numeric(5, 1))
     assert got == [[Decimal("1.5"), None]] and notes["numeric_nan_nulled"] == 1
+
+
+def test_value_of_a_one_element_text_array() -> None:
+    """pg_attribute.attmissingval as PostgreSQL prints it: the element goes through the codec's text path."""
+    assert value_of_text_array(codec_for(OID["int4"], -1), "{7}").as_py() == 7
+    assert value_of_text_array(codec_for(OID["text"], -1), '{"a, \\"b\\" \\\\ {c}"}').as_py() == 'a, "b" \\ {c}'
+    assert value_of_text_array(codec_for(OID["numeric"], typmod_numeric(8, 2)), "{12.50}").as_py() == Decimal("12.50")
+    assert value_of_text_array(codec_for(OID["_int4"], -1), '{"{1,NULL,3}"}').as_py() == [1, None, 3]
+    assert value_of_text_array(codec_for(OID["_int4"], -1, ndims=2), '{"{{1,2},{3,4}}"}').as_py() == [[1, 2], [3, 4]]
+    ts = value_of_text_array(codec_for(OID["timestamptz"], -1), '{"2020-01-01 08:00:00+00"}')
+    assert ts.as_py() == dt.datetime(2020, 1, 1, 8, tzinfo=dt.UTC)
+    # box separates array elements with ';' (pg_type.typdelim), and its text has commas
+    assert value_of_text_array(codec_for(OID["box"], -1), "{(1,1),(0,0)}", delim=";").as_py() == "(1,1),(0,0)"
+    notes: collections.Counter[str] = collections.Counter()
+    assert value_of_text_array(codec_for(OID["date"], -1), "{infinity}", notes=notes).as_py() == dt.date(9999, 12, 31)
+    assert notes["date_clamped"] == 1
+    for bad in ("7", "{}", "{1,2}", "{NULL}", "{x}"):
+        with pytest.raises(DecodeError):
+            value_of_text_array(codec_for(OID["int4"], -1), bad)
 
 
 class Catalog:

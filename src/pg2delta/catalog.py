@@ -13,6 +13,7 @@ function and prints them with its output function.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -34,6 +35,22 @@ LEFT JOIN pg_range mr ON mr.rngmultitypid = t.oid
 WHERE t.oid = ANY(%s)
 """
 
+# What each relation holding the rows of ``oid`` (the relation itself, or the leaf partitions of a
+# partitioned table: only they have storage and missing values) says about columns ``names``.
+_ADDED_COLUMNS_QUERY = """
+WITH rels AS (
+    SELECT coalesce(
+        (SELECT array_agg(relid) FROM pg_partition_tree(%(oid)s::oid::regclass) WHERE isleaf AND relid <> %(oid)s::oid),
+        ARRAY[%(oid)s::oid]
+    ) AS oids
+)
+SELECT a.attrelid::int8, a.attname::text, a.atthasmissing, a.attmissingval::text, t.typdelim::text,
+       a.atthasdef OR a.attgenerated <> '' OR a.attidentity <> '' OR t.typdefaultbin IS NOT NULL
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid, rels
+WHERE a.attrelid = ANY(rels.oids) AND a.attname = ANY(%(names)s) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid
+"""
+
 _ATTNDIMS_QUERY = """
 SELECT attname::text, attndims::int4 FROM pg_attribute
 WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
@@ -50,6 +67,24 @@ _RENDER_SETTINGS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class AddedColumn:
+    """What ``pg_attribute`` says, now, about the value a column has in rows written before it was added.
+
+    ``missing``: ``attmissingval`` as text (a one-element array such as ``{7}``) when
+    ``atthasmissing``: the value PostgreSQL reads for those rows, fixed when the column was added
+    with a non-volatile default. ``has_default``: the column has some default that PostgreSQL may
+    have computed for those rows instead (``pg_attrdef``: a default or a generation expression; an
+    identity; a default of its type, e.g. a domain's). ``delim``: the type's array delimiter.
+    """
+
+    relation_oid: int
+    name: str
+    missing: str | None
+    has_default: bool
+    delim: str = ","
+
+
 class PgTypeCatalog:
     """:class:`~pg2delta.typemap.TypeCatalog` backed by ``pg_type`` and ``pg_range`` (cached).
 
@@ -62,7 +97,7 @@ class PgTypeCatalog:
         self._cache: dict[int, TypeInfo | None] = {}
         self._render_ready = False
 
-    def _query(self, query: str, params: tuple[object, ...]) -> list[Any]:
+    def _query(self, query: str, params: tuple[object, ...] | dict[str, object]) -> list[Any]:
         try:
             return self._conn.execute(query, params).fetchall()
         except psycopg.OperationalError as exc:
@@ -107,6 +142,33 @@ class PgTypeCatalog:
         rows = self._query(_ATTNDIMS_QUERY, (relation_oid,))
         return {str(name): int(nd) for name, nd in rows}
 
+    def added_columns(self, relation_oid: int, names: Sequence[str]) -> dict[str, list[AddedColumn]]:
+        """Per column name, what :class:`AddedColumn` the catalog has now for the relation, or for each
+        leaf partition of a partitioned table (where ``atthasmissing`` is kept). A name no longer
+        in the table (dropped or renamed since) is absent.
+
+        ``attmissingval`` is printed under the settings text forms assume (as :meth:`render_binary`).
+        """
+        self._render_settings()
+        rows = self._query(_ADDED_COLUMNS_QUERY, {"oid": relation_oid, "names": list(names)})
+        out: dict[str, list[AddedColumn]] = {}
+        for oid, name, hasmissing, missing, delim, has_default in rows:
+            out.setdefault(str(name), []).append(
+                AddedColumn(
+                    relation_oid=int(oid),
+                    name=str(name),
+                    missing=str(missing) if hasmissing and missing is not None else None,
+                    has_default=bool(has_default),
+                    delim=str(delim or ","),
+                )
+            )
+        return out
+
+    def _render_settings(self) -> None:
+        if not self._render_ready:
+            self._query(_RENDER_SETTINGS, ())
+            self._render_ready = True
+
     def render_binary(self, type_oid: int, values: Sequence[bytes]) -> list[str]:
         """The text output of binary values of type ``type_oid``, as the server prints them.
 
@@ -117,9 +179,7 @@ class PgTypeCatalog:
         ``bytea_output``). Bytes the receive function rejects raise ValueError; a lost
         connection raises :class:`~pg2delta.errors.ConnectionFailed`.
         """
-        if not self._render_ready:
-            self._query(_RENDER_SETTINGS, ())
-            self._render_ready = True
+        self._render_settings()
         out: list[str] = []
         encoding = self._conn.info.encoding
         for i in range(0, len(values), _RENDER_BATCH):

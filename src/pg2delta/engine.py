@@ -393,8 +393,12 @@ class Engine:
             schema = StructType.fromJson(json.loads(text))
         return {f.name: f.dataType.simpleString() for f in schema.fields}
 
-    def rewrite(self, uri: str, casts: dict[str, str], *, drop: Sequence[str] = ()) -> None:
-        """Rewrite the Delta table with the columns in ``casts`` cast to wider Spark types, without ``drop``.
+    def rewrite(
+        self, uri: str, casts: dict[str, str], *, drop: Sequence[str] = (), fill: pa.Table | None = None
+    ) -> None:
+        """Rewrite the Delta table with the columns in ``casts`` cast to wider Spark types, without ``drop``,
+        and with every row holding the values of the one row of ``fill`` in its columns (added at the
+        end when the table lacks them, replaced when it has them).
 
         One commit (an overwrite with ``overwriteSchema``) that both Apache Spark with delta-spark
         and pysail accept; pysail has no ``ALTER TABLE``, and Delta's in-place type widening needs a
@@ -402,20 +406,42 @@ class Engine:
         """
         from pg2delta.merge import quote
 
+        staged = self.lake.stage(fill, f"fill-{uuid.uuid4().hex}") if fill is not None else None
+        filled = list(fill.column_names) if fill is not None else []
         try:
             df = self.spark.read.format("delta").load(uri)
             cols = [
                 f"CAST({quote(c)} AS {casts[c]}) AS {quote(c)}" if c in casts else quote(c)
                 for c in df.columns
-                if c not in drop
+                if c not in drop and c not in filled
             ]
-            df.selectExpr(*cols).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(uri)
+            out = df.selectExpr(*cols)
+            if staged is not None:
+                # One row: every row of the table gets its values.
+                order = [c for c in df.columns if c not in drop] + [c for c in filled if c not in df.columns]
+                out = out.crossJoin(self.spark.read.parquet(staged)).selectExpr(*[quote(c) for c in order])
+            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(uri)
         except Exception as exc:
-            raise LakeError(f"cannot rewrite {uri} with new column types: {' '.join(str(exc).split())[:500]}") from exc
+            raise LakeError(f"cannot rewrite {uri} with new column types or values: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            if staged is not None:
+                self.lake.unstage(staged)
         log.info(
-            "rewrote %s: wider columns %s, dropped columns %s",
+            "rewrote %s: wider columns %s, dropped columns %s, columns set in every row %s",
             uri, ", ".join(f"{c} {t}" for c, t in sorted(casts.items())) or "none", ", ".join(drop) or "none",
+            ", ".join(filled) or "none",
         )
+
+    def has_rows(self, uri: str, *, version: int | None = None) -> bool:
+        """Whether the Delta table at ``uri`` (as of ``version``) holds any row; False if there is no table."""
+        if self.lake.delta_version(uri) is None:
+            return False
+        try:
+            return bool(self._read_version(uri, version).limit(1).count())
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
 
     def merge(self, uri: str, staged: str, statement_for: Any, *, txn: Txn | None = None) -> None:
         """Run the MERGE built by ``statement_for(target, source_view)`` with ``staged`` as the source.

@@ -17,6 +17,7 @@ Re-applying them is harmless: MERGE of final states is idempotent, a truncate is
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta import pgoutput as po
-from pg2delta.catalog import PgTypeCatalog
+from pg2delta.catalog import AddedColumn, PgTypeCatalog
 from pg2delta.changelog import ChangelogWriter
 from pg2delta.changes import (
     BEFORE_OP,
@@ -50,11 +51,12 @@ from pg2delta.changes import (
 )
 from pg2delta.config import Config
 from pg2delta.engine import Engine, Lake, Txn
-from pg2delta.errors import DataError, SchemaError
+from pg2delta.errors import DataError, DecodeError, SchemaError
 from pg2delta.lsn import format_lsn
 from pg2delta.merge import Reduced, merge_statement, reduce_changes
 from pg2delta.schema import Plan, Shape, conform, plan, shape_cut, shape_of
 from pg2delta.slot import SlotSource, WindowRead, connect
+from pg2delta.typemap import ColumnCodec, value_of_text_array
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +207,7 @@ class Job:
         self._engine_factory = engine_factory or (lambda lake: Engine.start(config.engine, lake))
         self._engine: Engine | None = None
         self._catalog_conn: Any = None
+        self._catalog: PgTypeCatalog | None = None
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
         self._app_id = ""  # Delta's txnAppId for this slot's commits (see _txn)
@@ -253,6 +256,7 @@ class Job:
             self._catalog_conn = catalog_conn
             try:
                 catalog = PgTypeCatalog(catalog_conn)
+                self._catalog = catalog
                 key_resolver = self._key_resolver(catalog_conn)
                 position = start
                 while position < upper:
@@ -263,6 +267,7 @@ class Job:
                     position = window.end_lsn
                     report.end_lsn = position
             finally:
+                self._catalog = None
                 catalog_conn.close()
             return report
 
@@ -516,16 +521,140 @@ class Job:
             return None
         self._check_full_identity_key(tgt, shapes[0].key, applied)
         uri = self.lake.table_uri(tgt.schema, tgt.table)
+        where = f" (in the changes from {format_lsn(start)} to {format_lsn(end)})"
         # The table as the last logged window left it: a replay after a crash plans the same
         # changes the crashed run did (they are idempotent), whatever of them it committed.
-        return plan(
+        pl = plan(
             f"{tgt.schema}.{tgt.table}",
             self.engine.table_types(uri, version=applied.delta_version if applied else None),
             shapes,
-            where=f" (in the changes from {format_lsn(start)} to {format_lsn(end)})",
+            where=where,
             narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
             pg_type=lambda shape, column: self._pg_type(tgt, shape, column),
         )
+        return self._added_column_values(tgt, pl, applied, uri, where)
+
+    def _added_column_values(self, tgt: _Target, pl: Plan, applied: Applied | None, uri: str, where: str) -> Plan:
+        """The value the rows written before an ``ADD COLUMN`` hold in PostgreSQL, for the columns the
+        window adds to the Delta table (or adds inside its first transaction, after rows of it).
+
+        PostgreSQL sends nothing for those rows. Which rows need a value: every row of the Delta table as
+        the last logged window left it (unless the window truncates the table), and the rows the window
+        itself sent in a shape from before the column was added. For them, the catalog *as it is now*
+        (``pg_attribute`` of the table, or of each leaf partition of a partitioned one) decides:
+
+        * ``atthasmissing``: the column was added with a non-volatile default (a constant, ``now()``,
+          a domain's default ...) and PostgreSQL reads ``attmissingval`` for every row written before.
+          That value, converted by the column's codec from its text form, is set on every row of the
+          Delta table (one rewrite before the window's MERGE, see :meth:`Engine.rewrite`) and given to
+          the window's rows sent before the column (:func:`~pg2delta.schema.conform`).
+        * no ``atthasmissing`` and no default of any kind (no ``pg_attrdef`` row, not generated, not
+          an identity, no type default): the column was added without a default, those rows read
+          NULL in PostgreSQL too. Nothing to do (as before).
+        * no ``atthasmissing`` but some default: PostgreSQL computed the rows' values and wrote them
+          in a rewrite that logical decoding does not send (a volatile default such as
+          ``clock_timestamp()`` or ``gen_random_uuid()``, an identity, a ``STORED`` generated column,
+          a domain default with constraints), or a rewrite since the column was added (``VACUUM
+          FULL``, ``CLUSTER``, ``ALTER … TYPE``) cleared ``attmissingval``. The values are not known
+          here: refused (:class:`SchemaError`, exit 78, nothing of the window applied) asking for
+          ``pg2delta resync --table s.t``. Only when rows need a value: a table that was empty in
+          the lake and got no rows before the column in the window goes on.
+        * partitions that disagree (different missing values, or some without one) are refused the
+          same way: the Delta table mixes their rows.
+        * a column the table no longer has under that name (dropped or renamed since): not knowable
+          either, but nothing is lost that PostgreSQL still shows; logged, NULL as before.
+
+        The catalog can only show the present, so some cases look alike and are refused although the
+        rows do read NULL in PostgreSQL: a column added without a default and given one later
+        (``ADD COLUMN c int, ALTER c SET DEFAULT 5``), or a default that evaluates to NULL. A column
+        that is new to the lake without being new in PostgreSQL (renamed, or added to the
+        publication's column list) is taken for an added one, as pgoutput shows it.
+        """
+        catalog = self._catalog
+        if catalog is None or (applied is None and self._bootstrapped):
+            return pl  # not a run, or a table the run skips (not copied yet)
+        # The Delta table as the last logged window left it (a table a crashed run created is new).
+        before = pl.existing if applied is not None else frozenset()
+        candidates = [n for n, _ in pl.columns if n not in before]
+        if not candidates:
+            return pl
+        applied_lsn = applied.end_lsn if applied is not None else 0
+        truncates = [(t.commit_lsn, t.pos) for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+        last_truncate = max(truncates) if truncates else None
+        early: dict[str, int] = defaultdict(int)  # rows of the window sent before the column appeared
+        codecs: dict[str, ColumnCodec] = {}
+        for tw in tgt.parts:
+            appeared: set[str] = set()
+            for b in tw.batches:
+                names = b.relation.column_names
+                for c in candidates:
+                    if c in names:
+                        codecs.setdefault(c, b.relation.codecs[names.index(c)])
+                lacking = [c for c in candidates if c not in names and c not in appeared]
+                if lacking:
+                    rows = _rows_written(b.batch, applied_lsn, last_truncate)
+                    for c in lacking:
+                        early[c] += rows
+                appeared.update(names)
+        lake_rows = bool(before) and last_truncate is None and self.engine.has_rows(
+            uri, version=applied.delta_version if applied is not None else None
+        )
+        needed = [c for c in candidates if lake_rows or early[c]]
+        if not needed:
+            return pl
+        found = catalog.added_columns(tgt.owner, needed)
+        source = self._source_name(tgt)
+        types = dict(pl.columns)
+        fills: list[tuple[str, pa.Scalar]] = []
+        for c in needed:
+            entries = found.get(c, [])
+            if not entries:
+                log.warning(
+                    "column %s of %s is no longer in the source table (dropped or renamed since): pg2delta cannot "
+                    "tell the value rows written before it was added had there; they hold NULL in the lake", c, source,
+                )
+                continue
+            if all(e.missing is None and not e.has_default for e in entries):
+                continue  # added without a default: NULL, as PostgreSQL reads those rows
+            missing = {e.missing for e in entries}
+            if len(missing) != 1 or None in missing:
+                raise SchemaError(_unknown_values_message(c, source, entries, where))
+            fills.append((c, self._missing_value(source, c, entries[0], codecs[c], types[c])))
+            log.info(
+                "column %s of %s was added with a default: the rows written before hold PostgreSQL's "
+                "attmissingval (%s in the lake, %d in this window)",
+                c, source, "every row" if lake_rows else "none", early[c],
+            )
+        if not fills:
+            return pl
+        return dataclasses.replace(pl, fills=tuple(fills), fill_table=lake_rows)
+
+    @staticmethod
+    def _missing_value(
+        source: str, column: str, entry: AddedColumn, codec: ColumnCodec, arrow_type: pa.DataType
+    ) -> pa.Scalar:
+        """``attmissingval`` of ``column`` as the decoder would give its text form, in the plan's type."""
+        assert entry.missing is not None
+        notes: collections.Counter[str] = collections.Counter()
+        try:
+            value = value_of_text_array(codec, entry.missing, delim=entry.delim, notes=notes)
+            value = value.cast(arrow_type)
+        except (DecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise DataError(
+                f"cannot convert the default of column {column} of {source} (pg_attribute.attmissingval, "
+                f"{codec.pg_type}) to {arrow_type}: {exc}"
+            ) from exc
+        for name, count in sorted(notes.items()):
+            log.warning("window note: %s = %d (the default of column %s of %s)", name, count, column, source)
+        return value
+
+    def _source_name(self, tgt: _Target) -> str:
+        """The source table whose rows ``tgt``'s Delta table holds, as PostgreSQL names it now."""
+        for tw in tgt.parts:
+            if tw.oid == tgt.owner:
+                return ".".join(tw.latest.qualified_name)
+        root = self._partition_root(tgt.parts[0].oid) if tgt.parts else None
+        return f"{root[1]}.{root[2]}" if root is not None else f"{tgt.schema}.{tgt.table}"
 
     def _pg_type(self, tgt: _Target, shape: Shape, column: str) -> str | None:
         """The PostgreSQL type of ``column`` as a Relation message of ``tgt`` in ``shape`` declared it."""
@@ -588,17 +717,22 @@ class Job:
             bool(self.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
         )  # primary keys and identity indexes are NOT NULL
         drop = pl.kept if self.config.table(schema, name).dropped_columns == "drop" else ()
+        # Rows already in the table get the value PostgreSQL reads for columns added with a default.
+        fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl.fill_table and pl.fills else None
+        if fill is not None:
+            # A replay sets the default in every row again, also in rows the crashed run's MERGE
+            # wrote: that MERGE must then run again rather than be recognised as done.
+            txn = None
 
         def reshape() -> frozenset[str] | None:
-            if pl.widened:
-                self.engine.rewrite(uri, {c: new for c, _, new in pl.widened})
-            if drop:
-                self.engine.rewrite(uri, {}, drop=drop)
-            return (pl.existing - set(drop)) if pl.existing else None
+            if pl.widened or drop or fill is not None:
+                # One commit, before the MERGE: rows the window writes get their own values from it.
+                self.engine.rewrite(uri, {c: new for c, _, new in pl.widened}, drop=drop, fill=fill)
+            if not pl.existing:
+                return None
+            return (pl.existing - set(drop)) | frozenset(fill.column_names if fill is not None else ())
 
         def reshaped() -> None:
-            if pl.existing and pl.added:
-                self._warn_defaults(tgt, pl.added)
             fault_point("after_schema_change")
 
         self.merge_changes(
@@ -681,21 +815,6 @@ class Job:
             schema, name, report.inserts, report.updates, report.deletes,
             ", truncated" if report.truncated else "", report.delta_version,
         )
-
-    def _warn_defaults(self, tgt: _Target, added: Sequence[str]) -> None:
-        """Say so when PostgreSQL reads older rows of an added column as its default (the lake holds NULL)."""
-        if self._catalog_conn is None:
-            return
-        rows = self._catalog_conn.execute(
-            "SELECT DISTINCT attname FROM pg_attribute WHERE attrelid = ANY(%s::oid[]) AND attname = ANY(%s) "
-            "AND atthasmissing AND NOT attisdropped",
-            ([tw.oid for tw in tgt.parts], list(added)),
-        ).fetchall()
-        for (col,) in rows:
-            log.warning(
-                "column %s of %s.%s was added with a default: rows not written since hold NULL in the lake "
-                "(PostgreSQL sends nothing for them)", col, tgt.schema, tgt.table,
-            )
 
     def _fill_lookups(
         self,
@@ -820,6 +939,36 @@ class Job:
             for oid, t, key in reports
         ]
         self.engine.append(self.lake.table_uri(LOG_TABLE), pa.Table.from_pylist(rows, schema=LOG_SCHEMA), txn=txn)
+
+
+def _rows_written(batch: pa.RecordBatch, applied_lsn: int, last_truncate: tuple[int, int] | None) -> int:
+    """Inserts and updates of ``batch`` that the window applies (at or after the applied LSN, after its last truncate)."""
+    lsn, pos, op = batch.column(LSN_COL), batch.column(POS_COL), batch.column(OP_COL)
+    keep = pc.and_(pc.is_in(op, value_set=pa.array(["I", "U"])), pc.greater_equal(lsn, applied_lsn))
+    if last_truncate is not None:
+        t_lsn, t_pos = last_truncate
+        keep = pc.and_(keep, pc.or_(pc.greater(lsn, t_lsn), pc.and_(pc.equal(lsn, t_lsn), pc.greater(pos, t_pos))))
+    return int(pc.sum(pc.cast(keep, pa.int64())).as_py() or 0)
+
+
+def _unknown_values_message(column: str, source: str, entries: Sequence[AddedColumn], where: str) -> str:
+    if len({e.missing for e in entries}) > 1:
+        why = (
+            "its partitions hold different values for the rows written before it was added "
+            "(a partition created or rewritten since, or added with its own default)"
+        )
+    else:
+        why = (
+            "PostgreSQL computed its value in the rows written before it was added and keeps no record of it "
+            "(no pg_attribute.attmissingval: a volatile default such as clock_timestamp() or gen_random_uuid(), "
+            "an identity or STORED generated column, a domain default with constraints, or a table rewrite "
+            "since the column was added)"
+        )
+    return (
+        f"column {column} of {source} was added with a default{where}, but {why}; pg2delta cannot know what "
+        f"those rows hold there: make the lake's copy of the table again with pg2delta resync --table {source}; "
+        "nothing of this window was applied"
+    )
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

@@ -137,6 +137,12 @@ class Plan:
     kept: tuple[str, ...]  # in the Delta table, in no shape of the window: left alone
     key: tuple[str, ...]
     existing: frozenset[str] = frozenset()  # the Delta table's columns before the window
+    # Added columns whose value in rows written before the ADD COLUMN is known (PostgreSQL's
+    # attmissingval, as an Arrow scalar of the column's type in ``columns``): rows of the window sent
+    # before the column appeared hold it (see conform), and with ``fill_table`` every row already in
+    # the Delta table is set to it before the window's changes are merged.
+    fills: tuple[tuple[str, pa.Scalar], ...] = ()
+    fill_table: bool = False
 
 
 def plan(
@@ -246,24 +252,30 @@ def conform(parts: Sequence[Sequence[ChangeBatch]], pl: Plan) -> tuple[pa.Table 
     order; ``parts`` holds the batches of each relation writing to it (several: partitions to a root).
 
     Rows sent in a shape without a column the Delta table (or an earlier shape in the window)
-    has: inserts hold NULL there, updates keep the value (marked like unchanged TOAST).
+    has: inserts hold NULL there, updates keep the value (marked like unchanged TOAST). Rows sent
+    before a column of ``pl.fills`` appeared (a shape from before its ADD COLUMN) hold its value.
     """
     tables: list[pa.Table] = []
     marked_columns: set[str] = set()
     schema = pa.schema([*(pa.field(n, t) for n, t in pl.columns)])
+    fills = dict(pl.fills)
     for batches in parts:
         seen = set(pl.existing)
+        appeared: set[str] = set()  # columns some batch of this relation has had so far
         for b in batches:
             t = pa.Table.from_batches([b.batch])
             names = set(t.column_names)
             cols = []
+            before_add = {n for n in fills if n not in names and n not in appeared}
             for f in schema:
                 if f.name in names:
                     col = t.column(f.name)
                     cols.append(col if col.type == f.type else col.cast(f.type))
+                elif f.name in before_add:
+                    cols.append(pa.repeat(fills[f.name].cast(f.type), t.num_rows))
                 else:
                     cols.append(pa.nulls(t.num_rows, f.type))
-            keep = [n for n, _ in pl.columns if n not in names and n in seen]
+            keep = [n for n, _ in pl.columns if n not in names and n in seen and n not in before_add]
             meta = [t.column(m) for m in t.column_names if m in META_NAMES]
             out = pa.Table.from_arrays([*cols, *meta], names=[*schema.names, *(m for m in t.column_names if m in META_NAMES)])
             if keep:
@@ -275,6 +287,7 @@ def conform(parts: Sequence[Sequence[ChangeBatch]], pl: Plan) -> tuple[pa.Table 
                     out.column_names.index(TOAST_COL), TOAST_COL, pa.array(marked, type=out.schema.field(TOAST_COL).type)
                 )
             seen |= names
+            appeared |= names
             tables.append(out)
     if not tables:
         return None, marked_columns

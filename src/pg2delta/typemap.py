@@ -1330,8 +1330,11 @@ class _Multirange(_Range):
         return "{" + ",".join(parts) + "}"
 
 
-def _parse_text_array(text: str) -> tuple[list[int], list[int], list[str | None]]:
-    """array_in's syntax: optional '[lb:ub]...=' prefix, nested braces, quoted elements."""
+def _parse_text_array(text: str, delim: str = ",") -> tuple[list[int], list[int], list[str | None]]:
+    """array_in's syntax: optional '[lb:ub]...=' prefix, nested braces, quoted elements.
+
+    ``delim`` separates elements: the element type's ``pg_type.typdelim`` (``;`` for box).
+    """
     pos = 0
     lbs: list[int] = []
     if text.startswith("["):
@@ -1372,7 +1375,7 @@ def _parse_text_array(text: str) -> tuple[list[int], list[int], list[str | None]
             else:
                 buf = []
                 quoted = False
-                while p < n and text[p] not in ",}":
+                while p < n and text[p] != delim and text[p] != "}":
                     if text[p] == "\\":
                         p += 1
                         quoted = True
@@ -1386,7 +1389,7 @@ def _parse_text_array(text: str) -> tuple[list[int], list[int], list[str | None]
                 p += 1
             if p >= n:
                 raise _Bad("unterminated array")
-            if text[p] == ",":
+            if text[p] == delim:
                 p += 1
                 continue
             if text[p] == "}":
@@ -1768,6 +1771,33 @@ def codec_for(
     return ColumnCodec(label, _Opaque(label, type_oid, catalog))
 
 
+def value_of_text_array(codec: ColumnCodec, text: str, *, delim: str = ",", notes: Notes | None = None) -> pa.Scalar:
+    """The one element of a one-element array in PostgreSQL's text form, as ``codec`` decodes it.
+
+    For values the catalog holds as such an array, e.g. ``pg_attribute.attmissingval::text``
+    (``{7}``, ``{"a b"}``, ``{"{1,2}"}`` for an ``int4[]`` column): the element goes through the
+    codec's text path, as a text-format wire value of the column would (same Arrow type, same
+    clamping and notes). ``delim`` is the element type's ``pg_type.typdelim``. The text must be
+    printed with the settings text forms assume (see the module docstring). Raises
+    :class:`~pg2delta.errors.DecodeError` for text that is not a one-element array of the type.
+    """
+    try:
+        dims, _lbs, items = _parse_text_array(text, delim)
+    except _Bad as exc:
+        raise DecodeError(f"{codec.pg_type}: {exc}") from None
+    if dims != [1] or items[0] is None:
+        raise DecodeError(f"{codec.pg_type}: expected a one-element array, got {len(items)} elements")
+    data = items[0].encode()
+    array = codec.decode(
+        data,
+        np.zeros(1, dtype=np.int64),
+        np.array([len(data)], dtype=np.int64),
+        np.array([KIND_TEXT], dtype=np.uint8),
+        notes,
+    )
+    return array[0]
+
+
 def _builtin_codec(t: _oids.BuiltinType, typmod: int, catalog: TypeCatalog | None, ndims: int) -> ColumnCodec:
     if t.typelem and t.typlen == -1 and t.typcategory == "A" and t.name not in ("int2vector", "oidvector"):
         elem = codec_for(t.typelem, typmod, catalog)
@@ -1812,4 +1842,5 @@ __all__ = [
     "arrow_schema",
     "codec_for",
     "numeric_typmod",
+    "value_of_text_array",
 ]
