@@ -456,7 +456,7 @@ def test_volatile_default_on_a_table_without_rows_goes_on(pgdb: str, tmp_path: P
     assert_lake_equals(pgdb, lake, "public.dv", ["id"])
 
 
-@pytest.mark.parametrize("point", ["after_schema_change", "after_commits"])
+@pytest.mark.parametrize("point", ["after_schema_change", pytest.param("after_commits", marks=pytest.mark.classic)])
 def test_crash_after_the_default_was_set_then_rerun(pgdb: str, tmp_path: Path, point: str) -> None:
     """SIGKILL after the rewrite that set the default on the lake's rows (before the MERGE), or after the
     MERGE (before the applied log): the slot stays, and the rerun (with other window caps) gives the same lake."""

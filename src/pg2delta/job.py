@@ -211,6 +211,7 @@ class Job:
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
         self._app_id = ""  # Delta's txnAppId for this slot's commits (see _txn)
+        self._rewritten: set[int] = set()  # tables whose rows this run set anew: no Delta txn skipping
         self.changelog = ChangelogWriter(config, self.lake)
 
     @property
@@ -720,8 +721,11 @@ class Job:
         # Rows already in the table get the value PostgreSQL reads for columns added with a default.
         fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl.fill_table and pl.fills else None
         if fill is not None:
-            # A replay sets the default in every row again, also in rows the crashed run's MERGE
-            # wrote: that MERGE must then run again rather than be recognised as done.
+            # A replay sets the default in every row again, also in rows a crashed run's MERGEs
+            # wrote: those MERGEs (this window's and the later ones of this run) must then run
+            # again rather than be recognised as done.
+            self._rewritten.add(tgt.owner)
+        if tgt.owner in self._rewritten:
             txn = None
 
         def reshape() -> frozenset[str] | None:
