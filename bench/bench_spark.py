@@ -6,15 +6,16 @@ jars named by ``SPARK_CONF_DIR`` (``make install-spark``):
 1. **end to end on the classic engine**: ``bench_e2e.py``'s run with ``--engine spark`` (the same
    window, the server's COPY rate measured in the same run); figure ``spark_e2e_vs_server``;
 2. **50 tables**: a throwaway PostgreSQL with ``--tables`` small tables (default 50), each given
-   ``--rows`` inserts and some updates and deletes in transactions spanning several tables; one
-   slot per measurement, so every run reads the same window. With each engine already started
-   (its start is not what this measures), ``Job.run()`` of that one window is timed with the
-   tables merged one after the other (``window.parallel_tables = 1``) and with the default
-   (``window.parallel_tables = 4``); every lake is read back with delta-rs and compared with
-   PostgreSQL (row counts and sums per table), otherwise the run exits 1.
+   ``--rows`` inserts and some updates and deletes in transactions spanning several tables (the
+   first window, which creates the Delta tables), then a second window of changes to every table
+   (what every scheduled run does); one slot per setting, so every run reads the same windows.
+   With each engine already started (its start is not what this measures; each engine in a
+   child process), ``Job.run()`` of each window is timed with the tables merged one after the
+   other (``window.parallel_tables = 1``) and with the default (``4``); every lake is read back
+   with delta-rs and compared with PostgreSQL (row counts and sums per table), else exit 1.
 
-The last lines are ``spark_e2e_vs_server=``, ``tables50_seconds_embedded=`` and
-``tables50_seconds_spark=`` (the default, concurrent apply).
+The last lines are ``spark_e2e_vs_server=``, then ``tables50_seconds_embedded=`` and
+``tables50_seconds_spark=``: the second window (tables in place), concurrent apply.
 """
 
 from __future__ import annotations
@@ -85,13 +86,13 @@ def _check(dsn: str, lake: Path, tables: list[str]) -> bool:
     return ok
 
 
-def many_tables(engines: list[str], n: int, rows: int, pg_version: int) -> dict[tuple[str, int], float] | None:
-    """Seconds of one window's ``Job.run()`` per (engine, parallel_tables), engines already started.
+def many_tables(engines: list[str], n: int, rows: int, pg_version: int) -> dict[tuple[str, str, int], float] | None:
+    """Seconds of ``Job.run()`` per (engine, window, parallel_tables), engines already started.
 
     Each engine runs in a child process of its own: a Spark Connect session (pysail) and a classic
     one do not mix in one Python process (pyspark decides per process which one its functions use).
     """
-    out: dict[tuple[str, int], float] = {}
+    out: dict[tuple[str, str, int], float] = {}
     for kind in engines:
         child = subprocess.run(
             [sys.executable, __file__, "--one-engine", kind, "--tables", str(n), "--rows", str(rows), "--pg", str(pg_version)],
@@ -102,45 +103,68 @@ def many_tables(engines: list[str], n: int, rows: int, pg_version: int) -> dict[
             return None
         for line in child.stdout.splitlines():
             if line.startswith("{"):
-                out.update({(kind, int(p)): s for p, s in json.loads(line).items()})
+                for key, seconds in json.loads(line).items():
+                    phase, parallel = key.split(":")
+                    out[(kind, phase, int(parallel))] = seconds
     return out
 
 
-def _many_tables_one_engine(kind: str, n: int, rows: int, pg_version: int) -> dict[tuple[str, int], float] | None:
-    engines = [kind]
-    cases = [(kind, parallel) for kind in engines for parallel in (1, 4)]
-    slots = {case: f"slot_{case[0]}_{case[1]}" for case in cases}
+def _more_changes(dsn: str, tables: list[str]) -> None:
+    """The next window: a few updates, inserts and deletes in every (existing) table."""
+    with psycopg.connect(dsn) as conn:
+        for i, t in enumerate(tables):
+            ident = sql.Identifier(t)
+            conn.execute(sql.SQL("UPDATE {} SET qty = qty * 2 WHERE id % 7 = 1").format(ident))
+            conn.execute(sql.SQL("INSERT INTO {} SELECT g, 'new ' || g, g, now() FROM generate_series(100001, 100020) g").format(
+                ident))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE id % 11 = 2").format(ident))
+            if i % 5 == 4:
+                conn.commit()
+        conn.commit()
+
+
+def _many_tables_one_engine(kind: str, n: int, rows: int, pg_version: int) -> dict[str, float] | None:
+    """Per "first:<parallel>" (the window that creates the 50 Delta tables) and "next:<parallel>"
+    (the following window, tables in place: what every scheduled run does), seconds of Job.run()."""
+    slots = {parallel: f"slot_{parallel}" for parallel in (1, 4)}
     tables = _tables(n)
     pg = ThrowawayPostgres.start(pg_version)
     root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-many-"))
-    out: dict[tuple[str, int], float] = {}
+    out: dict[str, float] = {}
     try:
         t0 = time.perf_counter()
         _workload(pg.dsn, tables, rows, list(slots.values()))
-        print(f"workload: PostgreSQL {pg_version}, {n} tables of {rows} rows, inserts + updates + deletes "
-              f"({time.perf_counter() - t0:.1f} s)", flush=True)
-        for kind in engines:
-            t0 = time.perf_counter()
-            engine = Engine.start(EngineConfig(kind=kind), Lake(str(root / "warm")))
-            print(f"{kind}: engine started in {time.perf_counter() - t0:.1f} s", flush=True)
-            try:
-                for parallel in (1, 4):
-                    lake = root / f"{kind}-{parallel}"
-                    cfg = cfgmod.load(env={}, dsn=pg.dsn, slot=slots[(kind, parallel)], publication=PUB,
-                                      lake=str(lake), engine=kind)
-                    cfg = dataclasses.replace(cfg, window=dataclasses.replace(cfg.window, parallel_tables=parallel))
+        with psycopg.connect(pg.dsn) as conn:
+            row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+        assert row is not None
+        hi, lo = str(row[0]).split("/")
+        first_end = (int(hi, 16) << 32) | int(lo, 16)
+        _more_changes(pg.dsn, tables)
+        print(f"workload: PostgreSQL {pg_version}, {n} tables of {rows} rows, inserts + updates + deletes, then a "
+              f"second window of changes to every table ({time.perf_counter() - t0:.1f} s)", flush=True)
+        t0 = time.perf_counter()
+        engine = Engine.start(EngineConfig(kind=kind), Lake(str(root / "warm")))
+        print(f"{kind}: engine started in {time.perf_counter() - t0:.1f} s", flush=True)
+        try:
+            for parallel, slot in slots.items():
+                lake = root / f"{kind}-{parallel}"
+                cfg = cfgmod.load(env={}, dsn=pg.dsn, slot=slot, publication=PUB, lake=str(lake), engine=kind)
+                cfg = dataclasses.replace(cfg, window=dataclasses.replace(cfg.window, parallel_tables=parallel))
+                for phase, until in (("first", first_end), ("next", None)):
                     job = Job(cfg, engine_factory=engine.with_lake)
                     t0 = time.perf_counter()
-                    report = job.run()
+                    report = job.run(until_lsn=until)
                     seconds = time.perf_counter() - t0
                     touched = len(report.windows[0].tables) if report.windows else 0
-                    print(f"{kind}: one window of {touched} tables, {report.changes:,} changes, "
+                    print(f"{kind}: {phase} window, {touched} tables, {report.changes:,} changes, "
                           f"parallel_tables={parallel}: {seconds:.1f} s", flush=True)
-                    if touched != n or not _check(pg.dsn, lake, tables):
+                    if touched != n:
                         return None
-                    out[(kind, parallel)] = seconds
-            finally:
-                engine.stop()
+                    out[f"{phase}:{parallel}"] = seconds
+                if not _check(pg.dsn, lake, tables):
+                    return None
+        finally:
+            engine.stop()
         return out
     finally:
         pg.stop()
@@ -161,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         one = _many_tables_one_engine(args.one_engine, args.tables, args.rows, args.pg)
         if one is None:
             return 1
-        print(json.dumps({str(parallel): s for (_, parallel), s in one.items()}))
+        print(json.dumps(one))
         return 0
 
     ratio = measure(args)
@@ -171,11 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     times = many_tables(["embedded", "spark"], args.tables, args.rows, args.pg)
     if times is None:
         return 1
+    n = args.tables
     for kind in ("embedded", "spark"):
-        print(f"tables{args.tables}_seconds_{kind}_one_at_a_time={times[(kind, 1)]:.1f}")
+        print(f"tables{n}_first_window_seconds_{kind}={times[(kind, 'first', 4)]:.1f}  "
+              f"(one table at a time: {times[(kind, 'first', 1)]:.1f})")
+        print(f"tables{n}_seconds_{kind}_one_at_a_time={times[(kind, 'next', 1)]:.1f}")
     print(f"spark_e2e_vs_server={ratio:.2f}")
     for kind in ("embedded", "spark"):
-        print(f"tables{args.tables}_seconds_{kind}={times[(kind, 4)]:.1f}")
+        print(f"tables{n}_seconds_{kind}={times[(kind, 'next', 4)]:.1f}")
     return 0
 
 

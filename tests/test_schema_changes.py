@@ -574,7 +574,7 @@ def test_widening_inside_one_transaction(pgdb: str, tmp_path: Path) -> None:
     ("alter", "new_value", "fragments"),
     [
         ("ALTER TABLE nt ALTER x TYPE int4", "42", ("public.nt", "column x", "from bigint to int (PostgreSQL integer)", "narrowing", 'narrowing = "keep"')),
-        ("ALTER TABLE nt ALTER x TYPE text USING x::text", "'42'", ("public.nt", "column x", "from bigint to string (PostgreSQL text)", "snapshot")),
+        ("ALTER TABLE nt ALTER x TYPE text USING x::text", "'42'", ("public.nt", "column x", "from bigint to string (PostgreSQL text)", "pg2delta resync --table public.nt")),
     ],
     ids=["narrowing", "other-kind"],
 )

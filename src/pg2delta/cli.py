@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true",
         help="the slot exists but the lake holds no bootstrap of it: copy every published table at a new snapshot",
     )
+    resync = sub.add_parser(
+        "resync", help="copy tables again at a new snapshot, online; the slot's later changes follow on"
+    )
+    _common(resync)
+    resync.add_argument("--table", action="append", default=[], required=True, help="schema.table (repeat)")
+    resync.add_argument("--parallel", type=int, default=2, help="tables copied at once (default 2)")
     backfill = sub.add_parser("backfill", help="re-apply the changelog's changes of an LSN range to the tables or a copy")
     _common(backfill)
     backfill.add_argument("--from-lsn", required=True, help="first commit LSN to re-apply (X/Y)")
@@ -161,6 +167,30 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
             + (f", {len(report.already_copied)} copied before" if report.already_copied else "")
         )
         for t in report.copied:
+            print(f"  {t.schema}.{t.table}: {t.rows} rows as of {format_lsn(t.snapshot_lsn)} -> delta version {t.delta_version}")
+    return EXIT_OK
+
+
+def _cmd_resync(args: argparse.Namespace) -> int:
+    from pg2delta.resync import resync
+
+    config = _config(args)
+    copied = resync(config, args.table, parallel=args.parallel)
+    summary = {
+        "slot": config.source.slot,
+        "tables": {
+            f"{t.schema}.{t.table}": {
+                "rows": t.rows, "as_of_lsn": format_lsn(t.snapshot_lsn), "delta_version": t.delta_version,
+                "seconds": round(t.seconds, 3),
+            }
+            for t in copied
+        },
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"pg2delta resync: {len(copied)} table(s) copied again; slot {config.source.slot} did not move")
+        for t in copied:
             print(f"  {t.schema}.{t.table}: {t.rows} rows as of {format_lsn(t.snapshot_lsn)} -> delta version {t.delta_version}")
     return EXIT_OK
 
@@ -259,6 +289,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cmd_bootstrap(args)
         if args.command == "backfill":
             return _cmd_backfill(args)
+        if args.command == "resync":
+            return _cmd_resync(args)
         return _cmd_status(args)
     except Pg2DeltaError as exc:
         print(exc.one_line(), file=sys.stderr)

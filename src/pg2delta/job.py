@@ -200,6 +200,20 @@ class _Progress:
             log.info("reading window: %d rows, %.1f MB, %.0f rows/s%s", self.rows, self.bytes / 1e6, rate, done)
 
 
+def _live(tgt: _Target, applied: Applied | None) -> list[list[ChangeBatch]]:
+    """The batches of each part of ``tgt`` that hold changes at or after the table's applied LSN.
+
+    Normally all of them (a window starts where the last applied one ended); after a resync the
+    table is applied through the copy's snapshot, and changes before it, in whatever shape they
+    were made, are not the lake's concern any more.
+    """
+    lsn = applied.end_lsn if applied is not None else 0
+    return [
+        [b for b in tw.batches if b.batch.num_rows and (pc.max(b.batch.column(LSN_COL)).as_py() or 0) >= lsn]
+        for tw in tgt.parts
+    ]
+
+
 class Job:
     def __init__(self, config: Config, *, engine_factory: Callable[[Lake], Engine] | None = None) -> None:
         self.config = config
@@ -513,8 +527,8 @@ class Job:
             return None
         self._check_partition_truncates(tgt)
         shapes: list[Shape] = []
-        for tw in tgt.parts:
-            for b in tw.batches:
+        for batches in _live(tgt, applied):
+            for b in batches:
                 shape = shape_of(b.relation)
                 if not shapes or shapes[-1].signature() != shape.signature():
                     shapes.append(shape)
@@ -690,7 +704,7 @@ class Job:
             report.skipped = True
             return report
         truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
-        changes, kept_by_update = conform([tw.batches for tw in tgt.parts], pl) if pl is not None else (None, set())
+        changes, kept_by_update = conform(_live(tgt, applied), pl) if pl is not None else (None, set())
         if changes is not None and applied_lsn:
             changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), applied_lsn))
         if truncates:

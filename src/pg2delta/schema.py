@@ -175,8 +175,8 @@ def plan(
         raise SchemaError(
             f"table {table} changed its key from ({', '.join(a) or 'none'}) to ({', '.join(b) or 'none'}) "
             f"inside one transaction that also changed its rows{where}; pg2delta cannot tell which rows each key "
-            "identifies: make the lake's copy of this table again from a snapshot (delete its Delta table, "
-            "re-create the slot and bootstrap), or skip past that transaction"
+            f"identifies: copy the table again with pg2delta resync --table {table} (the changes before the "
+            "copy are then skipped)"
         )
     for shape in shapes:
         for name, t in shape.columns:
@@ -194,17 +194,16 @@ def plan(
             elif widens(new, old):
                 raise SchemaError(
                     f"table {table} column {name} changed type from {old} to {shown}{where}, a narrowing "
-                    "that pg2delta does not apply to the lake: to keep the Delta column {old} and store the "
-                    f"narrower values in it, set [tables.\"{table}\"] narrowing = \"keep\" in the config; or make the "
-                    "lake's copy of this table again from a snapshot (delete its Delta table, re-create the slot and "
-                    "bootstrap); nothing of this window was applied"
+                    f"that pg2delta does not apply to the lake: to keep the Delta column {old} and store the "
+                    f"narrower values in it, set [tables.\"{table}\"] narrowing = \"keep\" in the config; or copy the "
+                    f"table again with pg2delta resync --table {table}; nothing of this window was applied"
                 )
             else:
                 raise SchemaError(
                     f"table {table} column {name} changed type from {old} to {shown}{where}, which Delta cannot "
-                    "follow in place: make the lake's copy of this table again from a snapshot (delete its Delta "
-                    "table, re-create the slot and bootstrap), or, before the next such change, add a new column of "
-                    f"type {new} instead of changing this one; nothing of this window was applied"
+                    f"follow in place: copy the table again with pg2delta resync --table {table} (the lake then holds "
+                    f"the new type), or, before the next such change, add a new column of type {new} instead of "
+                    "changing this one; nothing of this window was applied"
                 )
     before = dict(delta_types or {})
     added = tuple(n for n in order if n not in before)

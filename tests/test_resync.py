@@ -1,0 +1,158 @@
+"""``pg2delta resync``: a table copied again at a new snapshot while the slot keeps its place.
+
+Each test ends with the lake equal to PostgreSQL row for row (read with delta-rs), after changes
+the slot alone cannot bring: a volatile default, a type change the lake refuses, a table out of the
+publication for a while, rows deleted from the lake behind pg2delta's back (under concurrent
+writes), and a resync killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from workload import TableSpec, assert_lake_matches, cli, confirmed_lsn
+
+pytestmark = pytest.mark.e2e
+
+DV = TableSpec("public", "dv", ("id",))
+OTHER = TableSpec("public", "other", ("id",))
+
+
+def _setup(dsn: str, lake: Path) -> tuple[str, str, list[str]]:
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE dv (id int PRIMARY KEY, a text, n int)")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY, v text)")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE dv, other")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute("INSERT INTO dv SELECT g, 'row ' || g, g FROM generate_series(1, 100) g")
+        conn.execute("INSERT INTO other SELECT g, 'v' || g FROM generate_series(1, 10) g")
+    common = ["--dsn", dsn, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    first = cli("run", *common)
+    assert first.returncode == 0, first.stderr[-2000:]
+    return slot, pub, common
+
+
+def _sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s)
+
+
+def _ok(*args: str) -> None:
+    done = cli(*args)
+    assert done.returncode == 0, (args[0], done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.classic
+def test_volatile_default_then_resync(pgdb: str, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    slot, _, common = _setup(pgdb, lake)
+    _sql(
+        pgdb,
+        "ALTER TABLE dv ADD COLUMN u text DEFAULT gen_random_uuid()::text",
+        "UPDATE dv SET n = -n WHERE id <= 10",
+        "INSERT INTO other VALUES (11, 'new')",
+    )
+    before = confirmed_lsn(pgdb, slot)
+    refused = cli("run", *common)
+    assert refused.returncode == 78, refused.stderr[-2000:]
+    assert "pg2delta resync --table public.dv" in refused.stderr
+    assert confirmed_lsn(pgdb, slot) == before
+
+    _ok("resync", *common, "--table", "public.dv")
+    assert confirmed_lsn(pgdb, slot) == before, "resync moved the slot"
+    _sql(pgdb, "UPDATE dv SET a = 'after' WHERE id BETWEEN 5 AND 15", "INSERT INTO dv (id, a, n) VALUES (101, 'x', 1)")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context="volatile default, resync, run")
+
+
+def test_type_change_the_lake_refuses_then_resync(pgdb: str, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    _slot, _, common = _setup(pgdb, lake)
+    _sql(pgdb, "UPDATE dv SET n = n + 1 WHERE id <= 3", "ALTER TABLE dv ALTER COLUMN n TYPE text", "UPDATE dv SET n = 'x' || n WHERE id <= 5")
+    refused = cli("run", *common)
+    assert refused.returncode == 78, refused.stderr[-2000:]
+    _ok("resync", *common, "--table", "public.dv")
+    _sql(pgdb, "UPDATE dv SET n = 'y' WHERE id = 50")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context="int -> text, resync, run")
+    n_type = DeltaTable(str(lake / "public" / "dv")).to_pyarrow_table().schema.field("n").type
+    assert str(n_type) in ("string", "large_string", "string_view"), n_type
+
+
+def test_table_out_of_the_publication_for_a_while(pgdb: str, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    _slot, pub, common = _setup(pgdb, lake)
+    _sql(pgdb, f"ALTER PUBLICATION {pub} DROP TABLE dv", "DELETE FROM dv WHERE id <= 20", "UPDATE dv SET a = 'unseen'")
+    _ok("run", *common)
+    _sql(pgdb, f"ALTER PUBLICATION {pub} ADD TABLE dv", "UPDATE dv SET n = 0 WHERE id = 99")
+    _ok("resync", *common, "--table", "public.dv")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context="table dropped from the publication and added back, resync")
+
+
+def test_damaged_lake_table_resynced_under_concurrent_writes(pgdb: str, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    _slot, _, common = _setup(pgdb, lake)
+    DeltaTable(str(lake / "public" / "dv")).delete("id <= 30")  # behind pg2delta's back
+    history = len(DeltaTable(str(lake / "public" / "dv")).history())
+    stop = threading.Event()
+    written: list[int] = []
+
+    def writer() -> None:
+        with psycopg.connect(pgdb, autocommit=True) as conn:
+            i = 1000
+            while not stop.is_set() and i < 1400:
+                conn.execute("INSERT INTO dv VALUES (%s, 'during', %s)", (i, i))
+                conn.execute("UPDATE dv SET n = n + 1 WHERE id = %s", ((i % 100) + 1,))
+                conn.execute("UPDATE other SET v = v || '.' WHERE id = %s", ((i % 10) + 1,))
+                written.append(i)
+                i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        _ok("resync", *common, "--table", "public.dv")
+    finally:
+        stop.set()
+        thread.join()
+    assert written, "no concurrent write happened"
+    version_before = history - 1
+    old = DeltaTable(str(lake / "public" / "dv"), version=version_before).to_pyarrow_table()
+    assert old.num_rows == 70, "time travel to before the resync reads the damaged table as it was"
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context="damaged table resynced under concurrent writes")
+
+
+@pytest.mark.parametrize("point", ["copy_after_replace", "bootstrap_after_table"])
+def test_resync_killed_then_run_again(pgdb: str, tmp_path: Path, point: str) -> None:
+    lake = tmp_path / "lake"
+    slot, _, common = _setup(pgdb, lake)
+    DeltaTable(str(lake / "public" / "dv")).delete("id > 90")
+    _sql(pgdb, "UPDATE dv SET a = 'changed' WHERE id <= 10")
+    before = confirmed_lsn(pgdb, slot)
+    killed = cli("resync", *common, "--table", "public.dv", env={"PG2DELTA_CRASH_AT": point})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert confirmed_lsn(pgdb, slot) == before
+    assert DeltaTable(str(lake / "public" / "dv")).to_pyarrow_table().num_rows in (90, 100), "the table stays readable"
+    _ok("resync", *common, "--table", "public.dv")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context=f"resync killed at {point}, run again")
+
+
+def test_resync_of_a_table_not_published(pgdb: str, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    _, _, common = _setup(pgdb, lake)
+    done = cli("resync", *common, "--table", "public.nope")
+    assert done.returncode == 78
+    lines = [line for line in done.stderr.splitlines() if "public.nope" in line]
+    assert lines and "not in publication" in lines[0]
