@@ -345,7 +345,9 @@ class Job:
         ordered = sorted(targets, key=lambda t: (t.schema, t.table))
         # Every table's shape is checked against its Delta table before anything is written, so a
         # change the lake cannot follow stops the run with nothing of the window applied.
-        plans = {(t.schema, t.table): self._plan(t, applied.get(t.owner), start, end) for t in ordered}
+        # (Reading each Delta table's schema costs a Spark job on a classic engine: concurrently too.)
+        planned = self._map_tables(ordered, lambda t: self._plan(t, applied.get(t.owner), start, end))
+        plans = {(t.schema, t.table): p for t, p in zip(ordered, planned, strict=True)}
         # The changelog next: a crash before the tables' MERGEs replays the window, and the
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
@@ -420,6 +422,17 @@ class Job:
                 if f.done() and not f.cancelled() and f.exception() is not None:
                     raise f.exception()  # type: ignore[misc]
             return [f.result() for f in futures]
+
+    def _map_tables(self, targets: Sequence[_Target], fn: Callable[[_Target], Any]) -> list[Any]:
+        """``fn`` of every target, up to ``window.parallel_tables`` at once, in ``targets``' order;
+        the first failure in that order is raised once all have finished (nothing is written here)."""
+        workers = min(self.config.window.parallel_tables, len(targets))
+        if workers <= 1:
+            return [fn(t) for t in targets]
+        with ThreadPoolExecutor(workers, thread_name_prefix="pg2delta-plan") as pool:
+            futures = [pool.submit(fn, t) for t in targets]
+            wait(futures)
+        return [f.result() for f in futures]
 
     def _txn(self, version: int) -> Txn | None:
         """Delta's idempotent-write id of a commit (the engine uses it where Delta has it): a table's
