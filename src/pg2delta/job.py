@@ -224,6 +224,9 @@ class Job:
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
         self._app_id = ""  # Delta's txnAppId for this slot's commits (see _txn)
         self._rewritten: set[int] = set()  # tables whose rows this run set anew: no Delta txn skipping
+        # pg2delta plan: each Delta table's columns as the windows planned so far would leave them
+        # (the lake itself does not change); None in a run.
+        self.planned_types: dict[str, dict[str, str]] | None = None
         self.changelog = ChangelogWriter(config, self.lake)
 
     @property
@@ -551,9 +554,11 @@ class Job:
         where = f" (in the changes from {format_lsn(start)} to {format_lsn(end)})"
         # The table as the last logged window left it: a replay after a crash plans the same
         # changes the crashed run did (they are idempotent), whatever of them it committed.
+        planned = self.planned_types
         pl = plan(
             f"{tgt.schema}.{tgt.table}",
-            self.engine.table_types(uri, version=applied.delta_version if applied else None),
+            planned[uri] if planned is not None and uri in planned
+            else self.engine.table_types(uri, version=applied.delta_version if applied else None),
             shapes,
             where=where,
             narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
