@@ -176,3 +176,26 @@ def test_plan_waits_for_no_one(pgdb: str, tmp_path: Path) -> None:
         conn.execute("SELECT pg_advisory_lock(hashtextextended('pg2delta slot ' || %s, 0))", (slot,))
         busy = cli("plan", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(tmp_path / "lake"))
     assert busy.returncode == 73, busy.stderr[-2000:]
+
+
+def test_plan_reports_a_table_dropped_and_created_again(pgdb: str, tmp_path: Path) -> None:
+    """A refusal of the whole window (mapping it to Delta tables) is reported with no table."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE again (id int PRIMARY KEY, v text)")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR ALL TABLES")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute("INSERT INTO again VALUES (1, 'a')")
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    first = cli("run", *common)
+    assert first.returncode == 0, first.stderr[-2000:]
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("DROP TABLE again")
+        conn.execute("CREATE TABLE again (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO again VALUES (2, 'b')")
+    code, planned = _plan_writes_nothing(pgdb, slot, lake, *common)
+    assert code == 78
+    [refusal] = planned["refusals"]
+    assert refusal["table"] is None and "created again" in refusal["message"]
+    assert planned["windows"][-1]["refused"] is True

@@ -114,9 +114,9 @@ def plan_job(job: Job, *, until_lsn: int | None = None) -> PlanReport:
         flush = src.flush_lsn()
         upper = flush if until_lsn is None else min(until_lsn, flush)
         report = PlanReport(cfg.source.slot, start, upper, start)
-        job._bootstrapped, _, report.would_copy = tables_to_copy(job, src)
         if start >= upper:
-            return report
+            return report  # a run would stop here too, before copying anything
+        job._bootstrapped, _, report.would_copy = tables_to_copy(job, src)
         applied = job._applied_lsns()
         job.planned_types = {}
         catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
