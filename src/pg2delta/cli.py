@@ -10,6 +10,9 @@ Exit codes (for Airflow and cron):
   unwritable lake, a schema change the lake cannot follow, corrupt bytes);
 * 70 — a bug in pg2delta.
 
+``pg2delta plan`` exits 0, or 78 when the run would stop on a refusal it reports (and 73, 75,
+78 for the same reasons as a run before it gets there).
+
 Logs go to stderr and never contain row values.
 """
 
