@@ -199,3 +199,29 @@ def test_plan_reports_a_table_dropped_and_created_again(pgdb: str, tmp_path: Pat
     [refusal] = planned["refusals"]
     assert refusal["table"] is None and "created again" in refusal["message"]
     assert planned["windows"][-1]["refused"] is True
+
+
+def test_plan_without_a_free_slot_plans_the_first_window(pgdb: str, tmp_path: Path) -> None:
+    """No ``max_replication_slots`` entry for the temporary copy: the first window only, said so."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake), "--max-changes", "40"]
+    with Workload(pgdb, 99) as wl:
+        wl.phase(60, truncate=False)
+    with psycopg.connect(pgdb, autocommit=True) as holder:
+        row = holder.execute(
+            "SELECT current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)"
+        ).fetchone()
+        assert row is not None
+        for n in range(int(row[0])):  # temporary: gone with this session
+            holder.execute("SELECT pg_create_physical_replication_slot(%s, false, true)", (f"fill_{uuid.uuid4().hex[:8]}_{n}",))
+        code, planned = _plan_writes_nothing(pgdb, slot, lake, *common)
+    assert code == 0, planned["refusals"]
+    assert planned["exact"] is False and planned["window_count"] == 1
+    assert planned["windows"][0]["ends_at"] == "cap"
+    done = cli("run", *common, "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["windows"] > 1
