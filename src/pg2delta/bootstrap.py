@@ -825,16 +825,22 @@ def copy_new_tables(job: Job, src: SlotSource, *, parallel: int = DEFAULT_PARALL
     tables without a copy). A lake never bootstrapped is left alone: its tables are created from
     the first changes the slot sends, as before.
     """
-    state = _read_state(job)
-    if state.start_lsn is None:
-        return False
-    published = published_tables(src.conn, job.config.source.publication)
-    missing = {t.oid for t in published if t.oid not in state.copied}
+    bootstrapped, missing, names = tables_to_copy(job, src)
     if missing:
-        names = sorted(t.qualified for t in published if t.oid in missing)
         log.info("the publication has %d table(s) the lake has no copy of: %s; copying them first", len(names), ", ".join(names))
         copy_at_new_snapshot(job, src, missing, parallel=parallel)
-    return True
+    return bootstrapped
+
+
+def tables_to_copy(job: Job, src: SlotSource) -> tuple[bool, set[int], list[str]]:
+    """Whether the lake was bootstrapped for this slot, and the published tables it has no copy of
+    (OIDs, and their names sorted): what :func:`copy_new_tables` copies, without copying."""
+    state = _read_state(job)
+    if state.start_lsn is None:
+        return False, set(), []
+    published = published_tables(src.conn, job.config.source.publication)
+    missing = {t.oid for t in published if t.oid not in state.copied}
+    return True, missing, sorted(t.qualified for t in published if t.oid in missing)
 
 
 def bootstrap(job: Job, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:

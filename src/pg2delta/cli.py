@@ -10,6 +10,9 @@ Exit codes (for Airflow and cron):
   unwritable lake, a schema change the lake cannot follow, corrupt bytes);
 * 70 — a bug in pg2delta.
 
+``pg2delta plan`` exits 0, or 78 when the run would stop on a refusal it reports (and 73, 75,
+78 for the same reasons as a run before it gets there).
+
 Logs go to stderr and never contain row values.
 """
 
@@ -26,7 +29,14 @@ from typing import Any, NoReturn
 
 from pg2delta import __version__
 from pg2delta.config import Config, load
-from pg2delta.errors import EXIT_INTERNAL, EXIT_NOTHING_TO_DO, EXIT_OK, ConfigError, Pg2DeltaError
+from pg2delta.errors import (
+    EXIT_INTERNAL,
+    EXIT_NEEDS_HUMAN,
+    EXIT_NOTHING_TO_DO,
+    EXIT_OK,
+    ConfigError,
+    Pg2DeltaError,
+)
 from pg2delta.lsn import format_lsn, parse_lsn
 
 log = logging.getLogger("pg2delta")
@@ -84,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--table", action="append", default=[], help="schema.table (repeat; default: every table with a changelog)")
     backfill.add_argument("--into", help="write a copy under this lake root instead of the tables in place")
     backfill.add_argument("--max-changes", type=int, help="changelog rows per chunk (default window.max_changes)")
+    plan = sub.add_parser(
+        "plan", help="show what a run would do now (windows, per-table changes, shape changes, refusals); writes nothing"
+    )
+    _common(plan)
+    plan.add_argument("--until-lsn", help="plan up to this LSN (X/Y) instead of the server's flush LSN")
+    plan.add_argument("--max-changes", type=int, help="rows per window, as the run would use (default from config)")
+    plan.add_argument("--max-bytes", type=int, help="bytes per window, as the run would use (default from config)")
     status = sub.add_parser("status", help="show the slot's position, lag and the lake's applied LSN per table")
     _common(status)
     return parser
@@ -100,6 +117,8 @@ def _config(args: argparse.Namespace) -> Config:
     }
     if args.command == "run":
         flags.update(create_slot=args.create_slot, max_changes=args.max_changes, max_bytes=args.max_bytes)
+    if args.command == "plan":
+        flags.update(max_changes=args.max_changes, max_bytes=args.max_bytes)
     if args.command == "backfill":
         flags.update(max_changes=args.max_changes)
     return load(args.config, need_source=args.command != "backfill", **flags)
@@ -111,13 +130,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
     until = parse_lsn(args.until_lsn) if args.until_lsn is not None else None
     report = run(config, until_lsn=until, create_slot=args.create_slot)
-    tables: dict[str, dict[str, int]] = {}
+    tables: dict[str, dict[str, Any]] = {}
     for w in report.windows:
         for t in w.tables:
-            agg = tables.setdefault(f"{t.schema}.{t.table}", {"inserts": 0, "updates": 0, "deletes": 0})
+            agg = tables.setdefault(f"{t.schema}.{t.table}", {"inserts": 0, "updates": 0, "deletes": 0, "truncated": False})
             agg["inserts"] += t.inserts
             agg["updates"] += t.updates
             agg["deletes"] += t.deletes
+            agg["truncated"] = agg["truncated"] or t.truncated
     summary = {
         "slot": report.slot,
         "from_lsn": format_lsn(report.start_lsn),
@@ -138,6 +158,47 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for name, agg in sorted(tables.items()):
             print(f"  {name}: {agg['inserts']} inserts, {agg['updates']} updates, {agg['deletes']} deletes")
     return EXIT_NOTHING_TO_DO if report.nothing_to_do else EXIT_OK
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from pg2delta.planning import plan, to_json
+
+    config = _config(args)
+    until = parse_lsn(args.until_lsn) if args.until_lsn is not None else None
+    report = plan(config, until_lsn=until)
+    summary = to_json(report)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"pg2delta plan: slot {report.slot} {summary['from_lsn']} -> {summary['to_lsn']} (bound "
+            f"{summary['bound_lsn']}): {len(report.windows)} window(s), {summary['changes']} changes"
+            + ("" if report.exact else "; only the first window was planned (no temporary copy of the slot)")
+        )
+        for w in summary["windows"]:
+            print(f"  window {w['start_lsn']} -> {w['end_lsn']} (ends at {w['ends_at']}): {w['rows_read']} rows, "
+                  f"{w['transactions']} transactions{', REFUSED' if w['refused'] else ''}")
+        for name in report.would_copy:
+            print(f"  {name}: would be copied first (in the publication, no copy in the lake)")
+        for name, t in sorted(summary["tables"].items()):
+            if t["would_copy"]:
+                continue
+            shape = []
+            if t["new_table"]:
+                shape.append("new Delta table")
+            elif t["added"]:
+                shape.append(f"adds {', '.join(t['added'])}")
+            shape += [f"widens {w['column']} {w['from']} -> {w['to']}" for w in t["widened"]]
+            if t["dropped"]:
+                what = "drops" if t["dropped_columns"] == "drop" else "keeps dropped"
+                shape.append(f"{what} {', '.join(t['dropped'])}")
+            if t["key_change"]:
+                shape.append(f"key ({', '.join(t['key_change']['from'])}) -> ({', '.join(t['key_change']['to'])})")
+            print(f"  {name}: {t['inserts']} inserts, {t['updates']} updates, {t['deletes']} deletes"
+                  + (", truncated" if t["truncated"] else "") + (f"; {'; '.join(shape)}" if shape else ""))
+        for r in summary["refusals"]:
+            print(f"  REFUSED ({r['table'] or 'window'} at {r['window_start_lsn']}): {' '.join(r['message'].split())}")
+    return EXIT_NEEDS_HUMAN if report.refusals else EXIT_OK
 
 
 def _cmd_bootstrap(args: argparse.Namespace) -> int:
@@ -291,6 +352,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cmd_backfill(args)
         if args.command == "resync":
             return _cmd_resync(args)
+        if args.command == "plan":
+            return _cmd_plan(args)
         return _cmd_status(args)
     except Pg2DeltaError as exc:
         print(exc.one_line(), file=sys.stderr)

@@ -179,6 +179,18 @@ class _Target:
     parts: list[_TableWindow] = field(default_factory=list)
 
 
+@dataclass
+class _Read:
+    """One window as read and decoded, before anything of it is applied."""
+
+    end: int  # where the window ends (the slot's position after it)
+    tables: dict[int, _TableWindow]
+    read: WindowRead
+    transactions: int
+    capped: bool  # ended by --max-changes / --max-bytes
+    shape_cut: bool  # ended before a transaction that changes a table's shape
+
+
 class _Progress:
     def __init__(self, start: int, upper: int) -> None:
         self.start, self.upper = start, upper
@@ -200,14 +212,13 @@ class _Progress:
             log.info("reading window: %d rows, %.1f MB, %.0f rows/s%s", self.rows, self.bytes / 1e6, rate, done)
 
 
-def _live(tgt: _Target, applied: Applied | None) -> list[list[ChangeBatch]]:
+def _live(tgt: _Target, lsn: int) -> list[list[ChangeBatch]]:
     """The batches of each part of ``tgt`` that hold changes at or after the table's applied LSN.
 
     Normally all of them (a window starts where the last applied one ended); after a resync the
     table is applied through the copy's snapshot, and changes before it, in whatever shape they
     were made, are not the lake's concern any more.
     """
-    lsn = applied.end_lsn if applied is not None else 0
     return [
         [b for b in tw.batches if b.batch.num_rows and (pc.max(b.batch.column(LSN_COL)).as_py() or 0) >= lsn]
         for tw in tgt.parts
@@ -226,6 +237,9 @@ class Job:
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
         self._app_id = ""  # Delta's txnAppId for this slot's commits (see _txn)
         self._rewritten: set[int] = set()  # tables whose rows this run set anew: no Delta txn skipping
+        # pg2delta plan: each Delta table's columns as the windows planned so far would leave them
+        # (the lake itself does not change); None in a run.
+        self.planned_types: dict[str, dict[str, str]] | None = None
         self.changelog = ChangelogWriter(config, self.lake)
 
     @property
@@ -296,49 +310,9 @@ class Job:
         catalog: PgTypeCatalog,
         key_resolver: Callable[[po.Relation], Sequence[str] | None],
     ) -> WindowReport:
-        cfg = self.config
         t0 = time.monotonic()
-        # Old rows of updates are kept (as 'B' rows) only for changelogs; the apply drops them.
-        keep_old = cfg.changelog or any(t.changelog for t in cfg.tables.values())
-        decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old)
-        tables: dict[int, _TableWindow] = {}
-        progress = _Progress(start, upper)
-        read: WindowRead | None = None
-        transactions = 0
-        notes: dict[str, int] = defaultdict(int)
-
-        def take(decoded: DecodedChunk) -> None:
-            nonlocal transactions
-            transactions += decoded.transactions
-            for name, count in decoded.notes.items():
-                notes[name] += count
-            for batch in decoded.changes:
-                tables.setdefault(batch.relation.oid, _TableWindow(batch.relation.oid)).batches.append(batch)
-            for trunc in decoded.truncates:
-                for version in trunc.relations:
-                    tables.setdefault(version.oid, _TableWindow(version.oid)).truncates.append(trunc)
-
-        for item in src.read_window(upper, max_changes=cfg.window.max_changes, max_bytes=cfg.window.max_bytes):
-            if isinstance(item, WindowRead):
-                read = item
-                continue
-            take(decoder.feed(item))
-            progress.update(len(item), len(item.buf), int(item.lsns[-1]) if len(item) else None)
-        take(decoder.finish())
-        assert read is not None
-        for name, count in sorted(notes.items()):
-            log.warning("window note: %s = %d", name, count)
-        end = (read.last_commit_end_lsn or start) if read.capped else upper
-        cut = shape_cut([tw.batches for tw in tables.values()], [t.commit_lsn for tw in tables.values() for t in tw.truncates])
-        if cut is not None and start < cut < end:
-            # A table changes shape after the window's first transaction: end the window at that
-            # transaction's commit (the slot then stands just before it), so each window merges
-            # every table in one shape, on one key.
-            log.info("a table changes shape at %s: the window ends there", format_lsn(cut))
-            end = cut
-            for tw in tables.values():
-                tw.cut(cut)
-            tables = {oid: tw for oid, tw in tables.items() if tw.batches or tw.truncates}
+        rd = self._read(src, start, upper, catalog, key_resolver)
+        end, tables, read, transactions = rd.end, rd.tables, rd.read, rd.transactions
         window = WindowReport(start, end, read.rows, read.bytes, transactions)
         fault_point("after_read")
         targets = self._targets(tables, applied)
@@ -387,6 +361,60 @@ class Job:
             format_lsn(start), format_lsn(end), read.rows, transactions, len(window.tables), window.seconds,
         )
         return window
+
+    def _read(
+        self,
+        src: SlotSource,
+        start: int,
+        upper: int,
+        catalog: PgTypeCatalog,
+        key_resolver: Callable[[po.Relation], Sequence[str] | None],
+    ) -> _Read:
+        """Peek one window from ``src`` (capped like every window, then cut at a table's shape change)
+        and decode it per relation: the part of a window the run and ``pg2delta plan`` share."""
+        cfg = self.config
+        # Old rows of updates are kept (as 'B' rows) only for changelogs; the apply drops them.
+        keep_old = cfg.changelog or any(t.changelog for t in cfg.tables.values())
+        decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old)
+        tables: dict[int, _TableWindow] = {}
+        progress = _Progress(start, upper)
+        read: WindowRead | None = None
+        transactions = 0
+        notes: dict[str, int] = defaultdict(int)
+
+        def take(decoded: DecodedChunk) -> None:
+            nonlocal transactions
+            transactions += decoded.transactions
+            for name, count in decoded.notes.items():
+                notes[name] += count
+            for batch in decoded.changes:
+                tables.setdefault(batch.relation.oid, _TableWindow(batch.relation.oid)).batches.append(batch)
+            for trunc in decoded.truncates:
+                for version in trunc.relations:
+                    tables.setdefault(version.oid, _TableWindow(version.oid)).truncates.append(trunc)
+
+        for item in src.read_window(upper, max_changes=cfg.window.max_changes, max_bytes=cfg.window.max_bytes):
+            if isinstance(item, WindowRead):
+                read = item
+                continue
+            take(decoder.feed(item))
+            progress.update(len(item), len(item.buf), int(item.lsns[-1]) if len(item) else None)
+        take(decoder.finish())
+        assert read is not None
+        for name, count in sorted(notes.items()):
+            log.warning("window note: %s = %d", name, count)
+        end = (read.last_commit_end_lsn or start) if read.capped else upper
+        cut = shape_cut([tw.batches for tw in tables.values()], [t.commit_lsn for tw in tables.values() for t in tw.truncates])
+        if cut is not None and start < cut < end:
+            # A table changes shape after the window's first transaction: end the window at that
+            # transaction's commit (the slot then stands just before it), so each window merges
+            # every table in one shape, on one key.
+            log.info("a table changes shape at %s: the window ends there", format_lsn(cut))
+            end = cut
+            for tw in tables.values():
+                tw.cut(cut)
+            tables = {oid: tw for oid, tw in tables.items() if tw.batches or tw.truncates}
+        return _Read(end, tables, read, transactions, read.capped and end != upper, cut is not None and start < cut == end)
 
     def _apply_tables(self, targets: Sequence[_Target], apply: Callable[[_Target], TableReport]) -> list[TableReport]:
         """``apply`` every target, up to ``window.parallel_tables`` at once; reports in ``targets``' order.
@@ -540,7 +568,7 @@ class Job:
             return None
         self._check_partition_truncates(tgt)
         shapes: list[Shape] = []
-        for batches in _live(tgt, applied):
+        for batches in _live(tgt, applied.end_lsn if applied is not None else 0):
             for b in batches:
                 shape = shape_of(b.relation)
                 if not shapes or shapes[-1].signature() != shape.signature():
@@ -552,9 +580,11 @@ class Job:
         where = f" (in the changes from {format_lsn(start)} to {format_lsn(end)})"
         # The table as the last logged window left it: a replay after a crash plans the same
         # changes the crashed run did (they are idempotent), whatever of them it committed.
+        planned = self.planned_types
         pl = plan(
             f"{tgt.schema}.{tgt.table}",
-            self.engine.table_types(uri, version=applied.delta_version if applied else None),
+            planned[uri] if planned is not None and uri in planned
+            else self.engine.table_types(uri, version=applied.delta_version if applied else None),
             shapes,
             where=where,
             narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
@@ -701,6 +731,26 @@ class Job:
 
     # --- one table ----------------------------------------------------------------------------
 
+    @staticmethod
+    def _table_changes(
+        tgt: _Target, pl: Plan | None, applied_lsn: int
+    ) -> tuple[pa.Table | None, list[TruncateEvent], set[str]]:
+        """The window's changes of ``tgt`` to merge (in the plan's shape, after its applied LSN and its
+        last truncate), its truncates, and the columns kept by updates (see :func:`conform`)."""
+        truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+        changes, kept_by_update = conform(_live(tgt, applied_lsn), pl) if pl is not None else (None, set())
+        if changes is not None and applied_lsn:
+            changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), applied_lsn))
+        if truncates and changes is not None:
+            last = max(truncates, key=lambda t: (t.commit_lsn, t.pos))
+            lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
+            after = pc.or_(
+                pc.greater(lsn, last.commit_lsn),
+                pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
+            )
+            changes = changes.filter(after)
+        return changes, truncates, kept_by_update
+
     def _apply_table(
         self, run_id: str, tgt: _Target, pl: Plan | None, applied: Applied | None, window_end: int
     ) -> TableReport:
@@ -716,20 +766,8 @@ class Job:
             log.info("skipped %s.%s: not copied yet, the next run copies it", schema, name)
             report.skipped = True
             return report
-        truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
-        changes, kept_by_update = conform(_live(tgt, applied), pl) if pl is not None else (None, set())
-        if changes is not None and applied_lsn:
-            changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), applied_lsn))
-        if truncates:
-            last = max(truncates, key=lambda t: (t.commit_lsn, t.pos))
-            report.truncated = True
-            if changes is not None:
-                lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
-                after = pc.or_(
-                    pc.greater(lsn, last.commit_lsn),
-                    pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
-                )
-                changes = changes.filter(after)
+        changes, truncates, kept_by_update = self._table_changes(tgt, pl, applied_lsn)
+        report.truncated = bool(truncates)
         # The table's newest change in the window is its commit's idempotent-write version: a
         # replay of the window holds the same changes (or more, then a higher version) for it.
         newest = max(
@@ -798,25 +836,13 @@ class Job:
         idempotent-write id of the commit. Shared by the run and by ``pg2delta backfill``.
         """
         schema, name, uri = report.schema, report.table, report.path
-        if changes is not None:
-            changes = changes.filter(pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
-        if changes is None or changes.num_rows == 0:
+        reducing = self.reduce(schema, name, changes, key_names, data_columns)
+        if reducing is None:
             if report.truncated and self.lake.delta_version(uri) is not None:
                 self.engine.delete_all(uri, txn=txn)
                 report.delta_version = self.lake.delta_version(uri)
             return
-        data_columns = [c for c in data_columns if c not in META_NAMES]
-        if not key_names:
-            # No replica identity: only inserts can be published. Rows are keyed by their
-            # commit position, kept in the table, so a replayed window inserts nothing twice.
-            if set(changes.column(OP_COL).to_pylist()) - {"I"}:
-                raise SchemaError(
-                    f"table {schema}.{name} has no key but got updates or deletes; "
-                    f"set [tables.\"{schema}.{name}\"] key = [...] in the config"
-                )
-            key_names = [LSN_COL, POS_COL]
-            data_columns = [*data_columns, LSN_COL, POS_COL]
-        reduced = reduce_changes(changes, key_names)
+        reduced, key_names, data_columns = reducing
         # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
         # crash between tables must not see what the crashed run already merged.
         source = self._fill_lookups(
@@ -846,6 +872,30 @@ class Job:
             schema, name, report.inserts, report.updates, report.deletes,
             ", truncated" if report.truncated else "", report.delta_version,
         )
+
+    @staticmethod
+    def reduce(
+        schema: str, name: str, changes: pa.Table | None, key_names: list[str], data_columns: Sequence[str]
+    ) -> tuple[Reduced, list[str], list[str]] | None:
+        """``changes`` reduced to one final state per key, with the key and data columns the MERGE
+        uses (a table without a key is keyed by commit position); None when there is nothing to merge.
+        What the run merges and what ``pg2delta plan`` counts."""
+        if changes is not None:
+            changes = changes.filter(pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
+        if changes is None or changes.num_rows == 0:
+            return None
+        data_columns = [c for c in data_columns if c not in META_NAMES]
+        if not key_names:
+            # No replica identity: only inserts can be published. Rows are keyed by their
+            # commit position, kept in the table, so a replayed window inserts nothing twice.
+            if set(changes.column(OP_COL).to_pylist()) - {"I"}:
+                raise SchemaError(
+                    f"table {schema}.{name} has no key but got updates or deletes; "
+                    f"set [tables.\"{schema}.{name}\"] key = [...] in the config"
+                )
+            key_names = [LSN_COL, POS_COL]
+            data_columns = [*data_columns, LSN_COL, POS_COL]
+        return reduce_changes(changes, key_names), key_names, data_columns
 
     def _fill_lookups(
         self,

@@ -9,7 +9,9 @@ the job calls after every Delta commit of the window has succeeded.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -304,6 +306,32 @@ class SlotSource:
             yield _frame(pieces)
         capped = capped_by_bytes or (max_changes is not None and total_rows >= max_changes)
         yield WindowRead(total_rows, total_bytes, last_commit, capped)
+
+    def scratch_copy(self) -> SlotSource | None:
+        """A temporary copy of the slot (same confirmed position), on this connection, for reading
+        window after window without moving the slot (``pg2delta plan``): peeks of the copy and
+        :meth:`advance` of it leave the slot alone; the server drops it when this session ends.
+        None (logged) when the server cannot make one (no free ``max_replication_slots`` entry)."""
+        name = f"pg2delta_plan_{uuid.uuid4().hex[:16]}"
+        try:
+            self.conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (self.slot, name))
+        except (psycopg.errors.ConfigurationLimitExceeded, psycopg.errors.InsufficientPrivilege,
+                psycopg.errors.ObjectNotInPrerequisiteState) as exc:
+            log.warning("cannot make a temporary copy of slot %r: %s", self.slot, " ".join(str(exc).split()))
+            return None
+        except psycopg.OperationalError as exc:
+            raise ConnectionFailed(f"lost the connection while copying the slot: {' '.join(str(exc).split())}") from exc
+        except psycopg.Error as exc:
+            raise SourceStateError(f"cannot copy slot {self.slot!r}: {' '.join(str(exc).split())}") from exc
+        scratch = copy.copy(self)
+        scratch.slot = name
+        scratch._locked = False  # the lock stays with (and is released by) this source
+        return scratch
+
+    def drop_scratch(self, scratch: SlotSource) -> None:
+        """Drop a copy made by :meth:`scratch_copy` now (it would go with the session anyway)."""
+        with contextlib.suppress(psycopg.Error):
+            self.conn.execute("SELECT pg_drop_replication_slot(%s)", (scratch.slot,))
 
     def advance(self, lsn: int) -> int:
         """Move the slot's confirmed position to ``lsn``; returns where it ended up."""
