@@ -30,6 +30,9 @@ SPARK4_CACHE := .cache/spark4
 SPARK4_TESTS ?= -m classic tests/test_job_e2e.py tests/test_job_faults.py
 # A Java 17 (Spark 3.5 and 4.x run on it), found or installed at run time: nobody sets JAVA_HOME.
 WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
+# The tests start a driver JVM per CLI run for jobs of seconds: the client compiler alone and the
+# serial collector start faster (measured: 10-30% off a crash-and-rerun fault test). Tests only.
+TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2
 
 .PHONY: install install-spark demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark postgres clean
@@ -79,12 +82,12 @@ test-embedded: install postgres
 	$(PY) -m pytest -q $(XDIST)
 
 test-spark: $(SPARK35_STAMP) postgres
-	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) PG2DELTA_TEST_ENGINE=spark \
+	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) PG2DELTA_TEST_ENGINE=spark \
 	  $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK_TESTS)
 
 # The job end to end, every fault point and spark-submit again on Spark 4.0 + Delta 4.0.
 test-spark4: $(SPARK4_STAMP) postgres
-	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK4_CACHE)/conf PG2DELTA_TEST_ENGINE=spark \
+	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK4_CACHE)/conf PG2DELTA_TEST_ENGINE=spark \
 	  $(SPARK4_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK4_TESTS)
 
 # The unit tier and the engine-facing end-to-end tests again on the oldest supported stack:

@@ -294,8 +294,9 @@ def _server_version(dsn: str) -> int:
         return int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000  # type: ignore[index]
 
 
-@pytest.mark.classic
-@pytest.mark.parametrize("max_changes", [None, 1], ids=["one-window", "a-window-per-transaction"])
+@pytest.mark.parametrize(
+    "max_changes", [pytest.param(None, marks=pytest.mark.classic), 1], ids=["one-window", "a-window-per-transaction"]
+)
 def test_constant_default_reaches_rows_already_in_the_lake(pgdb: str, tmp_path: Path, max_changes: int | None) -> None:
     """ADD COLUMN c int DEFAULT 7 on a table of 100 rows, then updates in the same window: the rows not
     written since hold 7 in the lake, as PostgreSQL reads them (attmissingval); rows written since
@@ -931,7 +932,7 @@ def _value(rng: Any, typ: str) -> str:
     return f"'{rng.choice(['x', 'yy', 'zzz', 'abcdefgh'])}'"
 
 
-@pytest.mark.parametrize("seed", [pytest.param(101, marks=pytest.mark.classic), 202, 303])
+@pytest.mark.parametrize("seed", [101, 202, 303])
 def test_random_ddl_among_changes(pgdb: str, tmp_path: Path, seed: int) -> None:
     """Seeded random columns added, dropped and widened, inside and between transactions, among inserts,
     updates (with unchanged TOAST), key changes and deletes, with runs of random window caps between;
