@@ -42,10 +42,15 @@ class Thresholds:
     max_lag_seconds: float | None = None
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+
+
 def _iso(us: int | None) -> str | None:
+    """Microseconds since 1970 as ISO 8601 in UTC (``2025-01-31T12:00:00.123456Z``)."""
     if us is None:
         return None
-    return dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+    return (_EPOCH + us * _US).isoformat().replace("+00:00", "Z")
 
 
 def _us(value: Any) -> int | None:
@@ -55,7 +60,7 @@ def _us(value: Any) -> int | None:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
-        return int(value.timestamp() * 1_000_000)
+        return int((value - _EPOCH) // _US)
     return int(value)
 
 
