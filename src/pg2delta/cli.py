@@ -288,7 +288,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             + (f" ({slot['invalidation_reason']})" if slot["invalidation_reason"] else "")
         )
         print(
-            f"  WAL retained {_size(slot['retained_wal_bytes'])}, safe_wal_size {_size(slot['safe_wal_size_bytes'])}, "
+            f"  WAL retained {_size(slot['retained_wal_bytes'])}, safe_wal_size "
+            f"{'unlimited' if keep is None else _size(slot['safe_wal_size_bytes'])}, "
             f"max_slot_wal_keep_size {'unlimited' if keep is None else _size(keep)}"
         )
         if not report["tables"]:
