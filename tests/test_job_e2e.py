@@ -125,8 +125,14 @@ def test_second_run_has_nothing_to_do(pgdb: str, tmp_path: Path) -> None:
     if idle == [True]:
         assert confirmed_lsn(pgdb, slot) == confirmed
     # Those who branch on it ask for a code of their own; the codes that mean failures are refused.
-    flagged = cli("run", *common, "--idle-exit-code", "3")
-    assert flagged.returncode == 3, flagged.stderr
+    flagged_codes = []
+    for _ in range(3):
+        flagged = cli("run", *common, "--idle-exit-code", "3", "--json")
+        flagged_codes.append(flagged.returncode)
+        if flagged.returncode != 0:
+            break
+        assert json.loads(flagged.stdout)["idle"] is False  # a record of the server's own: not idle
+    assert flagged_codes[-1] == 3, (flagged_codes, flagged.stderr[-3000:])
     refused = cli("run", *common, "--idle-exit-code", "75")
     assert refused.returncode == 78 and "idle-exit-code" in refused.stderr, refused.stderr
     assert lake_files(lake) == before
