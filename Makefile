@@ -28,6 +28,18 @@ SPARK4_STAMP := $(SPARK4_VENV)/.installed-stamp
 SPARK4_PINS := 'pyspark==4.0.*' 'delta-spark==4.0.*'
 SPARK4_CACHE := .cache/spark4
 SPARK4_TESTS ?= -m classic tests/test_job_e2e.py tests/test_job_faults.py
+# Airflow 3 for the example DAGs (examples/airflow/) and their test (tests/test_airflow.py), in a
+# venv of its own: Airflow pins its own versions of pyarrow, numpy, grpc... The constraints are the
+# set resolved for this Python, committed under tools/ (AIRFLOW_CONSTRAINTS=<Airflow's official
+# constraints file for AIRFLOW_VERSION and this Python> uses that instead; empty: none). uv installs
+# it in seconds where pip takes minutes; the test's metadata database is SQLite in a temporary AIRFLOW_HOME.
+AIRFLOW_VENV ?= .venv-airflow
+AIRFLOW_PY := $(AIRFLOW_VENV)/bin/python
+AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed-stamp
+AIRFLOW_VERSION ?= 3.3.2
+PY_MINOR := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+AIRFLOW_CONSTRAINTS ?= $(wildcard tools/airflow-constraints-py$(PY_MINOR).txt)
+AIRFLOW_PINS := 'apache-airflow==$(AIRFLOW_VERSION)' apache-airflow-providers-apache-spark apache-airflow-providers-standard
 # A Java 17 (Spark 3.5 and 4.x run on it), found or installed at run time: nobody sets JAVA_HOME.
 WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 # The tests start a driver JVM per CLI run for jobs of seconds: the client compiler alone and the
@@ -35,7 +47,7 @@ WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2
 
-.PHONY: install install-spark demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark postgres clean
+.PHONY: install install-spark install-airflow test-airflow demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark postgres clean
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
@@ -63,6 +75,17 @@ $(SPARK4_STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c tools/spark_setu
 
 install-spark: $(SPARK35_STAMP) $(SPARK4_STAMP)
 
+# Ends with `airflow db migrate` on a throwaway SQLite database: the install works.
+$(AIRFLOW_STAMP): $(wildcard tools/airflow-constraints-py*.txt)
+	$(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_PY) -m pip install --quiet uv
+	$(AIRFLOW_VENV)/bin/uv pip install --quiet --python $(AIRFLOW_PY) $(if $(AIRFLOW_CONSTRAINTS),-c $(AIRFLOW_CONSTRAINTS)) $(AIRFLOW_PINS)
+	home="$$(mktemp -d)" && AIRFLOW_HOME="$$home" AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	  $(AIRFLOW_VENV)/bin/airflow db migrate >/dev/null && rm -rf "$$home"
+	touch $(AIRFLOW_STAMP)
+
+install-airflow: $(AIRFLOW_STAMP)
+
 # PostgreSQL 15 from Debian, if this machine does not have it yet (PostgreSQL 18 comes from PyPI).
 postgres:
 	@if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then \
@@ -75,11 +98,15 @@ demo: install postgres
 	$(PY) tools/demo.py
 
 # Everything: lint, the whole suite on the embedded engine, the classic engine's tests on Apache
-# Spark + Delta, and the Spark 3.5 line's Connect client against pysail.
-test: lint test-embedded test-spark test-spark4 test-compat
+# Spark + Delta, the Spark 3.5 line's Connect client against pysail, and the example Airflow DAGs.
+test: lint test-embedded test-spark test-spark4 test-compat test-airflow
 
 test-embedded: install postgres
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(XDIST) --ignore=tests/test_airflow.py
+
+# The example DAGs in Airflow (airflow dags test) against a throwaway PostgreSQL, on the embedded engine.
+test-airflow: install $(AIRFLOW_STAMP) postgres
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_airflow.py
 
 test-spark: $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) PG2DELTA_TEST_ENGINE=spark \
@@ -131,4 +158,4 @@ bench-spark: $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(SPARK35_PY) bench/bench_spark.py
 
 clean:
-	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) .cache var lake .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) $(AIRFLOW_VENV) .cache var lake .pytest_cache .mypy_cache .ruff_cache

@@ -19,7 +19,7 @@ from workload import ACCT, EVENTS, TABLES, TableSpec, Workload, assert_lake_matc
 
 pytestmark = pytest.mark.e2e
 
-EXIT_OK, EXIT_NOTHING, EXIT_NEEDS_HUMAN = 0, 3, 78
+EXIT_OK, EXIT_IDLE, EXIT_NEEDS_HUMAN = 0, 3, 78  # EXIT_IDLE: with --idle-exit-code 3
 
 
 def _log(lake: Path, name: str = "applied_log") -> list[dict[str, Any]]:
@@ -81,10 +81,11 @@ def test_backfill_into_fresh_path_equals_time_travel(pgdb: str, tmp_path: Path) 
         assert json.loads(proc.stdout)["tables"], proc.stdout
         for spec in TABLES:
             assert _copy(into, spec) == _main_as_of(lake, spec, b), f"{spec.qualified} as of {_fmt(b)}"
-        # The same backfill again: nothing to do, nothing written.
+        # The same backfill again: nothing to do (exit 0 by default, and it says so), nothing written.
         files = lake_files(into)
-        again = _backfill(config, start, b, "--into", str(into))
-        assert again.returncode == EXIT_NOTHING, again.stderr[-3000:]
+        again = _backfill(config, start, b, "--into", str(into), "--json")
+        assert again.returncode == EXIT_OK, again.stderr[-3000:]
+        assert json.loads(again.stdout)["idle"] is True, again.stdout
         assert lake_files(into) == files
 
 
@@ -124,9 +125,10 @@ def test_backfill_in_place(pgdb: str, tmp_path: Path) -> None:
     config, lake, ends = _history(pgdb, tmp_path, 33)
     start = min(r["window_start"] for r in _log(lake))
     files = lake_files(lake)
-    # The lake is current: re-applying its whole history in place changes nothing.
-    proc = _backfill(config, start, ends[-1])
-    assert proc.returncode == EXIT_NOTHING, proc.stderr[-3000:]
+    # The lake is current: re-applying its whole history in place changes nothing (the code
+    # asked for a backfill with nothing to do).
+    proc = _backfill(config, start, ends[-1], "--idle-exit-code", str(EXIT_IDLE))
+    assert proc.returncode == EXIT_IDLE, proc.stderr[-3000:]
     assert lake_files(lake) == files
     # A table already past --to-lsn is refused: some rows would move back in time.
     acct_ends = sorted(r["window_end"] for r in _log(lake) if r["table_name"] == ACCT.name)
@@ -225,5 +227,5 @@ def test_backfill_killed_half_way_resumes(pgdb: str, tmp_path: Path) -> None:
     for spec in TABLES:
         assert _copy(into, spec) == _main_as_of(lake, spec, b), spec.qualified
     files = lake_files(into)
-    assert _backfill(config, start, b, *args).returncode == EXIT_NOTHING
+    assert _backfill(config, start, b, *args, "--idle-exit-code", str(EXIT_IDLE)).returncode == EXIT_IDLE
     assert lake_files(into) == files

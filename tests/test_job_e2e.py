@@ -108,20 +108,34 @@ def test_second_run_has_nothing_to_do(pgdb: str, tmp_path: Path) -> None:
     confirmed = confirmed_lsn(pgdb, slot)
     # The server may write a WAL record of its own (a running-transactions snapshot) after
     # the first run's bound; a run over it applies nothing. Within a few runs the slot is
-    # at the server's flush LSN and the job must say so with exit code 3.
-    codes = []
+    # at the server's flush LSN and the job says so: "idle" in its report, and exit 0 (an
+    # Airflow task that succeeds) unless --idle-exit-code asks for another code.
+    idle = []
     for _ in range(3):
         again = cli("run", *common, "--json")
-        codes.append(again.returncode)
-        assert again.returncode in (0, 3), again.stderr
-        if again.returncode == 3:
-            break
+        assert again.returncode == 0, again.stderr
         report = json.loads(again.stdout)
+        assert report["schema_version"] == 1 and report["command"] == "run", report
         assert report["changes"] == 0 and report["rows_read"] == 0, report
-    assert codes[-1] == 3, f"exit codes {codes}: a run with nothing to do must exit 3"
+        idle.append(report["idle"])
+        if report["idle"]:
+            break
+    assert idle[-1] is True, f"idle flags {idle}: a run with nothing to do must say so"
     assert lake_files(lake) == before, "a run with nothing to apply wrote to the lake"
-    if codes == [3]:
+    if idle == [True]:
         assert confirmed_lsn(pgdb, slot) == confirmed
+    # Those who branch on it ask for a code of their own; the codes that mean failures are refused.
+    flagged_codes = []
+    for _ in range(3):
+        flagged = cli("run", *common, "--idle-exit-code", "3", "--json")
+        flagged_codes.append(flagged.returncode)
+        if flagged.returncode != 0:
+            break
+        assert json.loads(flagged.stdout)["idle"] is False  # a record of the server's own: not idle
+    assert flagged_codes[-1] == 3, (flagged_codes, flagged.stderr[-3000:])
+    refused = cli("run", *common, "--idle-exit-code", "75")
+    assert refused.returncode == 78 and "idle-exit-code" in refused.stderr, refused.stderr
+    assert lake_files(lake) == before
 
 
 def test_idle_publication_still_advances_slot(pgdb: str, tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 Exit codes (for Airflow and cron):
 
-* 0 — success: every window up to the bound applied and the slot advanced;
-* 3 — nothing to do: the slot was already at the bound;
+* 0 — success: every window up to the bound applied and the slot advanced, or nothing to do
+  (``--idle-exit-code N`` gives a run with nothing to do the code N instead, e.g. 3);
 * 73 — another run holds the slot (the next scheduled run will do the work);
 * 75 — retryable failure (server unreachable, connection lost): run again unchanged;
 * 78 — needs a human (slot missing or invalidated, publication missing, bad config,
@@ -12,6 +12,10 @@ Exit codes (for Airflow and cron):
 
 ``pg2delta plan`` exits 0, or 78 when the run would stop on a refusal it reports (and 73, 75,
 78 for the same reasons as a run before it gets there).
+
+``pg2delta status`` adds 10 (lag over a threshold), 11 (wal_status unreserved) and 12 (slot
+invalidated). ``--json`` reports carry ``schema_version`` (:data:`JSON_SCHEMA_VERSION`); every
+field is documented in the README.
 
 Logs go to stderr and never contain row values.
 """
@@ -32,14 +36,48 @@ from pg2delta.config import Config, load
 from pg2delta.errors import (
     EXIT_INTERNAL,
     EXIT_NEEDS_HUMAN,
-    EXIT_NOTHING_TO_DO,
     EXIT_OK,
+    RESERVED_EXIT_CODES,
     ConfigError,
     Pg2DeltaError,
 )
 from pg2delta.lsn import format_lsn, parse_lsn
 
 log = logging.getLogger("pg2delta")
+
+JSON_SCHEMA_VERSION = 1  # of the --json reports of run, bootstrap, backfill and status
+
+
+def _idle_code(text: str) -> int:
+    try:
+        code = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an exit code: {text!r}") from None
+    if not 0 <= code <= 255 or code in RESERVED_EXIT_CODES:
+        raise argparse.ArgumentTypeError(
+            f"{code} is not allowed: choose 0..255 other than {', '.join(map(str, sorted(RESERVED_EXIT_CODES)))}"
+        )
+    return code
+
+
+def _non_negative(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+        return value
+
+    return parse
+
+
+def _idle_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--idle-exit-code", type=_idle_code, default=EXIT_OK, metavar="N",
+        help="exit code of a run with nothing to do (default 0; e.g. 3 to branch on it)",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--create-slot", action="store_true", default=None, help="create the slot if it is missing")
     run.add_argument("--max-changes", type=int, help="rows per window (default from config)")
     run.add_argument("--max-bytes", type=int, help="bytes per window (default from config)")
+    _idle_flag(run)
     boot = sub.add_parser(
         "bootstrap", help="create the slot and copy every published table into the lake as of its start"
     )
@@ -94,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--table", action="append", default=[], help="schema.table (repeat; default: every table with a changelog)")
     backfill.add_argument("--into", help="write a copy under this lake root instead of the tables in place")
     backfill.add_argument("--max-changes", type=int, help="changelog rows per chunk (default window.max_changes)")
+    _idle_flag(backfill)
     plan = sub.add_parser(
         "plan", help="show what a run would do now (windows, per-table changes, shape changes, refusals); writes nothing"
     )
@@ -101,8 +141,21 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--until-lsn", help="plan up to this LSN (X/Y) instead of the server's flush LSN")
     plan.add_argument("--max-changes", type=int, help="rows per window, as the run would use (default from config)")
     plan.add_argument("--max-bytes", type=int, help="bytes per window, as the run would use (default from config)")
-    status = sub.add_parser("status", help="show the slot's position, lag and the lake's applied LSN per table")
+    status = sub.add_parser(
+        "status",
+        help="show the slot's position, lag and WAL retention and the lake's tables; exit 10 (lag over a "
+        "threshold), 11 (wal_status unreserved) or 12 (slot invalidated)",
+    )
     _common(status)
+    status.add_argument("--max-lag-bytes", type=_non_negative(int), metavar="N", help="exit 10 when the lag is over N bytes")
+    status.add_argument(
+        "--max-lag-seconds", type=_non_negative(float), metavar="S",
+        help="exit 10 when the newest change in the lake is older than S seconds and the slot is behind",
+    )
+    status.add_argument(
+        "--metrics-file", metavar="PATH",
+        help="also write the report as Prometheus metrics to PATH (atomically; for node_exporter's textfile collector)",
+    )
     return parser
 
 
@@ -139,6 +192,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             agg["deletes"] += t.deletes
             agg["truncated"] = agg["truncated"] or t.truncated
     summary = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "command": "run",
+        "idle": report.nothing_to_do,
         "slot": report.slot,
         "from_lsn": format_lsn(report.start_lsn),
         "to_lsn": format_lsn(report.end_lsn),
@@ -157,7 +213,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         for name, agg in sorted(tables.items()):
             print(f"  {name}: {agg['inserts']} inserts, {agg['updates']} updates, {agg['deletes']} deletes")
-    return EXIT_NOTHING_TO_DO if report.nothing_to_do else EXIT_OK
+    return int(args.idle_exit_code) if report.nothing_to_do else EXIT_OK
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -207,6 +263,8 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
     config = _config(args)
     report = run_bootstrap(config, parallel=args.parallel, resume=args.resume)
     summary = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "command": "bootstrap",
         "slot": report.slot,
         "start_lsn": format_lsn(report.start_lsn),
         "created_slot": report.created_slot,
@@ -264,6 +322,9 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
         config, parse_lsn(args.from_lsn), parse_lsn(args.to_lsn), tables=args.table, into=args.into
     )
     summary = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "command": "backfill",
+        "idle": report.nothing_to_do,
         "from_lsn": format_lsn(report.from_lsn),
         "to_lsn": format_lsn(report.to_lsn),
         "into": report.into,
@@ -283,25 +344,57 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
         for t in report.tables:
             print(f"  {t.schema}.{t.table}: from {format_lsn(t.start_lsn)}, {t.inserts} inserts, {t.updates} updates, "
                   f"{t.deletes} deletes -> delta version {t.delta_version}{'' if t.changed else ' (unchanged)'}")
-    return EXIT_NOTHING_TO_DO if report.nothing_to_do else EXIT_OK
+    return int(args.idle_exit_code) if report.nothing_to_do else EXIT_OK
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n = n / 1024  # type: ignore[assignment]
+    return str(n)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from pg2delta.status import status
+    from pg2delta.status import Thresholds, status, write_metrics
 
     config = _config(args)
-    info = status(config)
+    report = status(config, Thresholds(args.max_lag_bytes, args.max_lag_seconds))
+    if args.metrics_file:
+        try:
+            write_metrics(report, args.metrics_file)
+        except OSError as exc:
+            raise ConfigError(f"cannot write --metrics-file {args.metrics_file}: {exc}") from exc
     if args.json:
-        print(json.dumps(info, indent=2, default=str))
+        print(json.dumps(report, indent=2, default=str))
     else:
-        slot = info["slot"]
-        print(f"slot {slot['name']}: confirmed {slot['confirmed_flush_lsn']}, server at {info['server_lsn']}, "
-              f"lag {slot['lag_bytes']} bytes, wal_status {slot['wal_status']}, safe_wal_size {slot['safe_wal_size']}")
-        if not info["tables"]:
-            print("no table applied yet")
-        for t in info["tables"]:
-            print(f"  {t['table']}: applied through {t['applied_lsn']} (delta version {t['delta_version']}, at {t['applied_at']})")
-    return EXIT_OK
+        slot, server = report["slot"], report["server"]
+        keep = server["max_slot_wal_keep_size_bytes"]
+        lag_s = "unknown" if slot["lag_seconds"] is None else f"{slot['lag_seconds']:.0f} s"
+        print(
+            f"slot {slot['name']}: confirmed {slot['confirmed_flush_lsn']}, server flushed {server['flush_lsn']}; "
+            f"lag {slot['lag_bytes']} bytes, {lag_s}; wal_status {slot['wal_status']}"
+            + (f" ({slot['invalidation_reason']})" if slot["invalidation_reason"] else "")
+        )
+        print(
+            f"  WAL retained {_size(slot['retained_wal_bytes'])}, safe_wal_size "
+            f"{'unlimited' if keep is None else _size(slot['safe_wal_size_bytes'])}, "
+            f"max_slot_wal_keep_size {'unlimited' if keep is None else _size(keep)}"
+        )
+        if not report["tables"]:
+            print("  no table applied yet")
+        for t in report["tables"]:
+            cl = t["changelog"]
+            print(
+                f"  {t['table']}: applied through {t['applied_lsn']} at {t['last_applied_at']}, "
+                f"delta version {t['delta_version']}, {t['files']} files, {_size(t['size_bytes'])}"
+                + (f"; changelog version {cl['delta_version']}, {_size(cl['size_bytes'])}" if cl else "")
+            )
+    for p in report["problems"]:
+        print(f"pg2delta status: {p['kind']}: {p['message']}", file=sys.stderr)
+    return int(report["exit_code"])
 
 
 @contextlib.contextmanager

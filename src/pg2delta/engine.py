@@ -22,6 +22,7 @@ import re
 import threading
 import uuid
 import warnings
+from collections import defaultdict
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -180,6 +181,74 @@ class Lake:
                         raise LakeError(f"cannot read version {version} of {uri} from its files: it uses column mapping")
                     schema = action["metaData"].get("schemaString")
         return [p if "://" in p or p.startswith("/") else f"{uri}/{p}" for p in files], schema
+
+    def files_now(self, uri: str) -> tuple[int, dict[str, int]] | None:
+        """The latest version of the Delta table at ``uri`` and its data files with their sizes in
+        bytes (paths as the log names them), from its log alone: the newest classic checkpoint
+        (single or multi-part Parquet) and the JSON commits after it. None when there is no table;
+        a LakeError when the log cannot be read this way (a V2 checkpoint and no JSON commits
+        before it)."""
+        local = self._local(uri)
+        log_dir = f"{local}/_delta_log"
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot list {log_dir}: {exc}") from exc
+        commits: set[int] = set()
+        parts: dict[tuple[int, int], set[str]] = defaultdict(set)  # (version, parts) -> files
+        for info in infos:
+            if m := re.fullmatch(r"(\d{20})\.json", info.base_name):
+                commits.add(int(m.group(1)))
+            elif m := re.fullmatch(r"(\d{20})\.checkpoint\.parquet", info.base_name):
+                parts[(int(m.group(1)), 1)].add(info.path)
+            elif m := re.fullmatch(r"(\d{20})\.checkpoint\.\d{10}\.(\d{10})\.parquet", info.base_name):
+                parts[(int(m.group(1)), int(m.group(2)))].add(info.path)
+        if not commits:
+            return None
+        latest = max(commits)
+        complete = [v for (v, n), names in parts.items() if len(names) == n and v <= latest]
+        start = max(complete) if complete else -1
+        files: dict[str, int] = {}
+        try:
+            if start >= 0:
+                n = next(n for (v, n) in parts if v == start and len(parts[(v, n)]) == n)
+                for name in sorted(parts[(start, n)]):
+                    with self.fs.open_input_file(name) as f:
+                        table = pq.read_table(f, columns=["add"])
+                    for add in table.column("add").to_pylist():
+                        if add is not None:
+                            files[unquote(add["path"])] = int(add.get("size") or 0)
+            for v in range(start + 1, latest + 1):
+                with self.fs.open_input_stream(f"{log_dir}/{v:020d}.json") as f:
+                    lines = f.read().decode().splitlines()
+                for line in lines:
+                    action = json.loads(line) if line.strip() else {}
+                    if "add" in action:
+                        files[unquote(action["add"]["path"])] = int(action["add"].get("size") or 0)
+                    elif "remove" in action:
+                        files.pop(unquote(action["remove"]["path"]), None)
+        except (OSError, pa.ArrowException, KeyError, StopIteration) as exc:
+            raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
+        return latest, files
+
+    def read_delta(self, uri: str) -> pa.Table | None:
+        """A small, unpartitioned Delta table pg2delta wrote (its applied log), read with pyarrow from
+        the files its log lists: no engine. Columns added later are null in older files."""
+        found = self.files_now(uri)
+        if found is None:
+            return None
+        _, files = found
+        pieces = []
+        try:
+            for path in sorted(files):
+                full = path if "://" in path or path.startswith("/") else f"{self._local(uri)}/{path}"
+                with self.fs.open_input_file(self._local(full)) as f:
+                    pieces.append(pq.read_table(f))
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot read {uri}: {exc}") from exc
+        if not pieces:
+            return pa.table({})
+        return pa.concat_tables(pieces, promote_options="permissive")
 
     def stage(self, table: pa.Table, name: str) -> str:
         """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""

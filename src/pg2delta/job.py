@@ -43,6 +43,7 @@ from pg2delta.changes import (
     META_NAMES,
     OP_COL,
     POS_COL,
+    TS_COL,
     ChangeBatch,
     DecodedChunk,
     RelationVersion,
@@ -81,6 +82,10 @@ LOG_SCHEMA = pa.schema(
         ("applied_at", pa.timestamp("us", tz="UTC")),
         ("key_columns", pa.string()),  # JSON list of the columns the window merged on
         ("kind", pa.string()),  # 'window', or 'bootstrap' for a table's initial copy (pg2delta.bootstrap)
+        # Commit time of the newest transaction the window applied to the table (null for bootstrap
+        # and backfill rows, and in lakes written before pg2delta recorded it): pg2delta status's lag
+        # in time. Appended with mergeSchema, so an older applied log gains the column.
+        ("commit_ts", pa.timestamp("us", tz="UTC")),
     ]
 )
 
@@ -115,6 +120,7 @@ class TableReport:
     rows_merged: int = 0
     delta_version: int | None = None
     skipped: bool = False
+    commit_ts: int | None = None  # microseconds since 1970 (UTC) of the newest transaction applied
 
 
 @dataclass
@@ -776,6 +782,7 @@ class Job:
             or [window_end]
         )
         txn = self._txn(newest)
+        report.commit_ts = _newest_commit_ts(tgt, truncates, applied_lsn)
         if pl is None:  # no changes to merge, perhaps a truncate
             self.merge_changes(report, run_id, None, [], [], nullable_keys=False, lookup_version=None, txn=txn)
             return report
@@ -1016,10 +1023,24 @@ class Job:
                 "applied_at": now.as_py(),
                 "key_columns": None if key is None else json.dumps(list(key)),
                 "kind": "window",
+                "commit_ts": t.commit_ts,
             }
             for oid, t, key in reports
         ]
         self.engine.append(self.lake.table_uri(LOG_TABLE), pa.Table.from_pylist(rows, schema=LOG_SCHEMA), txn=txn)
+
+
+def _newest_commit_ts(tgt: _Target, truncates: Sequence[TruncateEvent], applied_lsn: int) -> int | None:
+    """Commit time (microseconds since 1970, UTC) of the newest transaction the window applies to ``tgt``."""
+    times = [t.commit_ts for t in truncates if t.commit_ts is not None]
+    for tw in tgt.parts:
+        for b in tw.batches:
+            if b.batch.num_rows and TS_COL in b.batch.schema.names:
+                rows = b.batch.filter(pc.greater_equal(b.batch.column(LSN_COL), applied_lsn))
+                newest = pc.max(rows.column(TS_COL).cast(pa.int64())).as_py() if rows.num_rows else None
+                if newest is not None:
+                    times.append(int(newest))
+    return max(times) if times else None
 
 
 def _rows_written(batch: pa.RecordBatch, applied_lsn: int, last_truncate: tuple[int, int] | None) -> int:

@@ -64,6 +64,30 @@ class SlotInfo:
     safe_wal_size: int | None
     active_pid: int | None
     two_phase: bool
+    invalidation_reason: str | None = None  # PostgreSQL 17 and later; None before
+    conflicting: bool | None = None  # PostgreSQL 16 and later: invalidated by a recovery conflict
+
+    @property
+    def invalidated(self) -> bool:
+        """The slot can no longer be read: its WAL was removed, or the server invalidated it otherwise."""
+        return (
+            self.wal_status == "lost"
+            or self.invalidation_reason is not None
+            or bool(self.conflicting)
+            or (self.slot_type == "logical" and self.confirmed_flush_lsn is None)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """Where the server's WAL is, for lag and retention (``pg2delta status``)."""
+
+    version_num: int
+    in_recovery: bool
+    flush_lsn: int  # the WAL flush position (the replay position on a standby)
+    current_lsn: int  # the WAL insert position (the replay position on a standby)
+    max_slot_wal_keep_size: int | None  # bytes; None: unlimited (-1)
+    now_us: int  # the server's clock, microseconds since 1970 (UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +160,8 @@ class SlotSource:
 
     def slot_info(self) -> SlotInfo | None:
         cols = "slot_name, plugin, slot_type, database, confirmed_flush_lsn, restart_lsn, wal_status, safe_wal_size, active_pid, two_phase"
+        cols += ", conflicting" if self.server_version >= 160000 else ", NULL"
+        cols += ", invalidation_reason" if self.server_version >= 170000 else ", NULL"
         rows = self._query(f"SELECT {cols} FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
         if not rows:
             return None
@@ -151,6 +177,29 @@ class SlotSource:
             safe_wal_size=None if r[7] is None else int(str(r[7])),
             active_pid=None if r[8] is None else int(str(r[8])),
             two_phase=bool(r[9]),
+            conflicting=None if r[10] is None else bool(r[10]),
+            invalidation_reason=None if r[11] is None else str(r[11]),
+        )
+
+    def server_state(self) -> ServerState:
+        rows = self._query(
+            "SELECT current_setting('server_version_num')::int, pg_is_in_recovery(), "
+            "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END, "
+            "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END, "
+            "(SELECT CASE WHEN setting::bigint < 0 THEN NULL ELSE setting::bigint * "
+            "  pg_size_bytes(CASE WHEN unit ~ '^[0-9]' THEN unit ELSE '1' || unit END) END "
+            "  FROM pg_settings WHERE name = 'max_slot_wal_keep_size'), "
+            "(extract(epoch FROM clock_timestamp()) * 1000000)::int8"
+        )
+        r = rows[0]
+        flush, current = _lsn_value(r[2]), _lsn_value(r[3])
+        return ServerState(
+            version_num=int(str(r[0])),
+            in_recovery=bool(r[1]),
+            flush_lsn=flush or 0,
+            current_lsn=current or 0,
+            max_slot_wal_keep_size=None if r[4] is None else int(str(r[4])),
+            now_us=int(str(r[5])),
         )
 
     def create_slot(self) -> SlotInfo:
@@ -189,10 +238,13 @@ class SlotSource:
         (dbname,) = self._query("SELECT current_database()")[0]
         if info.database != dbname:
             raise SourceStateError(f"slot {self.slot!r} belongs to database {info.database!r}, not {dbname!r}")
-        if info.wal_status == "lost" or info.confirmed_flush_lsn is None:
+        if info.invalidated:
+            why = f"wal_status={info.wal_status}"
+            if info.invalidation_reason is not None:
+                why += f", invalidation_reason={info.invalidation_reason}"
             raise SourceStateError(
-                f"slot {self.slot!r} is invalidated (wal_status={info.wal_status}); its changes are gone: "
-                "drop it and bootstrap the lake again"
+                f"slot {self.slot!r} is invalidated ({why}); its changes are gone: "
+                "drop it and bootstrap the lake again (README: recovering from an invalidated slot)"
             )
         if info.active_pid is not None:
             raise SlotBusy(f"slot {self.slot!r} is in use by server process {info.active_pid}; this run did nothing")

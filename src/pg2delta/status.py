@@ -1,55 +1,288 @@
-"""``pg2delta status``: where the slot is, how far behind the server, and what the lake holds."""
+"""``pg2delta status``: where the slot is, how far behind the server, what the lake holds, and a verdict.
+
+Reads the server (the slot, its WAL position and retention) and the lake's own logs (the applied
+log, and each table's Delta log for its version, files and size) with pyarrow: no engine is
+started, so a monitoring check every minute costs a query and a few small reads.
+
+The verdict is an exit code (worst first): 12 the slot is invalidated, 11 its ``wal_status`` is
+``unreserved``, 10 the lag is over ``--max-lag-bytes`` / ``--max-lag-seconds``, else 0. The report
+(``--json``) has a stable schema, :data:`SCHEMA_VERSION`, documented in the README; so do the
+Prometheus metrics ``--metrics-file`` writes.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+from dataclasses import dataclass
 from typing import Any
 
+from pg2delta.changelog import changelog_path
 from pg2delta.config import Config
-from pg2delta.engine import Engine, Lake
-from pg2delta.errors import SourceStateError
+from pg2delta.engine import Lake
+from pg2delta.errors import (
+    EXIT_OK,
+    EXIT_STATUS_INVALIDATED,
+    EXIT_STATUS_LAG,
+    EXIT_STATUS_UNRESERVED,
+    SourceStateError,
+)
 from pg2delta.job import LOG_TABLE
 from pg2delta.lsn import format_lsn
-from pg2delta.slot import SlotSource
+from pg2delta.slot import ServerState, SlotInfo, SlotSource
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
 
 
-def status(config: Config) -> dict[str, Any]:
-    with SlotSource(config.source.dsn, config.source.slot, config.source.publication) as src:
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    max_lag_bytes: int | None = None
+    max_lag_seconds: float | None = None
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+
+
+def _iso(us: int | None) -> str | None:
+    """Microseconds since 1970 as ISO 8601 in UTC (``2025-01-31T12:00:00.123456Z``)."""
+    if us is None:
+        return None
+    return (_EPOCH + us * _US).isoformat().replace("+00:00", "Z")
+
+
+def _us(value: Any) -> int | None:
+    """A timestamp read from the applied log (a datetime or microseconds) as microseconds since 1970."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return int((value - _EPOCH) // _US)
+    return int(value)
+
+
+def _lsn(value: int | None) -> str | None:
+    return None if value is None else format_lsn(value)
+
+
+def _delta(lake: Lake, uri: str) -> dict[str, Any] | None:
+    """Version, data files and bytes of the Delta table at ``uri`` (None: no table there)."""
+    found = lake.files_now(uri)
+    if found is None:
+        return None
+    version, files = found
+    return {"path": uri, "delta_version": version, "files": len(files), "size_bytes": sum(files.values())}
+
+
+def _slot_section(info: SlotInfo, server: ServerState) -> dict[str, Any]:
+    confirmed, restart = info.confirmed_flush_lsn, info.restart_lsn
+    return {
+        "name": info.name,
+        "plugin": info.plugin,
+        "active_pid": info.active_pid,
+        "confirmed_flush_lsn": _lsn(confirmed),
+        "restart_lsn": _lsn(restart),
+        "wal_status": info.wal_status,
+        "safe_wal_size_bytes": info.safe_wal_size,
+        "invalidation_reason": info.invalidation_reason,
+        "conflicting": info.conflicting,
+        "invalidated": info.invalidated,
+        "lag_bytes": max(0, server.flush_lsn - confirmed) if confirmed is not None else None,
+        "retained_wal_bytes": max(0, server.current_lsn - restart) if restart is not None else None,
+    }
+
+
+def _tables(config: Config, lake: Lake) -> tuple[list[dict[str, Any]], int | None, int | None]:
+    """Per Delta table of this slot: its last logged window and what the lake holds now; plus the
+    applied log's version and the newest commit time applied to any table."""
+    log_uri = lake.table_uri(LOG_TABLE)
+    found = lake.files_now(log_uri)
+    log_version = None if found is None else found[0]
+    applied = lake.read_delta(log_uri) if found is not None else None
+    if applied is None or applied.num_rows == 0:
+        return [], log_version, None
+    latest: dict[int, dict[str, Any]] = {}
+    commits: dict[int, int] = {}  # per relation, the newest commit time applied
+    for row in applied.to_pylist():
+        if row.get("slot") != config.source.slot or row.get("relation_oid") is None:
+            continue  # rows without a table mark a bootstrap's start
+        oid = int(row["relation_oid"])
+        commit = _us(row.get("commit_ts"))
+        if commit is not None:
+            commits[oid] = max(commit, commits.get(oid, commit))
+        if oid not in latest or int(row["window_end"]) > int(latest[oid]["window_end"]):
+            latest[oid] = row
+    newest_commit = max(commits.values(), default=None)
+    tables = []
+    for row in sorted(latest.values(), key=lambda r: (r["schema_name"], r["table_name"])):
+        schema, name = row["schema_name"], row["table_name"]
+        uri = lake.table_uri(schema, name)
+        now = _delta(lake, uri)
+        tables.append(
+            {
+                "table": f"{schema}.{name}",
+                "relation_oid": int(row["relation_oid"]),
+                "path": uri,
+                "applied_lsn": row["window_end_lsn"],
+                "last_kind": row.get("kind") or "window",
+                "last_applied_at": _iso(_us(row.get("applied_at"))),
+                "last_commit_ts": _iso(commits.get(int(row["relation_oid"]))),
+                "logged_delta_version": row.get("delta_version"),
+                "delta_version": now["delta_version"] if now else None,
+                "files": now["files"] if now else None,
+                "size_bytes": now["size_bytes"] if now else None,
+                "changelog": _delta(lake, lake.table_uri(changelog_path(schema, name))),
+            }
+        )
+    return tables, log_version, newest_commit
+
+
+def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, Any]:
+    """The report ``pg2delta status`` prints; ``report["exit_code"]`` is its verdict."""
+    limits = thresholds or Thresholds()
+    with SlotSource(
+        config.source.dsn, config.source.slot, config.source.publication, connect_timeout=config.source.connect_timeout
+    ) as src:
         info = src.slot_info()
         if info is None:
             raise SourceStateError(f"replication slot {config.source.slot!r} does not exist")
-        server = src.current_lsn()
-    confirmed = info.confirmed_flush_lsn
-    slot = {
-        "name": info.name,
-        "plugin": info.plugin,
-        "confirmed_flush_lsn": format_lsn(confirmed) if confirmed is not None else None,
-        "restart_lsn": format_lsn(info.restart_lsn) if info.restart_lsn is not None else None,
-        "lag_bytes": server - confirmed if confirmed is not None else None,
-        "wal_status": info.wal_status,
-        "safe_wal_size": info.safe_wal_size,
-        "active_pid": info.active_pid,
-    }
+        server = src.server_state()
+    slot = _slot_section(info, server)
     lake = Lake(config.lake_root)
-    tables: list[dict[str, Any]] = []
-    if lake.delta_version(lake.table_uri(LOG_TABLE)) is not None:
-        engine = Engine.start(config.engine, lake)
-        try:
-            latest: dict[int, dict[str, Any]] = {}
-            for row in engine.read_table(lake.table_uri(LOG_TABLE)):
-                if row.get("slot") != config.source.slot or row.get("relation_oid") is None:
-                    continue  # rows without a table mark a bootstrap's start
-                oid = int(row["relation_oid"])
-                if oid not in latest or int(row["window_end"]) > int(latest[oid]["window_end"]):
-                    latest[oid] = row
-        finally:
-            engine.stop()
-        for row in sorted(latest.values(), key=lambda r: (r["schema_name"], r["table_name"])):
-            tables.append(
-                {
-                    "table": f"{row['schema_name']}.{row['table_name']}",
-                    "applied_lsn": row["window_end_lsn"],
-                    "delta_version": row["delta_version"],
-                    "applied_at": row["applied_at"],
-                }
-            )
-    return {"slot": slot, "server_lsn": format_lsn(server), "tables": tables}
+    tables, log_version, newest_commit = _tables(config, lake)
+    lag_seconds: float | None = None
+    if newest_commit is not None:
+        # The age of the newest change in the lake; 0 once the slot has caught up with the server.
+        lag_seconds = 0.0 if slot["lag_bytes"] == 0 else max(0.0, (server.now_us - newest_commit) / 1e6)
+    slot["lag_seconds"] = None if lag_seconds is None else round(lag_seconds, 3)
+
+    problems: list[dict[str, Any]] = []
+    if info.invalidated:
+        reason = info.invalidation_reason or f"wal_status {info.wal_status}"
+        problems.append(
+            {
+                "kind": "invalidated",
+                "exit_code": EXIT_STATUS_INVALIDATED,
+                "message": f"slot {info.name} is invalidated ({reason}): the changes it held are gone; "
+                "the lake needs a new bootstrap (README: recovering from an invalidated slot)",
+            }
+        )
+    elif info.wal_status == "unreserved":
+        problems.append(
+            {
+                "kind": "unreserved",
+                "exit_code": EXIT_STATUS_UNRESERVED,
+                "message": f"slot {info.name} holds more WAL than max_slot_wal_keep_size allows "
+                f"(safe_wal_size {info.safe_wal_size} bytes): the next checkpoint may invalidate it; run pg2delta now",
+            }
+        )
+    if limits.max_lag_bytes is not None and slot["lag_bytes"] is not None and slot["lag_bytes"] > limits.max_lag_bytes:
+        problems.append(
+            {
+                "kind": "lag_bytes",
+                "exit_code": EXIT_STATUS_LAG,
+                "message": f"lag {slot['lag_bytes']} bytes is over --max-lag-bytes {limits.max_lag_bytes}",
+            }
+        )
+    if limits.max_lag_seconds is not None and lag_seconds is not None and lag_seconds > limits.max_lag_seconds:
+        problems.append(
+            {
+                "kind": "lag_seconds",
+                "exit_code": EXIT_STATUS_LAG,
+                "message": f"lag {lag_seconds:.0f} s is over --max-lag-seconds {limits.max_lag_seconds:g}",
+            }
+        )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "status",
+        "checked_at": _iso(server.now_us),
+        "exit_code": max((p["exit_code"] for p in problems), default=EXIT_OK),
+        "problems": problems,
+        "thresholds": {"max_lag_bytes": limits.max_lag_bytes, "max_lag_seconds": limits.max_lag_seconds},
+        "server": {
+            "version_num": server.version_num,
+            "in_recovery": server.in_recovery,
+            "flush_lsn": format_lsn(server.flush_lsn),
+            "current_lsn": format_lsn(server.current_lsn),
+            "max_slot_wal_keep_size_bytes": server.max_slot_wal_keep_size,
+        },
+        "slot": slot,
+        "lake": {
+            "root": config.lake_root,
+            "applied_log_version": log_version,
+            "last_commit_ts": _iso(newest_commit),
+        },
+        "tables": tables,
+    }
+
+
+# --- Prometheus -------------------------------------------------------------------------------
+
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+
+
+def write_metrics(report: dict[str, Any], path: str) -> None:
+    """The report as Prometheus text for node_exporter's textfile collector, written atomically
+    (a temporary file renamed over ``path``). Metric names are documented in the README."""
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    reg = CollectorRegistry()
+    slot = report["slot"]
+    name = slot["name"]
+
+    def gauge(metric: str, doc: str, value: float | None, labels: dict[str, str] | None = None) -> None:
+        if value is None:
+            return  # unknown: absent, not zero
+        labels = {"slot": name, **(labels or {})}
+        g = Gauge(metric, doc, list(labels), registry=reg)
+        g.labels(**labels).set(value)
+
+    def table_gauge(metric: str, doc: str, key: str, source: str = "table") -> None:
+        g = Gauge(metric, doc, ["slot", "table"], registry=reg)
+        for t in report["tables"]:
+            holder = t if source == "table" else t.get("changelog")
+            if holder is not None and holder.get(key) is not None:
+                g.labels(slot=name, table=t["table"]).set(holder[key])
+
+    def ts(text: str | None) -> float | None:
+        return None if text is None else dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+    gauge("pg2delta_status_exit_code", "Exit code of pg2delta status (0 ok, 10 lag, 11 unreserved, 12 invalidated)",
+          report["exit_code"])
+    gauge("pg2delta_status_checked_timestamp_seconds", "When pg2delta status ran (server clock)", ts(report["checked_at"]))
+    gauge("pg2delta_slot_invalidated", "1 when the slot is invalidated", 1.0 if slot["invalidated"] else 0.0)
+    wal = Gauge("pg2delta_slot_wal_status", "1 for the slot's current wal_status", ["slot", "wal_status"], registry=reg)
+    for status_name in WAL_STATUSES:
+        wal.labels(slot=name, wal_status=status_name).set(1.0 if slot["wal_status"] == status_name else 0.0)
+    gauge("pg2delta_slot_lag_bytes", "Server WAL flush position minus the slot's confirmed_flush_lsn", slot["lag_bytes"])
+    gauge("pg2delta_slot_lag_seconds", "Age of the newest change applied to the lake; 0 once caught up",
+          slot["lag_seconds"])
+    gauge("pg2delta_slot_retained_wal_bytes", "WAL the slot keeps on the server (current LSN minus restart_lsn)",
+          slot["retained_wal_bytes"])
+    gauge("pg2delta_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is in danger",
+          slot["safe_wal_size_bytes"])
+    gauge("pg2delta_server_max_slot_wal_keep_size_bytes", "max_slot_wal_keep_size (absent: unlimited)",
+          report["server"]["max_slot_wal_keep_size_bytes"])
+    gauge("pg2delta_lake_last_commit_timestamp_seconds", "Commit time of the newest change applied to the lake",
+          ts(report["lake"]["last_commit_ts"]))
+    table_gauge("pg2delta_table_delta_version", "Latest Delta version of the table", "delta_version")
+    table_gauge("pg2delta_table_files", "Data files in the table's latest Delta version", "files")
+    table_gauge("pg2delta_table_size_bytes", "Bytes of data files in the table's latest Delta version", "size_bytes")
+    applied = Gauge("pg2delta_table_applied_lsn", "Window end LSN of the table's last logged window, as a number",
+                    ["slot", "table"], registry=reg)
+    last = Gauge("pg2delta_table_last_applied_timestamp_seconds", "When the table's last window was applied",
+                 ["slot", "table"], registry=reg)
+    for t in report["tables"]:
+        hi, lo = t["applied_lsn"].split("/")
+        applied.labels(slot=name, table=t["table"]).set((int(hi, 16) << 32) | int(lo, 16))
+        when = ts(t["last_applied_at"])
+        if when is not None:
+            last.labels(slot=name, table=t["table"]).set(when)
+    table_gauge("pg2delta_changelog_delta_version", "Latest Delta version of the table's changelog", "delta_version",
+                "changelog")
+    table_gauge("pg2delta_changelog_size_bytes", "Bytes of data files in the table's changelog", "size_bytes",
+                "changelog")
+    write_to_textfile(path, reg)
