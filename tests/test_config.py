@@ -67,13 +67,14 @@ def test_table_schema_change_settings(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         '[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."public.m"]\npartitions = "root"\n'
-        '[tables."public.t"]\ndropped_columns = "drop"\nnarrowing = "keep"\n',
+        '[tables."public.t"]\ndropped_columns = "drop"\nnarrowing = "keep"\non_unfollowable = "resync"\n',
     )
     cfg = load(path, env={})
     assert cfg.table("public", "m").partitions == "root"
     assert (cfg.table("public", "t").dropped_columns, cfg.table("public", "t").narrowing) == ("drop", "keep")
+    assert cfg.table("public", "t").on_unfollowable == "resync"
     other = cfg.table("public", "other")
-    assert (other.partitions, other.dropped_columns, other.narrowing) == ("leaf", "keep", "refuse")
+    assert (other.partitions, other.dropped_columns, other.narrowing, other.on_unfollowable) == ("leaf", "keep", "refuse", "stop")
 
 
 @pytest.mark.parametrize(
@@ -82,6 +83,7 @@ def test_table_schema_change_settings(tmp_path: Path) -> None:
         ('partitions = "roots"', "partitions must be one of leaf, root"),
         ('dropped_columns = "forget"', "dropped_columns must be one of keep, drop"),
         ('narrowing = "yes"', "narrowing must be one of refuse, keep"),
+        ('on_unfollowable = "fix"', "on_unfollowable must be one of stop, resync"),
         ('target = "s.x"', "unknown setting(s) ['target']"),
     ],
 )

@@ -156,3 +156,41 @@ def test_resync_of_a_table_not_published(pgdb: str, tmp_path: Path) -> None:
     assert done.returncode == 78
     lines = [line for line in done.stderr.splitlines() if "public.nope" in line]
     assert lines and "not in publication" in lines[0]
+
+
+def _config(tmp_path: Path, common: list[str], table: str) -> str:
+    """A config file with ``on_unfollowable = "resync"`` for ``table`` (the rest from ``common``'s flags)."""
+    flags = dict(zip(common[::2], common[1::2], strict=True))
+    path = tmp_path / "pg2delta.toml"
+    path.write_text(
+        f'[source]\ndsn = "{flags["--dsn"]}"\nslot = "{flags["--slot"]}"\npublication = "{flags["--publication"]}"\n'
+        f'[lake]\nroot = "{flags["--lake"]}"\n[tables."{table}"]\non_unfollowable = "resync"\n'
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "ALTER TABLE dv ALTER COLUMN n TYPE text",
+        "ALTER TABLE dv ADD COLUMN t text DEFAULT clock_timestamp()::text",
+    ],
+    ids=["int-to-text", "volatile-default"],
+)
+def test_the_run_resyncs_by_itself_when_allowed(pgdb: str, tmp_path: Path, ddl: str) -> None:
+    lake = tmp_path / "lake"
+    _slot, _, common = _setup(pgdb, lake)
+    _sql(pgdb, "UPDATE dv SET n = n + 1 WHERE id <= 3", ddl, "UPDATE dv SET a = 'later' WHERE id <= 5",
+         "INSERT INTO other VALUES (11, 'other table, same window')")
+    stopped = cli("run", *common)  # the default: stop, naming the way out
+    assert stopped.returncode == 78 and "pg2delta resync --table public.dv" in stopped.stderr, stopped.stderr[-2000:]
+    config = _config(tmp_path, common, "public.dv")
+    done = cli("run", "--config", config, "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "copying it again" in done.stderr
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context=f"{ddl}, resynced by the run")
+    _sql(pgdb, "UPDATE dv SET a = 'after the resync' WHERE id BETWEEN 50 AND 60", "DELETE FROM dv WHERE id = 99")
+    again = cli("run", "--config", config)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "copying it again" not in again.stderr
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context=f"{ddl}, the run after")

@@ -44,6 +44,7 @@ class WindowConfig:
 PARTITION_MODES = ("leaf", "root")
 DROPPED_COLUMN_MODES = ("keep", "drop")
 NARROWING_MODES = ("refuse", "keep")
+ON_UNFOLLOWABLE_MODES = ("stop", "resync")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,10 @@ class TableConfig:
     # stops the run (exit 78, nothing applied); "keep" leaves the Delta column at its wider type.
     narrowing: str = "refuse"
     changelog: bool | None = None  # keep a changelog of this table (None: the [lake] changelog default)
+    # A change the lake cannot follow by changes alone (a type change that is not a widening, a
+    # column added with values PostgreSQL does not keep, a key change inside a transaction, ...):
+    # "stop" the run (exit 78, naming pg2delta resync), or "resync" the table right there.
+    on_unfollowable: str = "stop"
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +195,11 @@ def load(
         if "." not in name or not isinstance(settings, dict):
             raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
         key = settings.get("key", [])
-        unknown_settings = set(settings) - {"key", "partitions", "dropped_columns", "narrowing", "changelog"}
+        known_settings = {"key", "partitions", "dropped_columns", "narrowing", "changelog", "on_unfollowable"}
+        unknown_settings = set(settings) - known_settings
         if unknown_settings:
             raise ConfigError(
-                f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: changelog, dropped_columns, key, narrowing, partitions)"
+                f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: {', '.join(sorted(known_settings))})"
             )
         if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
             raise ConfigError(f"[tables.{name!r}]: key must be a list of column names, like key = [\"col\", ...]")
@@ -211,8 +217,14 @@ def load(
         changelog = settings.get("changelog")
         if changelog is not None and not isinstance(changelog, bool):
             raise ConfigError(f"[tables.{name!r}] changelog must be true or false, not {changelog!r}")
+        unfollowable = settings.get("on_unfollowable", "stop")
+        if unfollowable not in ON_UNFOLLOWABLE_MODES:
+            raise ConfigError(
+                f"[tables.{name!r}]: on_unfollowable must be one of {', '.join(ON_UNFOLLOWABLE_MODES)}, not {unfollowable!r}"
+            )
         tables[name] = TableConfig(
-            key=tuple(key), partitions=partitions, dropped_columns=dropped, narrowing=narrowing, changelog=changelog
+            key=tuple(key), partitions=partitions, dropped_columns=dropped, narrowing=narrowing, changelog=changelog,
+            on_unfollowable=unfollowable,
         )
 
     config = Config(

@@ -326,8 +326,11 @@ class Job:
         # Every table's shape is checked against its Delta table before anything is written, so a
         # change the lake cannot follow stops the run with nothing of the window applied.
         # (Reading each Delta table's schema costs a Spark job on a classic engine: concurrently too.)
-        planned = self._map_tables(ordered, lambda t: self._plan(t, applied.get(t.owner), start, end))
-        plans = {(t.schema, t.table): p for t, p in zip(ordered, planned, strict=True)}
+        planned = self._map_tables(ordered, lambda t: self._plan_or_refusal(t, applied.get(t.owner), start, end))
+        for tgt, p in zip(ordered, planned, strict=True):
+            if isinstance(p, SchemaError):  # on_unfollowable = "resync": nothing written yet
+                self._resync_in_run(src, tgt, p, applied)
+        plans = {(t.schema, t.table): (None if isinstance(p, SchemaError) else p) for t, p in zip(ordered, planned, strict=True)}
         # The changelog next: a crash before the tables' MERGEs replays the window, and the
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
@@ -467,6 +470,36 @@ class Job:
             futures = [pool.submit(fn, t) for t in targets]
             wait(futures)
         return [f.result() for f in futures]
+
+    def _plan_or_refusal(self, tgt: _Target, applied: Applied | None, start: int, end: int) -> Plan | SchemaError | None:
+        """:meth:`_plan`, or the refusal itself for a table whose config says ``on_unfollowable = "resync"``."""
+        try:
+            return self._plan(tgt, applied, start, end)
+        except SchemaError as exc:
+            names = {(tgt.schema, tgt.table), *(tw.latest.qualified_name for tw in tgt.parts)}
+            if any(self.config.table(*n).on_unfollowable == "resync" for n in names):
+                return exc
+            raise
+
+    def _resync_in_run(self, src: SlotSource, tgt: _Target, refusal: SchemaError, applied: dict[int, Applied]) -> None:
+        """Copy ``tgt`` again at a new snapshot (``pg2delta resync``) instead of stopping on ``refusal``.
+
+        The copy's snapshot is after this window's end (it is taken now, the window ended at the
+        server's WAL when the run started), so the table's changes in this window and up to the
+        copy are skipped by the applied-LSN rule, and the run goes on with the other tables.
+        """
+        from pg2delta.bootstrap import DEFAULT_PARALLEL, copy_at_new_snapshot
+
+        if any(tw.oid != tgt.owner for tw in tgt.parts):  # partitions written into their root's table
+            raise refusal
+        log.warning(
+            "%s.%s cannot follow by changes alone (%s); on_unfollowable = \"resync\": copying it again",
+            tgt.schema, tgt.table, refusal,
+        )
+        copied = copy_at_new_snapshot(self, src, {tgt.owner}, parallel=DEFAULT_PARALLEL)
+        if not any(c.relation_oid == tgt.owner for c in copied):  # not published any more: nothing to copy it from
+            raise refusal
+        applied.update(self._applied_lsns())
 
     def _txn(self, version: int) -> Txn | None:
         """Delta's idempotent-write id of a commit (the engine uses it where Delta has it): a table's
