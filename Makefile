@@ -99,10 +99,12 @@ demo: install postgres
 
 # Everything: lint, the whole suite on the embedded engine, the classic engine's tests on Apache
 # Spark + Delta, the Spark 3.5 line's Connect client against pysail, and the example Airflow DAGs.
-test: lint test-embedded test-spark test-spark4 test-compat test-airflow
+# The Airflow test runs inside the embedded tier's two workers (it mostly waits on Airflow and the
+# CLI), which is shorter than a tier of its own.
+test: lint test-embedded test-spark test-spark4 test-compat
 
-test-embedded: install postgres
-	$(PY) -m pytest -q $(XDIST) --ignore=tests/test_airflow.py
+test-embedded: install $(AIRFLOW_STAMP) postgres
+	$(PY) -m pytest -q $(XDIST)
 
 # The example DAGs in Airflow (airflow dags test) against a throwaway PostgreSQL, on the embedded engine.
 test-airflow: install $(AIRFLOW_STAMP) postgres
