@@ -17,6 +17,7 @@ row lost or applied twice is a failure.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -406,7 +407,8 @@ class Workload:
 # --- the oracle --------------------------------------------------------------------------
 
 
-def _pg_rows(conn: psycopg.Connection[Any], spec: TableSpec) -> tuple[list[str], list[tuple[Any, ...]]]:
+def pg_rows(conn: psycopg.Connection[Any], spec: TableSpec) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The table's column names and rows as ``conn`` sees them (jsonb as text, as the lake holds it)."""
     cols = conn.execute(
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
         "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
@@ -428,11 +430,14 @@ def _short(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(v[:40] + f"...({len(v)} chars)" if isinstance(v, str) and len(v) > 60 else v for v in row)
 
 
-def lake_rows(lake: str | Path, spec: TableSpec) -> tuple[list[str], list[tuple[Any, ...]]] | None:
+def lake_rows(
+    lake: str | Path, spec: TableSpec, *, version: int | None = None
+) -> tuple[list[str], list[tuple[Any, ...]]] | None:
+    """The Delta table's columns and rows read with delta-rs (as of ``version``), or None if there is none."""
     path = Path(lake) / spec.schema / spec.name
     if not (path / "_delta_log").is_dir():
         return None
-    table = DeltaTable(str(path)).to_pyarrow_table()
+    table = DeltaTable(str(path), version=version).to_pyarrow_table()
     names = [n for n in table.column_names if not n.startswith(META_PREFIX)]
     cols = [table.column(n).to_pylist() for n in names]
     return names, list(zip(*cols, strict=True)) if cols else []
@@ -442,37 +447,47 @@ def assert_lake_matches(dsn: str, lake: str | Path, tables: Sequence[TableSpec] 
     """Every table of the lake equals the same table in PostgreSQL, row for row, sorted by key."""
     with psycopg.connect(dsn) as conn:
         for spec in tables:
-            names, pg = _pg_rows(conn, spec)
-            got = lake_rows(lake, spec)
+            names, pg = pg_rows(conn, spec)
             where = f"{spec.qualified}{' (' + context + ')' if context else ''}"
-            if got is None:
-                assert not pg, f"{where}: no Delta table in the lake, {len(pg)} rows in PostgreSQL"
-                continue
-            lake_names, lake_data = got
-            assert lake_names == names, f"{where}: lake columns {lake_names} != PostgreSQL columns {names}"
-            idx = [names.index(k) for k in spec.key] if spec.key else list(range(len(names)))
-            pg_sorted = sorted(pg, key=lambda r: _sort_key(r, idx))
-            lake_sorted = sorted(lake_data, key=lambda r: _sort_key(r, idx))
-            if spec.key:
-                pg_keys = [tuple(r[i] for i in idx) for r in pg_sorted]
-                lake_keys = [tuple(r[i] for i in idx) for r in lake_sorted]
-                missing = sorted(set(pg_keys) - set(lake_keys), key=repr)[:5]
-                extra = sorted(set(lake_keys) - set(pg_keys), key=repr)[:5]
-                assert len(set(lake_keys)) == len(lake_keys), f"{where}: duplicate keys in the lake"
-                assert not missing and not extra, (
-                    f"{where}: {len(pg)} rows in PostgreSQL, {len(lake_data)} in the lake; "
-                    f"missing from the lake {missing}, not in PostgreSQL {extra}"
-                )
-            else:
-                assert len(lake_sorted) == len(pg_sorted), (
-                    f"{where}: {len(pg_sorted)} rows in PostgreSQL, {len(lake_sorted)} in the lake"
-                )
-            for a, b in zip(pg_sorted, lake_sorted, strict=True):
-                if a != b:
-                    diff = [n for n, x, y in zip(names, a, b, strict=True) if x != y]
-                    raise AssertionError(
-                        f"{where}: row differs in {diff}:\n  PostgreSQL {_short(a)}\n  lake       {_short(b)}"
-                    )
+            assert_same_rows(spec, names, pg, lake_rows(lake, spec), where)
+
+
+def assert_same_rows(
+    spec: TableSpec,
+    names: list[str],
+    pg: list[tuple[Any, ...]],
+    got: tuple[list[str], list[tuple[Any, ...]]] | None,
+    where: str,
+) -> None:
+    """The lake's rows ``got`` (from :func:`lake_rows`) equal PostgreSQL's ``pg`` row for row, sorted by key."""
+    if got is None:
+        assert not pg, f"{where}: no Delta table in the lake, {len(pg)} rows in PostgreSQL"
+        return
+    lake_names, lake_data = got
+    assert lake_names == names, f"{where}: lake columns {lake_names} != PostgreSQL columns {names}"
+    idx = [names.index(k) for k in spec.key] if spec.key else list(range(len(names)))
+    pg_sorted = sorted(pg, key=lambda r: _sort_key(r, idx))
+    lake_sorted = sorted(lake_data, key=lambda r: _sort_key(r, idx))
+    if spec.key:
+        pg_keys = [tuple(r[i] for i in idx) for r in pg_sorted]
+        lake_keys = [tuple(r[i] for i in idx) for r in lake_sorted]
+        missing = sorted(set(pg_keys) - set(lake_keys), key=repr)[:5]
+        extra = sorted(set(lake_keys) - set(pg_keys), key=repr)[:5]
+        assert len(set(lake_keys)) == len(lake_keys), f"{where}: duplicate keys in the lake"
+        assert not missing and not extra, (
+            f"{where}: {len(pg)} rows in PostgreSQL, {len(lake_data)} in the lake; "
+            f"missing from the lake {missing}, not in PostgreSQL {extra}"
+        )
+    else:
+        assert len(lake_sorted) == len(pg_sorted), (
+            f"{where}: {len(pg_sorted)} rows in PostgreSQL, {len(lake_sorted)} in the lake"
+        )
+    for a, b in zip(pg_sorted, lake_sorted, strict=True):
+        if a != b:
+            diff = [n for n, x, y in zip(names, a, b, strict=True) if x != y]
+            raise AssertionError(
+                f"{where}: row differs in {diff}:\n  PostgreSQL {_short(a)}\n  lake       {_short(b)}"
+            )
 
 
 # --- the slot and the CLI -----------------------------------------------------------------
@@ -499,9 +514,13 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> 
     )
 
 
-def lake_files(lake: str | Path) -> dict[str, int]:
-    """Every file under the lake with its size: a fingerprint to prove a run wrote nothing."""
+def lake_files(lake: str | Path) -> dict[str, tuple[int, str]]:
+    """Every file under the lake with its size and SHA-256: a fingerprint to prove a run wrote nothing."""
     root = Path(lake)
     if not root.exists():
         return {}
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in root.rglob("*")
+        if p.is_file()
+    }

@@ -17,6 +17,9 @@ Exit codes (for Airflow and cron):
 invalidated). ``--json`` reports carry ``schema_version`` (:data:`JSON_SCHEMA_VERSION`); every
 field is documented in the README.
 
+``pg2delta versions --at-lsn X/Y`` exits 0 with its answer, also when some table has no version
+holding the state at X (the report says so per table); 78 without an applied log or for a bad LSN.
+
 Logs go to stderr and never contain row values.
 """
 
@@ -141,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--until-lsn", help="plan up to this LSN (X/Y) instead of the server's flush LSN")
     plan.add_argument("--max-changes", type=int, help="rows per window, as the run would use (default from config)")
     plan.add_argument("--max-bytes", type=int, help="bytes per window, as the run would use (default from config)")
+    versions = sub.add_parser(
+        "versions", help="the Delta version of every table that holds the source's state at an LSN (time travel)"
+    )
+    _common(versions)
+    versions.add_argument("--at-lsn", required=True, help="the LSN (X/Y) whose state to find")
     status = sub.add_parser(
         "status",
         help="show the slot's position, lag and WAL retention and the lake's tables; exit 10 (lag over a "
@@ -174,7 +182,7 @@ def _config(args: argparse.Namespace) -> Config:
         flags.update(max_changes=args.max_changes, max_bytes=args.max_bytes)
     if args.command == "backfill":
         flags.update(max_changes=args.max_changes)
-    return load(args.config, need_source=args.command != "backfill", **flags)
+    return load(args.config, need_source=args.command not in ("backfill", "versions"), **flags)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -357,6 +365,30 @@ def _size(n: int | None) -> str:
     return str(n)
 
 
+def _cmd_versions(args: argparse.Namespace) -> int:
+    from pg2delta.versions import EXACT, to_json, versions
+
+    config = _config(args)
+    report = versions(config, parse_lsn(args.at_lsn))
+    summary = to_json(report)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        through = summary["applied_through"] or "nothing"
+        print(
+            f"pg2delta versions: slot {report.slot} at {summary['at_lsn']} (lake applied through {through}); "
+            + ("every table has a version" if report.exact else "some tables have no version holding that state")
+        )
+        if not report.tables:
+            print("  no table in the applied log")
+        for t in report.tables:
+            if t.status == EXACT:
+                print(f"  {t.name}: delta version {t.delta_version} (state as of {summary['tables'][t.name]['as_of_lsn']})")
+            else:
+                print(f"  {t.name}: no exact version ({t.status}): {t.message}")
+    return EXIT_OK
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from pg2delta.status import Thresholds, status, write_metrics
 
@@ -447,6 +479,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cmd_resync(args)
         if args.command == "plan":
             return _cmd_plan(args)
+        if args.command == "versions":
+            return _cmd_versions(args)
         return _cmd_status(args)
     except Pg2DeltaError as exc:
         print(exc.one_line(), file=sys.stderr)

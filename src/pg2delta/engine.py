@@ -600,6 +600,10 @@ class Engine:
                     log.debug("could not drop temp view %s", view)
             self.lake.unstage(staged)
 
+    def read_version(self, uri: str, version: int | None) -> Any:
+        """The Delta table at ``uri`` as of ``version`` (None: the latest) as a DataFrame."""
+        return self._read_version(uri, version)
+
     def _read_version(self, uri: str, version: int | None) -> Any:
         """The Delta table at ``uri`` (as of ``version``) as a DataFrame."""
         if version is None:
