@@ -15,8 +15,9 @@ SPARK35_PINS := 'pyspark[connect]==3.5.*' 'delta-spark==3.3.*' 'numpy<2' 'pyarro
 # dir that loads them: `SPARK_CONF_DIR=$(SPARK35_CONF) spark-submit ...` has Delta (tools/spark_setup.py).
 SPARK35_CACHE := .cache/spark35
 SPARK35_CONF := $(SPARK35_CACHE)/conf
-# The classic engine's tests (marker `classic`): the job end to end, every fault point, the type
-# matrix, schema changes (and a crash in one), bootstrap killed and resumed, and spark-submit of
+# The classic engine's tests (marker `classic`): the job end to end, crashes between and after the
+# tables' commits (concurrent tables, Delta's idempotent-write ids), the type matrix, schema changes
+# and defaults (and crashes in them), resync, bootstrap killed and resumed, and spark-submit of
 # bootstrap, run and backfill with a changelog; each reads the lake back with delta-rs. A classic
 # MERGE costs about a second in a warm JVM and five in a new one (every CLI run a test starts), so
 # this is a cut across every feature rather than the whole suite again.
@@ -114,7 +115,7 @@ test-spark: $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) PG2DELTA_TEST_ENGINE=spark \
 	  $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK_TESTS)
 
-# The job end to end, every fault point and spark-submit again on Spark 4.0 + Delta 4.0.
+# The job end to end and the crashes between and after the tables' commits on Spark 4.0 + Delta 4.0.
 test-spark4: $(SPARK4_STAMP) postgres
 	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK4_CACHE)/conf PG2DELTA_TEST_ENGINE=spark \
 	  $(SPARK4_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK4_TESTS)
