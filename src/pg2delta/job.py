@@ -265,14 +265,7 @@ class Job:
         cfg = self.config
         create = cfg.source.create_slot if create_slot is None else create_slot
         with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
-            src.lock()
-            info = src.check(create=create)
-            assert info.confirmed_flush_lsn is not None
-            start = info.confirmed_flush_lsn
-            # Never beyond the server's WAL: the slot cannot go there, and a window recorded in
-            # the applied log as ending there would make every later change look applied.
-            flush = src.flush_lsn()
-            upper = flush if until_lsn is None else min(until_lsn, flush)
+            start, upper = src.locked_bounds(until_lsn, create=create)
             report = RunReport(cfg.source.slot, start, upper, start)
             if start >= upper:
                 log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))

@@ -107,12 +107,7 @@ def plan_job(job: Job, *, until_lsn: int | None = None) -> PlanReport:
 
     cfg = job.config
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
-        src.lock()
-        info = src.check(create=False)
-        assert info.confirmed_flush_lsn is not None
-        start = info.confirmed_flush_lsn
-        flush = src.flush_lsn()
-        upper = flush if until_lsn is None else min(until_lsn, flush)
+        start, upper = src.locked_bounds(until_lsn)
         report = PlanReport(cfg.source.slot, start, upper, start)
         if start >= upper:
             return report  # a run would stop here too, before copying anything

@@ -258,6 +258,17 @@ class SlotSource:
         assert lsn is not None
         return lsn
 
+    def locked_bounds(self, until_lsn: int | None, *, create: bool = False) -> tuple[int, int]:
+        """Take the slot's lock, check the slot, and return where a run starts (its confirmed
+        position) and where it stops: ``until_lsn``, never beyond the server's flushed WAL (the
+        slot cannot go there, and a window logged as ending there would make every later change
+        look applied)."""
+        self.lock()
+        info = self.check(create=create)
+        assert info.confirmed_flush_lsn is not None
+        flush = self.flush_lsn()
+        return info.confirmed_flush_lsn, flush if until_lsn is None else min(until_lsn, flush)
+
     def system_identifier(self) -> int:
         """The server's system identifier (new for every initdb; WAL positions are only comparable within one)."""
         (value,) = self._query("SELECT system_identifier FROM pg_control_system()")[0]
