@@ -145,8 +145,13 @@ def flatten(chunks: Sequence[DecodedChunk]) -> Decoded:
     return Decoded(changes, truncates, messages, versions, keys, transactions, notes)
 
 
-def decode(rows: Rows, chunk: int | None, resolver: Callable[[po.Relation], Sequence[str] | None] | None = None) -> Decoded:
-    dec = WindowDecoder(None, resolver)
+def decode(
+    rows: Rows,
+    chunk: int | None,
+    resolver: Callable[[po.Relation], Sequence[str] | None] | None = None,
+    split_rows: int | None = None,
+) -> Decoded:
+    dec = WindowDecoder(None, resolver, split_rows=split_rows)
     size = chunk or max(len(rows), 1)
     out = [dec.feed(RowChunk.from_messages(rows[i : i + size])) for i in range(0, len(rows), size)]
     out.append(dec.finish())
@@ -342,6 +347,13 @@ def check_window(
         assert got.transactions == ref.transactions, f"chunk size {size}"
         if first is None:
             first = got
+    # Transactions larger than a few rows given out in parts as they arrive: the same changes.
+    for size, split in ((1, 1), (3, 2), (7, 5)):
+        got = decode(rows, size, resolver, split_rows=split)
+        assert got.changes == ref.changes, f"chunk size {size}, split at {split}"
+        assert got.truncates == ref.truncates, f"chunk size {size}, split at {split}"
+        assert got.messages == ref.messages, f"chunk size {size}, split at {split}"
+        assert got.transactions == ref.transactions, f"chunk size {size}, split at {split}"
     assert first is not None
     state = replay(first, tables)
     for table, key in tables.items():
@@ -821,8 +833,8 @@ def test_random_chunking_is_invisible() -> None:
         rows.append((lsn + 5, _commit(lsn + 5)))
     whole = decode(rows, None)
     assert whole.changes == reference(rows).changes
-    for _ in range(20):
-        dec = WindowDecoder()
+    for n in range(20):
+        dec = WindowDecoder(split_rows=None if n % 2 else rng.randrange(1, 4))
         out = []
         i = 0
         while i < len(rows):
@@ -846,3 +858,24 @@ def test_commit_timestamp_the_lake_cannot_hold_is_a_decode_error() -> None:
         decode(rows, None)
     assert (info.value.tag, info.value.offset, info.value.lsn) == ("C", 18, 4)
     assert "commit timestamp" in info.value.reason
+
+
+def test_transaction_given_out_in_parts_then_left_open_is_retracted() -> None:
+    """A window that ends inside a transaction already given out in parts names it for dropping."""
+    rows: Rows = [(10, _begin(15, 1)), (10, _rel())]
+    rows += [(10, b"I" + (16384).to_bytes(4, "big") + b"N" + _tuple(str(k).encode(), b"v")) for k in range(6)]
+    rows.append((15, _commit(15)))
+    rows.append((20, _begin(25, 2)))
+    rows += [(20, b"I" + (16384).to_bytes(4, "big") + b"N" + _tuple(str(100 + k).encode(), b"w")) for k in range(6)]
+    dec = WindowDecoder(split_rows=2)
+    out = [dec.feed(RowChunk.from_messages(rows[i : i + 2])) for i in range(0, len(rows), 2)]
+    last = dec.finish()
+    out.append(last)
+    assert last.retracted == 25
+    got = flatten(out).changes
+    committed = [c for c in got if c.lsn == 15]
+    assert committed == reference(rows).changes  # the reference drops the open transaction
+    assert len(committed) == 6
+    # What was given out of the open transaction is exactly what the job drops.
+    assert {c.lsn for c in got} == {15, 25}
+    assert sum(ch.transactions for ch in out) == 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ _GID_TAGS = frozenset({po.PREPARE, po.STREAM_PREPARE, po.COMMIT_PREPARED, po.ROL
 # Where the commit timestamp is in the messages that commit a transaction.
 _COMMIT_TS_AT = {po.COMMIT: 18, po.STREAM_COMMIT: 22, po.COMMIT_PREPARED: 18}
 # Messages a Stream Abort of a subtransaction drops (they carry the subtransaction's xid).
+# Messages an open plain transaction may hold besides changes and still be given out in parts.
+_SPLITTABLE_TAGS = np.array([po.RELATION, po.TYPE, po.TRUNCATE, po.MESSAGE, po.ORIGIN], dtype=np.uint8)
 _STREAMED_TAGS = np.array(
     [po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE, po.RELATION, po.TYPE, po.MESSAGE], dtype=np.uint8
 )
@@ -150,6 +153,22 @@ class DecodedChunk:
     transactions: int = 0
     last_commit_end_lsn: int | None = None
     notes: collections.Counter[str] = field(default_factory=collections.Counter)
+    # The commit LSN of a transaction whose first part an earlier chunk gave out (the decoder splits
+    # transactions larger than ``split_rows``) but that did not commit in the window: its changes,
+    # truncates and messages must be dropped.
+    retracted: int | None = None
+
+    def extend(self, other: DecodedChunk) -> None:
+        """Add what ``other`` decoded after this chunk (commit order is kept)."""
+        self.changes.extend(other.changes)
+        self.truncates.extend(other.truncates)
+        self.messages.extend(other.messages)
+        self.transactions += other.transactions
+        if other.last_commit_end_lsn is not None:
+            self.last_commit_end_lsn = other.last_commit_end_lsn
+        self.notes.update(other.notes)
+        if other.retracted is not None:
+            self.retracted = other.retracted
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +331,13 @@ class _Stream:
 
 
 class WindowDecoder:
-    """Decodes one or more chunks of a window, keeping relations and open transactions across chunks."""
+    """Decodes one or more chunks of a window, keeping relations and open transactions across chunks.
+
+    A plain transaction still open after more than ``split_rows`` rows is given out in parts, as
+    they arrive, with the commit LSN, time and xid its Begin message announces (positions go on
+    across the parts), so memory does not follow the size of one transaction. Should it not
+    commit in the window after all, :meth:`finish` names it in ``retracted``.
+    """
 
     def __init__(
         self,
@@ -320,10 +345,15 @@ class WindowDecoder:
         key_resolver: KeyResolver | None = None,
         *,
         keep_old: bool = False,
+        split_rows: int | None = None,
     ) -> None:
         self._catalog = catalog
         self._key_resolver = key_resolver
         self._keep_old = keep_old
+        self._split_rows = split_rows
+        # The transaction given out in parts so far: its commit LSN and the positions used.
+        self._open_commit_lsn: int | None = None
+        self._pos_base = 0
         self._relations: dict[int, RelationVersion] = {}
         self._versions = 0
         self._types: dict[int, po.Type] = {}
@@ -347,7 +377,10 @@ class WindowDecoder:
         rows = RowChunk.concat(self._pending, chunk)
         cut = self._quiescent_cut(rows)
         self._pending = rows.take(cut, len(rows))
-        return self._decode(rows.take(0, cut)) if cut else DecodedChunk()
+        out = self._decode(rows.take(0, cut)) if cut else DecodedChunk()
+        if self._split_rows is not None and len(self._pending) > self._split_rows:
+            out.extend(self._split_open())
+        return out
 
     def finish(self) -> DecodedChunk:
         """End of the window: decode what is left; rows of transactions still open are dropped (and counted).
@@ -357,9 +390,32 @@ class WindowDecoder:
         """
         rows = self._pending
         self._pending = rows.take(0, 0)
-        if len(rows) == 0:
-            return DecodedChunk()
-        return self._decode(rows, final=True)
+        out = self._decode(rows, final=True) if len(rows) else DecodedChunk()
+        if self._open_commit_lsn is not None:
+            out.retracted = self._open_commit_lsn
+            out.notes["incomplete_split_transactions"] += 1
+            self._open_commit_lsn, self._pos_base = None, 0
+        return out
+
+    def _split_open(self) -> DecodedChunk:
+        """Give out the rows of the open plain transaction so far (see the class docstring)."""
+        rows = self._pending
+        u8 = np.frombuffer(rows.buf, dtype=np.uint8)
+        tags = u8[rows.starts]
+        control = tags[~np.isin(tags, _CHANGE_TAGS)]
+        if tags[0] != po.BEGIN or not np.isin(control[1:], _SPLITTABLE_TAGS).all():
+            return DecodedChunk()  # streams, prepared transactions: kept whole
+        s, e = int(rows.starts[0]), int(rows.ends[0])
+        begin = po.parse_message(memoryview(rows.buf)[s:e], lsn=int(rows.lsns[0]))
+        assert isinstance(begin, po.Begin)
+        # Closed for now by a Commit of our own, with what the Begin announced.
+        commit = struct.pack(">cbQQq", b"C", 0, begin.final_lsn, begin.final_lsn, begin.commit_ts)
+        closed = RowChunk.concat(rows, RowChunk.from_messages([(begin.final_lsn, commit)]))
+        self._pending = rows.take(0, 1)  # the Begin, for the rest
+        out = self._decode(closed, split=True)
+        out.transactions = 0
+        out.last_commit_end_lsn = None
+        return out
 
     # Transaction boundaries -----------------------------------------------------------------
 
@@ -428,8 +484,9 @@ class WindowDecoder:
 
     # Decoding -------------------------------------------------------------------------------
 
-    def _decode(self, rows: RowChunk, *, final: bool = False) -> DecodedChunk:
+    def _decode(self, rows: RowChunk, *, final: bool = False, split: bool = False) -> DecodedChunk:
         out = DecodedChunk()
+        continued = self._open_commit_lsn  # a transaction given out in parts before
         at_start = dict(self._relations)  # versions in force before this chunk's Relation messages
         n = len(rows)
         u8 = np.frombuffer(rows.buf, dtype=np.uint8)
@@ -462,7 +519,7 @@ class WindowDecoder:
 
         def commit(ranges: list[tuple[int, int]], txn: _Txn) -> None:
             # Commit order is LSN order; everything downstream orders by commit LSN.
-            if txn.commit_lsn <= self._last_commit_lsn:
+            if txn.commit_lsn <= self._last_commit_lsn and not (txns == [] and txn.commit_lsn == continued):
                 raise DecodeError(
                     f"commit LSN {txn.commit_lsn:#x} is not after the previous commit's {self._last_commit_lsn:#x}",
                     offset=0, lsn=lsn,
@@ -597,6 +654,16 @@ class WindowDecoder:
         base = np.maximum.accumulate(np.where(first_of_txn, csum - counted, 0)) if len(order) else csum
         position = np.zeros(n, dtype=np.int64)
         position[order] = csum - counted - base
+        if continued is not None and txns and txns[0].commit_lsn == continued:
+            # The rest of a transaction given out in parts: positions go on from its last part.
+            first = order[tid_sorted == 0]
+            position[first] += self._pos_base
+            if split:
+                self._pos_base += len(first)
+            else:
+                self._open_commit_lsn, self._pos_base = None, 0
+        elif split:
+            self._open_commit_lsn, self._pos_base = txns[-1].commit_lsn, int((tid_sorted == len(txns) - 1).sum())
 
         # Relation versions, in the order they take effect.
         effective = sorted((int(effect_row[i]), i) for i in relation_rows if effect_row[i] >= 0)
