@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ from pg2delta.changes import (
     POS_COL,
     TS_COL,
     XID_COL,
+    BatchLike,
     RelationVersion,
     TruncateEvent,
 )
@@ -125,7 +127,7 @@ class ChangelogWriter:
         run_id: str,
         window_start: int,
         window_end: int,
-        tables: Sequence[tuple[RelationVersion, Sequence[pa.RecordBatch], Sequence[TruncateEvent]]],
+        tables: Sequence[tuple[RelationVersion, Sequence[BatchLike], Sequence[TruncateEvent]]],
     ) -> list[dict[str, Any]]:
         """Append the window's rows past each changelog's end; returns the changelog log rows to write."""
         logged: list[dict[str, Any]] = []
@@ -138,11 +140,15 @@ class ChangelogWriter:
             if (schema, name) not in self._last_lsn:
                 self._last_lsn[(schema, name)] = engine.max_of(uri, LSN_COL)
             last = self._last_lsn[(schema, name)]
-            rows = window_rows(batches, truncates)
-            columns = [c for c in rows.column_names if c not in META_NAMES] if rows is not None and batches else list(version.column_names)
-            if rows is not None and last is not None:
-                rows = rows.filter(pc.greater(rows.column(LSN_COL), last))
-            appended = 0
+            if any(b.spilled for b in batches):
+                appended, columns = self._append_spilled(engine, run_id, uri, version, batches, truncates, last)
+                rows = None
+            else:
+                rows = window_rows([b.load() for b in batches], truncates)
+                columns = [c for c in rows.column_names if c not in META_NAMES] if rows is not None and batches else list(version.column_names)
+                if rows is not None and last is not None:
+                    rows = rows.filter(pc.greater(rows.column(LSN_COL), last))
+                appended = 0
             if rows is not None and rows.num_rows:
                 rows = self._conform(engine, uri, rows)
                 engine.append(uri, rows, fill_missing=True)
@@ -169,6 +175,50 @@ class ChangelogWriter:
                 }
             )
         return logged
+
+    def _append_spilled(
+        self,
+        engine: Engine,
+        run_id: str,
+        uri: str,
+        version: RelationVersion,
+        batches: Sequence[BatchLike],
+        truncates: Sequence[TruncateEvent],
+        last: int | None,
+    ) -> tuple[int, list[str]]:
+        """The changelog rows of a spilled window (pg2delta.spill): staged batch by batch, appended in
+        one commit. Returns the rows appended and the columns of the changes."""
+        schema, name = version.qualified_name
+        staged = f"{run_id}/changelog-{uuid.uuid4().hex[:8]}"
+        columns: list[str] = []
+        parts = [*([b] for b in batches), []]  # the truncates go in a part of their own
+        appended, newest = 0, None
+        try:
+            for n, part in enumerate(parts):
+                rows = window_rows([b.load() for b in part], [] if part else truncates)
+                if rows is None:
+                    continue
+                for c in rows.column_names:
+                    if c not in META_NAMES and c not in columns:
+                        columns.append(c)
+                if last is not None:
+                    rows = rows.filter(pc.greater(rows.column(LSN_COL), last))
+                if not rows.num_rows:
+                    continue
+                rows = self._conform(engine, uri, rows)
+                self.lake.stage(rows, f"{staged}/part-{n:06d}")
+                known = self._types.get(uri) or {}
+                self._types[uri] = {**{f.name: spark_type(f.type) for f in rows.schema}, **known}
+                appended += rows.num_rows
+                high = int(pc.max(rows.column(LSN_COL)).as_py())
+                newest = high if newest is None else max(newest, high)
+            if appended:
+                engine.append_staged(uri, self.lake.staging_uri(staged), fill_missing=True)
+                self._last_lsn[(schema, name)] = newest
+                log.info("changelog %s.%s: %d rows appended", schema, name, appended)
+        finally:
+            self.lake.unstage_dir(staged)
+        return appended, columns or list(version.column_names)
 
     def _conform(self, engine: Engine, uri: str, rows: pa.Table) -> pa.Table:
         """Follow a widened column: rewrite the changelog once with the wider type (as the table's

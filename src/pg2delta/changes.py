@@ -30,6 +30,7 @@ import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -121,10 +122,47 @@ class RelationVersion:
 KeyResolver = Callable[[po.Relation], Sequence[str] | None]
 
 
+class BatchLike(Protocol):
+    """Rows of one relation version in commit order: a :class:`ChangeBatch` in memory, or spilled
+    to a file (:class:`pg2delta.spill.SpilledBatch`)."""
+
+    @property
+    def relation(self) -> RelationVersion: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def first_lsn(self) -> int: ...
+    @property
+    def max_lsn(self) -> int: ...
+    @property
+    def spilled(self) -> bool: ...
+    def load(self) -> pa.RecordBatch: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ChangeBatch:
     relation: RelationVersion
     batch: pa.RecordBatch  # schema == relation.schema, rows in commit order
+
+    spilled = False
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.batch.num_rows)
+
+    @property
+    def first_lsn(self) -> int:
+        """Commit LSN of the first row (0 when empty)."""
+        return int(self.batch.column(LSN_COL)[0].as_py()) if self.batch.num_rows else 0
+
+    @property
+    def max_lsn(self) -> int:
+        """Commit LSN of the last row (0 when empty); rows are in commit order."""
+        return int(self.batch.column(LSN_COL)[-1].as_py()) if self.batch.num_rows else 0
+
+    def load(self) -> pa.RecordBatch:
+        """The rows (a spilled batch reads them back from its file, see :mod:`pg2delta.spill`)."""
+        return self.batch
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,6 +210,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "windows": len(report.windows),
         "rows_read": sum(w.rows for w in report.windows),
         "changes": report.changes,
+        "spilled_rows": sum(w.spilled_rows for w in report.windows),
         "tables": tables,
     }
     if args.json:

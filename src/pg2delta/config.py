@@ -39,6 +39,11 @@ class WindowConfig:
     # MERGE on Apache Spark has a fixed cost of about a second, so a window touching many tables
     # would otherwise cost that many seconds. 1 merges them one after the other.
     parallel_tables: int = 4
+    # Bytes of decoded changes a window holds in memory; past them the window's changes spill to
+    # staged Parquet files and are reduced by the engine (pg2delta.spill).
+    memory_budget: int = 256 << 20
+    # Rows of one open transaction the decoder holds before giving out its first part.
+    split_rows: int = 50_000
 
 
 PARTITION_MODES = ("leaf", "root")
@@ -94,6 +99,7 @@ _ENV: dict[str, tuple[str, str, type]] = {
     "PG2DELTA_REMOTE": ("engine", "remote", str),
     "PG2DELTA_MAX_CHANGES": ("window", "max_changes", int),
     "PG2DELTA_MAX_BYTES": ("window", "max_bytes", int),
+    "PG2DELTA_MEMORY_BUDGET": ("window", "memory_budget", int),
     "PG2DELTA_PARALLEL_TABLES": ("window", "parallel_tables", int),
 }
 
@@ -161,6 +167,8 @@ def load(
         "remote": ("engine", "remote"),
         "max_changes": ("window", "max_changes"),
         "max_bytes": ("window", "max_bytes"),
+        "memory_budget": ("window", "memory_budget"),
+        "split_rows": ("window", "split_rows"),
     }
     for flag, value in flags.items():
         if value is None:
@@ -241,7 +249,11 @@ def validate(config: Config, *, need_source: bool = True) -> None:
         raise ConfigError("no lake root: set lake.root, PG2DELTA_LAKE or --lake")
     if config.engine.kind not in ENGINES:
         raise ConfigError(f"unknown engine {config.engine.kind!r}; choose one of {', '.join(ENGINES)}")
-    if config.window.max_changes < 1 or config.window.max_bytes < 1 or config.window.parallel_tables < 1:
-        raise ConfigError("window.max_changes, window.max_bytes and window.parallel_tables must be positive")
+    w = config.window
+    if min(w.max_changes, w.max_bytes, w.parallel_tables, w.memory_budget, w.split_rows) < 1:
+        raise ConfigError(
+            "window.max_changes, window.max_bytes, window.parallel_tables, window.memory_budget and "
+            "window.split_rows must be positive"
+        )
     if not config.source.slot or not config.source.publication:
         raise ConfigError("source.slot and source.publication must not be empty")

@@ -262,6 +262,19 @@ class Lake:
             raise LakeError(f"cannot write staging file {local}: {exc}") from exc
         return self.table_uri(rel)
 
+    def staging_uri(self, name: str) -> str:
+        """The URI of ``name`` (a file or directory) in the lake's staging area."""
+        return self.table_uri(f"_pg2delta/staging/{name}")
+
+    def unstage_dir(self, name: str) -> None:
+        """Remove the directory ``name`` of the staging area, with everything in it."""
+        try:
+            self.fs.delete_dir(f"{self.path}/_pg2delta/staging/{name}")
+        except FileNotFoundError:
+            pass
+        except (OSError, pa.ArrowException):
+            log.warning("could not remove staging directory %s", name)
+
     def unstage(self, uri: str) -> None:
         try:
             self.fs.delete_file(self._local(uri))
@@ -532,6 +545,94 @@ class Engine:
             except Exception:
                 log.debug("could not drop temp view %s", view)
 
+    def merge_reduced(
+        self,
+        uri: str,
+        changes_dir: str,
+        statement_for: Any,
+        *,
+        work: str,
+        key_names: Sequence[str],
+        data_columns: Sequence[str],
+        toast_columns: Sequence[str],
+        lookup_version: int | None,
+        nullable_keys: bool,
+        optional: Collection[str] = (),
+        txn: Txn | None = None,
+    ) -> int:
+        """Reduce the staged changes under ``changes_dir`` to one row per key in the engine and MERGE them
+        (a spilled window, see :mod:`pg2delta.spill`); returns the number of rows merged.
+
+        ``toast_columns``: the columns some change sent as unchanged TOAST; their values come from
+        earlier changes of the row, else from the table at ``lookup_version``. ``work``: a name in the
+        staging area for the intermediate results (removed here).
+        """
+        from pg2delta import merge as m
+        from pg2delta.errors import DataError
+
+        views: list[str] = []
+
+        def view(df: Any) -> str:
+            name = f"pg2delta_{uuid.uuid4().hex[:12]}"
+            df.createOrReplaceTempView(name)
+            views.append(name)
+            return name
+
+        def materialized(df: Any, part: str) -> str:
+            # Written out and read back: the next step starts from files, not from a growing plan.
+            target = self.lake.staging_uri(f"{work}/{part}")
+            df.write.mode("overwrite").parquet(target)
+            return view(self.spark.read.parquet(target))
+
+        try:
+            changes = view(self.spark.read.parquet(changes_dir))
+            ordered = view(self.spark.sql(m.ordered_changes_sql(changes, key_names, toast_columns)))
+            chain = lake = None
+            if toast_columns:
+                chain = materialized(self.spark.sql(m.toast_chain_sql(ordered, key_names, toast_columns)), "chain-0")
+                step = 0
+                while self.spark.sql(f"SELECT 1 FROM {chain} WHERE {m.unresolved_sql(chain, toast_columns)} LIMIT 1").collect():
+                    step += 1
+                    if step > 64:
+                        raise LakeError(f"unchanged TOAST of {uri}: the chain of key changes did not resolve in 64 steps")
+                    chain = materialized(self.spark.sql(m.resolve_step_sql(chain, toast_columns)), f"chain-{step}")
+                if (lookup_version is None or lookup_version >= 0) and self.lake.delta_version(uri) is not None:
+                    table = self._read_version(uri, lookup_version)
+                    present = set(table.columns)
+                    cols = [
+                        m.quote(c) if c in present else f"NULL AS {m.quote(c)}"
+                        for c in dict.fromkeys([*key_names, *toast_columns])
+                    ]
+                    lake = view(table.selectExpr(*cols, f"true AS {m.PRESENT}"))
+            final_sql = m.final_source_sql(
+                ordered, chain, lake, key_names, data_columns, toast_columns,
+                nullable_keys=nullable_keys, optional=optional,
+            )
+            final = materialized(self.spark.sql(final_sql), "final")
+            if chain is not None:
+                lost = self.spark.sql(f"SELECT {m.LAKE_KEY} FROM {final} WHERE {m.MISSING} LIMIT 1").collect()
+                if lost:
+                    raise DataError(
+                        f"cannot recover an unchanged TOAST value in {uri} (row {lost[0][0].asDict()}): the row is "
+                        "neither in this window nor in the lake; run pg2delta bootstrap for this table "
+                        "or set REPLICA IDENTITY FULL on it"
+                    )
+            merged = int(self.spark.sql(f"SELECT count(*) AS n FROM {final}").collect()[0]["n"])
+            with self._txn(txn):
+                self._sql(statement_for(self.target(uri), final), f"MERGE into {uri}")
+            return merged
+        except (LakeError, DataError):
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot reduce the staged changes of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            for name in views:
+                try:
+                    self.spark.catalog.dropTempView(name)
+                except Exception:
+                    log.debug("could not drop temp view %s", name)
+            self.lake.unstage_dir(work)
+
     def replace_table(self, uri: str, staged_dir: str) -> None:
         """Make the Delta table at ``uri`` hold exactly the Parquet files under ``staged_dir``, in one commit.
 
@@ -632,7 +733,14 @@ class Engine:
         """
         staged = self.lake.stage(table, f"append-{uuid.uuid4().hex}")
         try:
-            df = self.spark.read.parquet(staged)
+            self.append_staged(uri, staged, fill_missing=fill_missing, txn=txn)
+        finally:
+            self.lake.unstage(staged)
+
+    def append_staged(self, uri: str, staged: str, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
+        """:meth:`append` of the staged Parquet file or directory ``staged`` (its files' schemas merged)."""
+        try:
+            df = self.spark.read.option("mergeSchema", "true").parquet(staged)
             if fill_missing and self.lake.delta_version(uri) is not None:
                 from pyspark.sql import functions as F
 
@@ -646,8 +754,6 @@ class Engine:
             writer.save(uri)
         except Exception as exc:
             raise LakeError(f"cannot append to {uri}: {' '.join(str(exc).split())[:500]}") from exc
-        finally:
-            self.lake.unstage(staged)
 
     def read_table(self, uri: str) -> list[dict[str, Any]]:
         """All rows of a (small) Delta table, or [] if it does not exist."""

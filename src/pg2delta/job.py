@@ -43,7 +43,7 @@ from pg2delta.changes import (
     META_NAMES,
     OP_COL,
     POS_COL,
-    TS_COL,
+    TOAST_COL,
     ChangeBatch,
     DecodedChunk,
     RelationVersion,
@@ -55,8 +55,9 @@ from pg2delta.engine import Engine, Lake, Txn
 from pg2delta.errors import DataError, DecodeError, SchemaError
 from pg2delta.lsn import format_lsn
 from pg2delta.merge import Reduced, merge_statement, reduce_changes
-from pg2delta.schema import Plan, Shape, conform, plan, shape_cut, shape_of
+from pg2delta.schema import Plan, Shape, conform, conform_batches, plan, shape_cut, shape_of
 from pg2delta.slot import SlotSource, WindowRead, connect
+from pg2delta.spill import Batch, SpilledBatch, Spiller, newest_ts
 from pg2delta.typemap import ColumnCodec, value_of_text_array
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ class WindowReport:
     transactions: int = 0
     tables: list[TableReport] = field(default_factory=list)
     seconds: float = 0.0
+    spilled_rows: int = 0  # decoded changes the window spilled past the memory budget (pg2delta.spill)
 
 
 @dataclass
@@ -156,7 +158,7 @@ class _TableWindow:
     """Everything one window holds for one table."""
 
     oid: int
-    batches: list[ChangeBatch] = field(default_factory=list)
+    batches: list[Batch] = field(default_factory=list)
     truncates: list[TruncateEvent] = field(default_factory=list)
 
     @property
@@ -166,11 +168,15 @@ class _TableWindow:
 
     def cut(self, lsn: int) -> None:
         """Keep only the changes of transactions whose commit LSN is before ``lsn``."""
-        kept: list[ChangeBatch] = []
+        kept: list[Batch] = []
         for b in self.batches:
-            rows = b.batch.filter(pc.less(b.batch.column(LSN_COL), lsn))
-            if rows.num_rows:
-                kept.append(ChangeBatch(b.relation, rows))
+            if b.max_lsn < lsn:
+                kept.append(b)
+            elif b.first_lsn < lsn:
+                batch = b.load()
+                rows = batch.filter(pc.less(batch.column(LSN_COL), lsn))
+                if rows.num_rows:
+                    kept.append(ChangeBatch(b.relation, rows))
         self.batches = kept
         self.truncates = [t for t in self.truncates if t.commit_lsn < lsn]
 
@@ -183,6 +189,19 @@ class _Target:
     schema: str
     table: str
     parts: list[_TableWindow] = field(default_factory=list)
+
+
+@dataclass
+class StagedChanges:
+    """A table's changes of a spilled window, conformed and filtered, as Parquet files in the staging
+    area (``name`` there, at ``uri``), with what the run reports of them."""
+
+    name: str | None
+    uri: str | None
+    rows: int = 0
+    files: int = 0
+    ops: collections.Counter[str] = field(default_factory=collections.Counter)
+    toast_columns: tuple[str, ...] = ()
 
 
 @dataclass
@@ -218,7 +237,7 @@ class _Progress:
             log.info("reading window: %d rows, %.1f MB, %.0f rows/s%s", self.rows, self.bytes / 1e6, rate, done)
 
 
-def _live(tgt: _Target, lsn: int) -> list[list[ChangeBatch]]:
+def _live(tgt: _Target, lsn: int) -> list[list[Batch]]:
     """The batches of each part of ``tgt`` that hold changes at or after the table's applied LSN.
 
     Normally all of them (a window starts where the last applied one ended); after a resync the
@@ -226,7 +245,7 @@ def _live(tgt: _Target, lsn: int) -> list[list[ChangeBatch]]:
     were made, are not the lake's concern any more.
     """
     return [
-        [b for b in tw.batches if b.batch.num_rows and (pc.max(b.batch.column(LSN_COL)).as_py() or 0) >= lsn]
+        [b for b in tw.batches if b.num_rows and b.max_lsn >= lsn]
         for tw in tgt.parts
     ]
 
@@ -310,9 +329,27 @@ class Job:
         key_resolver: Callable[[po.Relation], Sequence[str] | None],
     ) -> WindowReport:
         t0 = time.monotonic()
-        rd = self._read(src, start, upper, catalog, key_resolver)
+        spiller = Spiller(self.lake, run_id, self.config.window.memory_budget)
+        try:
+            return self._window_spilling(src, run_id, start, upper, applied, catalog, key_resolver, spiller, t0)
+        finally:
+            spiller.remove()
+
+    def _window_spilling(
+        self,
+        src: SlotSource,
+        run_id: str,
+        start: int,
+        upper: int,
+        applied: dict[int, Applied],
+        catalog: PgTypeCatalog,
+        key_resolver: Callable[[po.Relation], Sequence[str] | None],
+        spiller: Spiller,
+        t0: float,
+    ) -> WindowReport:
+        rd = self._read(src, start, upper, catalog, key_resolver, spiller)
         end, tables, read, transactions = rd.end, rd.tables, rd.read, rd.transactions
-        window = WindowReport(start, end, read.rows, read.bytes, transactions)
+        window = WindowReport(start, end, read.rows, read.bytes, transactions, spilled_rows=spiller.spilled_rows)
         fault_point("after_read")
         targets = self._targets(tables, applied)
         ordered = sorted(targets, key=lambda t: (t.schema, t.table))
@@ -328,7 +365,7 @@ class Job:
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
         changelog_log = self.changelog.append(
-            self.engine, run_id, start, end, [(tw.latest, [b.batch for b in tw.batches], tw.truncates) for tw in relations]
+            self.engine, run_id, start, end, [(tw.latest, tw.batches, tw.truncates) for tw in relations]
         )
         fault_point("after_changelog")
         window.tables.extend(
@@ -371,13 +408,15 @@ class Job:
         upper: int,
         catalog: PgTypeCatalog,
         key_resolver: Callable[[po.Relation], Sequence[str] | None],
+        spiller: Spiller,
     ) -> _Read:
         """Peek one window from ``src`` (capped like every window, then cut at a table's shape change)
-        and decode it per relation: the part of a window the run and ``pg2delta plan`` share."""
+        and decode it per relation: the part of a window the run and ``pg2delta plan`` share.
+        Past the memory budget the decoded batches go to ``spiller``'s files."""
         cfg = self.config
         # Old rows of updates are kept (as 'B' rows) only for changelogs; the apply drops them.
         keep_old = cfg.changelog or any(t.changelog for t in cfg.tables.values())
-        decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old)
+        decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old, split_rows=cfg.window.split_rows)
         tables: dict[int, _TableWindow] = {}
         progress = _Progress(start, upper)
         read: WindowRead | None = None
@@ -391,9 +430,17 @@ class Job:
                 notes[name] += count
             for batch in decoded.changes:
                 tables.setdefault(batch.relation.oid, _TableWindow(batch.relation.oid)).batches.append(batch)
+                spiller.add(batch)
             for trunc in decoded.truncates:
                 for version in trunc.relations:
                     tables.setdefault(version.oid, _TableWindow(version.oid)).truncates.append(trunc)
+            if decoded.retracted is not None:
+                # A transaction given out in parts that did not commit in the window (it is the last).
+                for tw in tables.values():
+                    tw.cut(decoded.retracted)
+            if spiller.over():
+                spiller.spill(tw.batches for tw in tables.values())
+                fault_point("after_spill")
 
         for item in src.read_window(upper, max_changes=cfg.window.max_changes, max_bytes=cfg.window.max_bytes):
             if isinstance(item, WindowRead):
@@ -682,7 +729,7 @@ class Job:
                         codecs.setdefault(c, b.relation.codecs[names.index(c)])
                 lacking = [c for c in candidates if c not in names and c not in appeared]
                 if lacking:
-                    rows = _rows_written(b.batch, applied_lsn, last_truncate)
+                    rows = _rows_written(b.load(), applied_lsn, last_truncate)
                     for c in lacking:
                         early[c] += rows
                 appeared.update(names)
@@ -783,6 +830,39 @@ class Job:
             changes = changes.filter(after)
         return changes, truncates, kept_by_update
 
+    def _stage_changes(
+        self, tgt: _Target, pl: Plan, applied_lsn: int, name: str | None
+    ) -> tuple[StagedChanges, set[str]]:
+        """:meth:`_table_changes` for a window with spilled batches: conformed and filtered batch by
+        batch into Parquet files under the staging area's ``name`` (None: only counted, for
+        ``pg2delta plan``), never gathered on the driver. Returns them and the columns kept by updates."""
+        truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+        last = max(truncates, key=lambda t: (t.commit_lsn, t.pos)) if truncates else None
+        kept_by_update: set[str] = set()
+        staged = StagedChanges(name, self.lake.staging_uri(name) if name is not None else None)
+        toast: set[str] = set()
+        for t in conform_batches(_live(tgt, applied_lsn), pl, kept_by_update):
+            lsn, pos = t.column(LSN_COL), t.column(POS_COL)
+            keep = pc.and_(pc.not_equal(t.column(OP_COL), BEFORE_OP), pc.greater_equal(lsn, applied_lsn))
+            if last is not None:
+                keep = pc.and_(keep, pc.or_(
+                    pc.greater(lsn, last.commit_lsn), pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos))
+                ))
+            t = t.filter(keep)
+            if not t.num_rows:
+                continue
+            for c in pc.value_counts(t.column(OP_COL)).to_pylist():
+                staged.ops[c["values"]] += c["counts"]
+            marks = pc.list_flatten(t.column(TOAST_COL))
+            if len(marks):
+                toast.update(x for x in pc.unique(marks).to_pylist() if x is not None)
+            if name is not None:
+                self.lake.stage(t, f"{name}/part-{staged.files:06d}")
+                staged.files += 1
+            staged.rows += t.num_rows
+        staged.toast_columns = tuple(sorted(toast))
+        return staged, kept_by_update
+
     def _apply_table(
         self, run_id: str, tgt: _Target, pl: Plan | None, applied: Applied | None, window_end: int
     ) -> TableReport:
@@ -798,13 +878,18 @@ class Job:
             log.info("skipped %s.%s: not copied yet, the next run copies it", schema, name)
             report.skipped = True
             return report
-        changes, truncates, kept_by_update = self._table_changes(tgt, pl, applied_lsn)
+        changes: pa.Table | StagedChanges | None
+        if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
+            truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+            changes, kept_by_update = self._stage_changes(tgt, pl, applied_lsn, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+        else:
+            changes, truncates, kept_by_update = self._table_changes(tgt, pl, applied_lsn)
         report.truncated = bool(truncates)
         # The table's newest change in the window is its commit's idempotent-write version: a
         # replay of the window holds the same changes (or more, then a higher version) for it.
         newest = max(
             [t.commit_lsn for t in truncates]
-            + [pc.max(b.batch.column(LSN_COL)).as_py() or 0 for tw in tgt.parts for b in tw.batches if b.batch.num_rows]
+            + [b.max_lsn for tw in tgt.parts for b in tw.batches if b.num_rows]
             or [window_end]
         )
         txn = self._txn(newest)
@@ -848,7 +933,7 @@ class Job:
         self,
         report: TableReport,
         run_id: str,
-        changes: pa.Table | None,
+        changes: pa.Table | StagedChanges | None,
         key_names: list[str],
         data_columns: Sequence[str],
         *,
@@ -869,6 +954,16 @@ class Job:
         idempotent-write id of the commit. Shared by the run and by ``pg2delta backfill``.
         """
         schema, name, uri = report.schema, report.table, report.path
+        if isinstance(changes, StagedChanges):
+            try:
+                self._merge_staged(
+                    report, changes, key_names, data_columns, nullable_keys=nullable_keys,
+                    lookup_version=lookup_version, optional=optional, reshape=reshape, reshaped=reshaped, txn=txn,
+                )
+            finally:
+                if changes.name is not None:
+                    self.lake.unstage_dir(changes.name)
+            return
         reducing = self.reduce(schema, name, changes, key_names, data_columns)
         if reducing is None:
             if report.truncated and self.lake.delta_version(uri) is not None:
@@ -903,6 +998,65 @@ class Job:
         log.info(
             "applied %s.%s: %d inserts, %d updates, %d deletes%s -> delta version %s",
             schema, name, report.inserts, report.updates, report.deletes,
+            ", truncated" if report.truncated else "", report.delta_version,
+        )
+
+    def _merge_staged(
+        self,
+        report: TableReport,
+        staged: StagedChanges,
+        key_names: list[str],
+        data_columns: Sequence[str],
+        *,
+        nullable_keys: bool,
+        lookup_version: int | None,
+        optional: set[str] | None,
+        reshape: Callable[[], frozenset[str] | None] | None,
+        reshaped: Callable[[], None] | None,
+        txn: Txn | None,
+    ) -> None:
+        """:meth:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.spill)."""
+        schema, name, uri = report.schema, report.table, report.path
+        if staged.rows == 0 or staged.uri is None or staged.name is None:
+            if report.truncated and self.lake.delta_version(uri) is not None:
+                self.engine.delete_all(uri, txn=txn)
+                report.delta_version = self.lake.delta_version(uri)
+            return
+        data_columns = [c for c in data_columns if c not in META_NAMES]
+        if not key_names:
+            if set(staged.ops) - {"I"}:
+                raise SchemaError(
+                    f"table {schema}.{name} has no key but got updates or deletes; "
+                    f"set [tables.\"{schema}.{name}\"] key = [...] in the config"
+                )
+            key_names = [LSN_COL, POS_COL]
+            data_columns = [*data_columns, LSN_COL, POS_COL]
+        report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
+        existing = reshape() if reshape is not None else None
+        self.engine.ensure_table(uri, staged.uri, data_columns, existing)
+        if reshaped is not None:
+            reshaped()
+        truncate = report.truncated
+        report.rows_merged = self.engine.merge_reduced(
+            uri,
+            staged.uri,
+            lambda target, view: merge_statement(
+                target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys
+            ),
+            work=f"{staged.name}-reduce",
+            key_names=key_names,
+            data_columns=data_columns,
+            toast_columns=staged.toast_columns,
+            lookup_version=lookup_version,
+            nullable_keys=nullable_keys,
+            optional=optional or (),
+            txn=txn,
+        )
+        report.delta_version = self.lake.delta_version(uri)
+        log.info(
+            "applied %s.%s (reduced by the engine, %d changes in %d staged files): %d inserts, %d updates, "
+            "%d deletes%s -> delta version %s",
+            schema, name, staged.rows, staged.files, report.inserts, report.updates, report.deletes,
             ", truncated" if report.truncated else "", report.delta_version,
         )
 
@@ -1061,11 +1215,11 @@ def _newest_commit_ts(tgt: _Target, truncates: Sequence[TruncateEvent], applied_
     times = [t.commit_ts for t in truncates if t.commit_ts is not None]
     for tw in tgt.parts:
         for b in tw.batches:
-            if b.batch.num_rows and TS_COL in b.batch.schema.names:
-                rows = b.batch.filter(pc.greater_equal(b.batch.column(LSN_COL), applied_lsn))
-                newest = pc.max(rows.column(TS_COL).cast(pa.int64())).as_py() if rows.num_rows else None
-                if newest is not None:
-                    times.append(int(newest))
+            if b.max_lsn < applied_lsn or not b.num_rows:
+                continue
+            newest = b.newest_ts if isinstance(b, SpilledBatch) and b.first_lsn >= applied_lsn else newest_ts(b.load(), applied_lsn)
+            if newest is not None:
+                times.append(newest)
     return max(times) if times else None
 
 

@@ -28,17 +28,20 @@ snapshot, after the bound: their pending changes are then already in the copy).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pg2delta import pgoutput as po
 from pg2delta.catalog import PgTypeCatalog
+from pg2delta.engine import Lake
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.job import Applied, Job
 from pg2delta.lsn import format_lsn
 from pg2delta.schema import spark_type
 from pg2delta.slot import SlotSource, connect
+from pg2delta.spill import Spiller
 
 SCHEMA_VERSION = 1
 
@@ -155,8 +158,25 @@ def _plan_window(
     catalog: PgTypeCatalog,
     key_resolver: Callable[[po.Relation], Sequence[str] | None],
 ) -> WindowPlan:
+    # A window past the memory budget spills to a scratch directory of this machine: plan writes
+    # nothing to the lake.
+    with tempfile.TemporaryDirectory(prefix="pg2delta-plan-") as scratch:
+        spiller = Spiller(Lake(scratch), "plan", job.config.window.memory_budget)
+        return _plan_read_window(job, src, start, upper, applied, catalog, key_resolver, spiller)
+
+
+def _plan_read_window(
+    job: Job,
+    src: SlotSource,
+    start: int,
+    upper: int,
+    applied: dict[int, Applied],
+    catalog: PgTypeCatalog,
+    key_resolver: Callable[[po.Relation], Sequence[str] | None],
+    spiller: Spiller,
+) -> WindowPlan:
     try:
-        rd = job._read(src, start, upper, catalog, key_resolver)
+        rd = job._read(src, start, upper, catalog, key_resolver, spiller)
     except (SchemaError, DataError) as exc:
         window = WindowPlan(start, start)
         window.refusals.append(Refusal(None, start, str(exc)))
@@ -185,13 +205,25 @@ def _plan_window(
         uri = job.lake.table_uri(tgt.schema, tgt.table)
         try:
             pl = job._plan(tgt, before, start, end)
-            changes, truncates, _ = job._table_changes(tgt, pl, before.end_lsn if before is not None else 0)
-            tp.truncated = bool(truncates)
-            if pl is not None:
-                reducing = job.reduce(tgt.schema, tgt.table, changes, list(pl.key), [n for n, _ in pl.columns])
-                if reducing is not None:
-                    reduced = reducing[0]
-                    tp.inserts, tp.updates, tp.deletes = reduced.inserts, reduced.updates, reduced.deletes
+            applied_lsn = before.end_lsn if before is not None else 0
+            if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
+                # Counted batch by batch, as the run stages them (pg2delta.spill).
+                staged, _ = job._stage_changes(tgt, pl, applied_lsn, None)
+                tp.truncated = any(t.commit_lsn >= applied_lsn for tw in tgt.parts for t in tw.truncates)
+                if not pl.key and set(staged.ops) - {"I"}:
+                    raise SchemaError(
+                        f"table {tgt.schema}.{tgt.table} has no key but got updates or deletes; "
+                        f"set [tables.\"{tgt.schema}.{tgt.table}\"] key = [...] in the config"
+                    )
+                tp.inserts, tp.updates, tp.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
+            else:
+                changes, truncates, _ = job._table_changes(tgt, pl, applied_lsn)
+                tp.truncated = bool(truncates)
+                if pl is not None:
+                    reducing = job.reduce(tgt.schema, tgt.table, changes, list(pl.key), [n for n, _ in pl.columns])
+                    if reducing is not None:
+                        reduced = reducing[0]
+                        tp.inserts, tp.updates, tp.deletes = reduced.inserts, reduced.updates, reduced.deletes
         except (SchemaError, DataError) as exc:
             tp.refusal = str(exc)
             window.refusals.append(Refusal(tp.name, start, str(exc)))

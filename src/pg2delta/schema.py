@@ -21,12 +21,12 @@ every shape a window holds for a Delta table with the columns the Delta table al
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL, TOAST_COL, ChangeBatch, RelationVersion
+from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL, TOAST_COL, BatchLike, RelationVersion
 from pg2delta.errors import SchemaError
 
 # Digits an integer type needs left of the decimal point to fit in a decimal.
@@ -218,7 +218,7 @@ def shape_of(version: RelationVersion) -> Shape:
     return Shape(tuple((f.name, f.type) for f in fields), version.key_names)
 
 
-def shape_cut(tables: Sequence[Sequence[ChangeBatch]], truncate_lsns: Sequence[int] = ()) -> int | None:
+def shape_cut(tables: Sequence[Sequence[BatchLike]], truncate_lsns: Sequence[int] = ()) -> int | None:
     """The commit LSN of the first transaction after the window's first one that changes a table's
     shape (columns, types or key), or None: the window ends there, so every later window starts
     with one shape per table. Shapes changing inside the first transaction stay in the window.
@@ -226,7 +226,7 @@ def shape_cut(tables: Sequence[Sequence[ChangeBatch]], truncate_lsns: Sequence[i
     ``tables``: each table's batches of the window, in commit order; ``truncate_lsns``: the commit
     LSNs of the window's truncates.
     """
-    lsns = [int(b.batch.column(LSN_COL)[0].as_py()) for batches in tables for b in batches if b.batch.num_rows]
+    lsns = [b.first_lsn for batches in tables for b in batches if b.num_rows]
     lsns += list(truncate_lsns)
     if not lsns:
         return None
@@ -235,10 +235,10 @@ def shape_cut(tables: Sequence[Sequence[ChangeBatch]], truncate_lsns: Sequence[i
     for batches in tables:
         prev = None
         for b in batches:
-            if not b.batch.num_rows:
+            if not b.num_rows:
                 continue
             sig = shape_of(b.relation).signature()
-            lsn0 = int(b.batch.column(LSN_COL)[0].as_py())
+            lsn0 = b.first_lsn
             if prev is not None and sig != prev and lsn0 > first:
                 cut = lsn0 if cut is None else min(cut, lsn0)
                 break
@@ -246,7 +246,7 @@ def shape_cut(tables: Sequence[Sequence[ChangeBatch]], truncate_lsns: Sequence[i
     return cut
 
 
-def conform(parts: Sequence[Sequence[ChangeBatch]], pl: Plan) -> tuple[pa.Table | None, set[str]]:
+def conform(parts: Sequence[Sequence[BatchLike]], pl: Plan) -> tuple[pa.Table | None, set[str]]:
     """A window's changes of one Delta table as one table with the plan's columns and types, in commit
     order; ``parts`` holds the batches of each relation writing to it (several: partitions to a root).
 
@@ -254,15 +254,28 @@ def conform(parts: Sequence[Sequence[ChangeBatch]], pl: Plan) -> tuple[pa.Table 
     has: inserts hold NULL there, updates keep the value (marked like unchanged TOAST). Rows sent
     before a column of ``pl.fills`` appeared (a shape from before its ADD COLUMN) hold its value.
     """
-    tables: list[pa.Table] = []
     marked_columns: set[str] = set()
+    tables = list(conform_batches(parts, pl, marked_columns))
+    if not tables:
+        return None, marked_columns
+    changes = pa.concat_tables(tables)
+    if len(parts) > 1:
+        changes = changes.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
+    return changes, marked_columns
+
+
+def conform_batches(
+    parts: Sequence[Sequence[BatchLike]], pl: Plan, marked_columns: set[str]
+) -> Iterator[pa.Table]:
+    """:func:`conform` batch by batch (each part's in commit order, parts one after the other), for
+    windows too large to hold at once; the columns kept by updates are added to ``marked_columns``."""
     schema = pa.schema([*(pa.field(n, t) for n, t in pl.columns)])
     fills = dict(pl.fills)
     for batches in parts:
         seen = set(pl.existing)
         appeared: set[str] = set()  # columns some batch of this relation has had so far
         for b in batches:
-            t = pa.Table.from_batches([b.batch])
+            t = pa.Table.from_batches([b.load()])
             names = set(t.column_names)
             cols = []
             before_add = {n for n in fills if n not in names and n not in appeared}
@@ -287,10 +300,4 @@ def conform(parts: Sequence[Sequence[ChangeBatch]], pl: Plan) -> tuple[pa.Table 
                 )
             seen |= names
             appeared |= names
-            tables.append(out)
-    if not tables:
-        return None, marked_columns
-    changes = pa.concat_tables(tables)
-    if len(parts) > 1:
-        changes = changes.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
-    return changes, marked_columns
+            yield out
