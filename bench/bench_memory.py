@@ -1,0 +1,90 @@
+"""`make bench-memory`: peak memory of `pg2delta run` against the size of one transaction.
+
+Three windows of the mixed 10-column table of ``bench_decode.py``, each on a throwaway
+PostgreSQL (15 by default) with a temporary lake:
+
+(a) ``--changes`` inserts (default 1,000,000) in transactions of 10,000 rows;
+(b) the same number of inserts in **one** transaction;
+(c) ``--big`` inserts (default 5,000,000) in one transaction.
+
+Each is applied by the real CLI (``python -m pg2delta.cli run``, embedded engine, default
+settings unless ``--memory-budget`` is given) in a child process whose peak resident set size
+(``ru_maxrss`` from ``wait4``) is printed; the embedded engine runs inside that process, so its
+memory counts. The Delta table is then read with deltalake and must hold every row.
+
+Last line: ``memory_growth=<peak of (c) / peak of (a)>`` (target at most 1.3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_decode import PUB, SLOT, TABLE, make_window
+
+
+def run_cli(dsn: str, lake: Path, memory_budget: int | None) -> tuple[float, float, str]:
+    """``pg2delta run`` in a child process: (peak RSS in MB, seconds, its stderr's last line)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
+    if memory_budget is not None:
+        env["PG2DELTA_MEMORY_BUDGET"] = str(memory_budget)
+    args = [sys.executable, "-m", "pg2delta.cli", "run", "--dsn", dsn, "--slot", SLOT, "--publication", PUB,
+            "--lake", str(lake), "--json"]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - t0
+        err.seek(0)
+        lines = err.read().strip().splitlines()
+        out.seek(0)
+        report = out.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"pg2delta run exited {proc.returncode}: {' | '.join(lines[-5:])}")
+    spilled = next((ln.strip() for ln in report.splitlines() if '"spilled_rows"' in ln), "")
+    return usage.ru_maxrss / 1024, seconds, spilled
+
+
+def scenario(label: str, pg: int, rows: int, txn_rows: int, memory_budget: int | None) -> float:
+    win = make_window(pg, rows, txn_rows=txn_rows, update_share=0.0)
+    lake = Path(tempfile.mkdtemp(prefix="pg2delta-bench-memory-"))
+    try:
+        peak, seconds, spilled = run_cli(win.pg.dsn, lake, memory_budget)
+        from deltalake import DeltaTable
+
+        schema, name = TABLE.split(".")
+        held = DeltaTable(str(lake / schema / name)).to_pyarrow_table(columns=["id"]).num_rows
+        if held != rows:
+            raise SystemExit(f"({label}): the Delta table holds {held:,} rows, PostgreSQL {rows:,}")
+        print(f"({label}) {rows:,} inserts in transactions of {txn_rows:,}: run {seconds:.1f} s, "
+              f"{held:,} rows in Delta, {spilled or 'spilled_rows: ?'}", flush=True)
+        print(f"peak_rss_mb_{label}={peak:.0f}", flush=True)
+        return peak
+    finally:
+        win.pg.stop()
+        shutil.rmtree(lake, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--changes", type=int, default=1_000_000, help="rows of (a) and (b) (default 1,000,000)")
+    ap.add_argument("--big", type=int, default=5_000_000, help="rows of (c) (default 5,000,000)")
+    ap.add_argument("--pg", type=int, default=15, choices=(15, 18))
+    ap.add_argument("--memory-budget", type=int, default=None, help="window.memory_budget in bytes (default: the job's)")
+    args = ap.parse_args(argv)
+    a = scenario("a", args.pg, args.changes, 10_000, args.memory_budget)
+    scenario("b", args.pg, args.changes, args.changes, args.memory_budget)
+    c = scenario("c", args.pg, args.big, args.big, args.memory_budget)
+    print(f"memory_growth={c / a:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
