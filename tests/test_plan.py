@@ -31,10 +31,12 @@ def _flush_lsn(dsn: str) -> str:
     return str(row[0])
 
 
-def _plan_writes_nothing(dsn: str, slot: str, lake: Path, *args: str) -> tuple[int, dict[str, Any]]:
+def _plan_writes_nothing(
+    dsn: str, slot: str, lake: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     """``pg2delta plan --json``: its exit code and report, after checking that it moved and wrote nothing."""
     confirmed, files = confirmed_lsn(dsn, slot), lake_files(lake)
-    done = cli("plan", *args, "--json")
+    done = cli("plan", *args, "--json", env=env)
     assert done.returncode in (0, 78), done.stderr[-2000:]
     assert confirmed_lsn(dsn, slot) == confirmed, "plan moved the slot"
     assert lake_files(lake) == files, "plan wrote to the lake"
@@ -50,8 +52,14 @@ def _per_table(tables: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int, i
     return {n: (t["inserts"], t["updates"], t["deletes"], t["truncated"]) for n, t in tables.items()}
 
 
-@pytest.mark.parametrize("max_changes", [None, 60], ids=["one-window", "small-windows"])
-def test_plan_counts_equal_the_run(pgdb: str, tmp_path: Path, max_changes: int | None) -> None:
+@pytest.mark.parametrize(
+    ("max_changes", "spill"),
+    [(None, False), (60, False), (None, True)],
+    ids=["one-window", "small-windows", "one-window-spilled"],
+)
+def test_plan_counts_equal_the_run(pgdb: str, tmp_path: Path, max_changes: int | None, spill: bool) -> None:
+    # spill: a memory budget of one byte, so plan and run both take the spilled path (pg2delta.spill)
+    env = {"PG2DELTA_MEMORY_BUDGET": "1"} if spill else None
     slot, pub = _names()
     lake = tmp_path / "lake"
     create_schema(pgdb, pub)
@@ -66,13 +74,14 @@ def test_plan_counts_equal_the_run(pgdb: str, tmp_path: Path, max_changes: int |
         assert first.returncode == 0, first.stderr[-2000:]
         wl.phase(60)
     bound = _flush_lsn(pgdb)
-    code, planned = _plan_writes_nothing(pgdb, slot, lake, *common, "--until-lsn", bound)
+    code, planned = _plan_writes_nothing(pgdb, slot, lake, *common, "--until-lsn", bound, env=env)
     assert code == 0, planned["refusals"]
     assert planned["refusals"] == [] and planned["exact"] is True
     assert planned["changes"] > 0
-    done = cli("run", *common, "--until-lsn", bound, "--json")
+    done = cli("run", *common, "--until-lsn", bound, "--json", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     ran = json.loads(done.stdout)
+    assert (ran["spilled_rows"] > 0) == spill
     assert _per_table(planned["tables"]) == _per_table(ran["tables"])
     assert planned["window_count"] == ran["windows"] == len(planned["windows"])
     assert planned["to_lsn"] == ran["to_lsn"]
