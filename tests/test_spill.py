@@ -89,9 +89,16 @@ def test_one_transaction_larger_than_the_budget(pgdb: str, tmp_path: Path) -> No
         conn.execute("UPDATE acct SET big = id WHERE id % 7 = 0")
         conn.execute("DELETE FROM acct WHERE id % 11 = 0")
         conn.execute("UPDATE acct SET id = id + 100000 WHERE id % 13 = 0")
-    report = run(cfg)
-    (window,) = report.windows
+        conn.commit()
+        for k in range(5):  # later transactions: windows after the big one
+            conn.execute("UPDATE acct SET big = %s WHERE id = (SELECT min(id) FROM acct)", (k,))
+            conn.commit()
+    # The big transaction alone is over max_bytes: its window ends at its commit, the next ones follow.
+    capped = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake), max_bytes=100_000, **SPILL)
+    report = run(capped)
+    window = report.windows[0]
     assert window.transactions == 1
+    assert len(report.windows) > 1
     assert window.spilled_rows >= 3000
     assert_lake_matches(pgdb, lake)
     assert len(DeltaTable(str(lake / ACCT.schema / ACCT.name)).to_pyarrow_table()) == 3000 - 3000 // 11

@@ -350,7 +350,11 @@ class SlotSource:
                         if capped_by_bytes:
                             break
                 if capped_by_bytes:
+                    # Stop the server, then take what it sent before stopping: psycopg leaves a COPY TO
+                    # left early unread, and the connection would refuse every later command.
                     self.conn.cancel_safe()
+                    for _ in copy:
+                        pass
         except psycopg.errors.QueryCanceled:
             if not capped_by_bytes:
                 raise ConnectionFailed("the window read was cancelled by the server") from None
