@@ -105,6 +105,39 @@ def add_e2e_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-changes", type=int, default=None, help="window.max_changes of the job (default: the job's)")
     ap.add_argument("--keep-lake", action="store_true", help="keep the temporary lake and print where it is")
     ap.add_argument("--engine", default="embedded", choices=("embedded", "spark"), help="engine.kind (default embedded)")
+    ap.add_argument("--no-fixed-costs", action="store_true", help="skip the idle and 10,000-change runs after the window")
+
+
+def cli_run(dsn: str, lake: Path, engine: str) -> tuple[float, dict[str, Any]]:
+    """``pg2delta run --json`` in a child process, as a scheduler starts it: (seconds, its report)."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
+    args = [sys.executable, "-m", "pg2delta.cli", "run", "--dsn", dsn, "--slot", SLOT, "--publication", PUB,
+            "--lake", str(lake), "--engine", engine, "--json"]
+    t0 = time.perf_counter()
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"pg2delta run exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+    return seconds, json.loads(done.stdout)
+
+
+def fixed_costs(dsn: str, lake: Path, engine: str) -> None:
+    """What a run costs when there is (almost) nothing to do: the process, the engine, the checks."""
+    seconds, report = cli_run(dsn, lake, engine)
+    assert report["idle"], report
+    print(f"idle run (pg2delta run in a new process, nothing to do): {seconds:.2f} s")
+    print(f"idle_run_seconds={seconds:.2f}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for lo in range(1, 10_001, 1000):
+            conn.execute(f"UPDATE {TABLE} SET qty = qty + 1 WHERE id BETWEEN %s AND %s", (lo, lo + 999))
+    seconds, report = cli_run(dsn, lake, engine)
+    assert report["changes"] == 10_000, report
+    print(f"small run (pg2delta run in a new process, 10,000 updates in 10 transactions): {seconds:.2f} s")
+    print(f"small_run_seconds={seconds:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +214,8 @@ def measure(args: argparse.Namespace) -> float | None:
         if not ok:
             print("MISMATCH: the Delta table does not hold what PostgreSQL holds", file=sys.stderr)
             return None
+        if not args.no_fixed_costs:
+            fixed_costs(dsn, lake, args.engine)
         return (n / t_job) / (n / t_server)
     finally:
         win.pg.stop()

@@ -609,6 +609,7 @@ class Engine:
                 nullable_keys=nullable_keys, optional=optional,
             )
             final = materialized(self.spark.sql(final_sql), "final")
+            log.debug("%s: the changes reduced to one row per key (staged)", uri)
             if chain is not None:
                 lost = self.spark.sql(f"SELECT {m.LAKE_KEY} FROM {final} WHERE {m.MISSING} LIMIT 1").collect()
                 if lost:
@@ -618,6 +619,7 @@ class Engine:
                         "or set REPLICA IDENTITY FULL on it"
                     )
             merged = int(self.spark.sql(f"SELECT count(*) AS n FROM {final}").collect()[0]["n"])
+            log.debug("%s: %d rows to merge", uri, merged)
             with self._txn(txn):
                 self._sql(statement_for(self.target(uri), final), f"MERGE into {uri}")
             return merged
