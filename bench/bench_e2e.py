@@ -128,8 +128,8 @@ def cli_run(dsn: str, lake: Path, engine: str) -> tuple[float, dict[str, Any]]:
 def fixed_costs(dsn: str, lake: Path, engine: str) -> None:
     """What a run costs when there is (almost) nothing to do: the process, the engine, the checks."""
     seconds, report = cli_run(dsn, lake, engine)
-    assert report["idle"], report
-    print(f"idle run (pg2delta run in a new process, nothing to do): {seconds:.2f} s")
+    assert report["changes"] == 0, report  # (the slot may still move over WAL of other tables)
+    print(f"idle run (pg2delta run in a new process, no changes to apply): {seconds:.2f} s")
     print(f"idle_run_seconds={seconds:.2f}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         for lo in range(1, 10_001, 1000):
