@@ -29,7 +29,7 @@ from changelog_support import write_config
 from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
 from pg2delta.throwaway import ThrowawayPostgres
-from workload import TABLES, Workload, assert_lake_matches, confirmed_lsn, create_schema, lake_files
+from workload import ACCT, TABLES, Workload, assert_lake_matches, confirmed_lsn, create_schema, lake_files
 
 REPO = Path(__file__).resolve().parents[1]
 AIRFLOW_VENV = Path(os.environ.get("PG2DELTA_AIRFLOW_VENV", REPO / ".venv-airflow"))
@@ -127,9 +127,10 @@ def test_example_dags_parse(airflow: Airflow) -> None:
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["errors"] == {}, found["errors"]
     assert set(found["apps"]) == {
-        f"pg2delta_{engine}_{what}" for engine in ("embedded", "spark") for what in ("run", "bootstrap", "backfill")
+        f"pg2delta_{engine}_{what}" for engine in ("embedded", "spark")
+        for what in ("run", "bootstrap", "backfill", "maintain")
     }
-    for what in ("run", "bootstrap", "backfill"):
+    for what in ("run", "bootstrap", "backfill", "maintain"):
         (app,) = found["apps"][f"pg2delta_spark_{what}"]
         assert Path(app) == REPO / "jobs" / f"pg2delta_{what}.py" and Path(app).exists(), app
 
@@ -214,6 +215,14 @@ def test_embedded_dags(airflow: Airflow, server: ThrowawayPostgres, tmp_path: Pa
     assert back.returncode == 0, _tail(back)
     assert airflow.tasks("pg2delta_embedded_backfill") == {"backfill": ("success", 1)}
     assert_lake_matches(dsn, copy, TABLES, context="backfill DAG into a copy")
+
+    # The maintenance DAG compacts the many small files the runs left; no row changes.
+    files = len(DeltaTable(str(lake / ACCT.schema / ACCT.name)).file_uris())
+    maint = airflow.dags_test("pg2delta_embedded_maintain", config)
+    assert maint.returncode == 0, _tail(maint)
+    assert airflow.tasks("pg2delta_embedded_maintain") == {"maintain": ("success", 1)}
+    assert len(DeltaTable(str(lake / ACCT.schema / ACCT.name)).file_uris()) < max(files, 2)
+    assert_lake_matches(dsn, lake, TABLES, context="maintain DAG")
 
 
 def _lsn(value: int) -> str:

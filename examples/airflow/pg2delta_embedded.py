@@ -159,3 +159,23 @@ with DAG(
         retries=2,  # a backfill reads only the lake; a stopped one continues where it was
         retry_delay=RETRY_DELAY,
     )
+
+with DAG(
+    dag_id="pg2delta_embedded_maintain",
+    description="daily: compact small files, vacuum, checkpoint, expire changelog rows (README, Maintenance)",
+    schedule=timedelta(days=1),
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    params=COMMON_PARAMS,
+    tags=["pg2delta"],
+) as maintain_dag:
+    Pg2DeltaOperator(
+        task_id="maintain",
+        bash_command='"$PG2DELTA" maintain --config "$PG2DELTA_CONFIG"',
+        env=ENV,
+        # 73 (a run holds the slot's lock) skips the task: tomorrow's maintenance does the work.
+        retries=2,
+        retry_delay=RETRY_DELAY,
+        execution_timeout=timedelta(hours=2),
+    )

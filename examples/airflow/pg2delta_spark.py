@@ -98,3 +98,15 @@ with DAG(
         ["--from-lsn", "{{ params.from_lsn }}", "--to-lsn", "{{ params.to_lsn }}", "--into", "{{ params.into }}"],
         retries=2, retry_delay=timedelta(minutes=1),
     )
+
+with DAG(
+    dag_id="pg2delta_spark_maintain",
+    description="daily: spark-submit jobs/pg2delta_maintain.py (OPTIMIZE, VACUUM, changelog expiry)",
+    schedule=timedelta(days=1),
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["pg2delta"],
+) as maintain_dag:
+    pg2delta_job("maintain", "pg2delta_maintain.py", [], retries=2, retry_delay=timedelta(minutes=10),
+                 execution_timeout=timedelta(hours=2))

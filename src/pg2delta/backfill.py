@@ -49,6 +49,7 @@ from pg2delta.engine import Engine, Lake
 from pg2delta.errors import ConfigError, LakeError
 from pg2delta.job import LOG_SCHEMA, LOG_TABLE, Job, TableReport, fault_point
 from pg2delta.lsn import format_lsn
+from pg2delta.progress import Progress, percent
 from pg2delta.schema import spark_type, widens
 
 log = logging.getLogger(__name__)
@@ -319,70 +320,102 @@ def _apply(
     # The target's engine: staging (changelog slices, MERGE sources) goes under the target lake,
     # so a backfill --into writes nothing into the lake it reads.
     job = Job(target_config, engine_factory=engine.with_lake)
-    for plan in plans:
-        uri = target_lake.table_uri(plan.schema, plan.table)
-        result = TableBackfill(plan.schema, plan.table, uri, plan.start, b, plan.seed_version)
-        report.tables.append(result)
-        if plan.seed:
-            assert plan.seed_version is not None
-            engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri)
-            result.changed = True
-            log.info("seeded %s from %s.%s at version %d", uri, plan.schema, plan.table, plan.seed_version)
-            _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
-        # A new copy is marked as this backfill's in its log before its first write (see _plan).
-        unmarked = into is not None and target_lake.delta_version(uri) is None
-        lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
-        cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
-        nullable_keys = bool(config.table(plan.schema, plan.table).key)
-        for lo, hi, columns, key in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
-            rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
-            if rows.num_rows and columns:
-                rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
-            tr = TableReport(plan.schema, plan.table, uri)
-            before = target_lake.delta_version(uri)
-            changes: pa.Table | None = None
-            if rows.num_rows:
-                rows = rows.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
-                is_trunc = pc.equal(rows.column(OP_COL), TRUNCATE_OP)
-                truncs = rows.filter(is_trunc)
-                changes = rows.filter(pc.invert(is_trunc))
-                if truncs.num_rows:
-                    tr.truncated = True
-                    last_lsn = truncs.column(LSN_COL)[-1].as_py()
-                    last_pos = truncs.column(POS_COL)[-1].as_py()
-                    lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
-                    changes = changes.filter(
-                        pc.or_(pc.greater(lsn, last_lsn), pc.and_(pc.equal(lsn, last_lsn), pc.greater(pos, last_pos)))
-                    )
-                if unmarked:
-                    _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
-                    unmarked = False
-                job.merge_changes(
-                    tr, run_id, changes, list(key), [c for c in rows.column_names],
-                    nullable_keys=nullable_keys, lookup_version=lookup,
-                    reshape=functools.partial(_widen, job.engine, uri, rows.schema),
-                )
-                fault_point("backfill_after_merge")
-                tr.delta_version = target_lake.delta_version(uri)
-                if tr.delta_version != before:
-                    result.changed = True
-            else:
-                tr.delta_version = target_lake.delta_version(uri)
-            result.chunks += 1
-            result.inserts += tr.inserts
-            result.updates += tr.updates
-            result.deletes += tr.deletes
-            result.truncated |= tr.truncated
-            if tr.delta_version is not None and (into or tr.delta_version != before):
-                _log(job, run_id, plan, lo, hi, tr, target_lake)
-                lookup = tr.delta_version
-        result.delta_version = target_lake.delta_version(uri)
-        log.info(
-            "backfilled %s.%s %s..%s into %s: %d inserts, %d updates, %d deletes -> delta version %s",
-            plan.schema, plan.table, format_lsn(plan.start), format_lsn(b), uri,
-            result.inserts, result.updates, result.deletes, result.delta_version,
-        )
+    with _progress(plans, b) as progress:
+        for plan in plans:
+            _apply_one(config, engine, lake, target_lake, b, plan, into, job, run_id, report, progress)
     return report
+
+
+def _progress(plans: Sequence[_Plan], b: int) -> Progress:
+    """Through the LSN ranges replayed, table after table: a bar on a terminal, log lines otherwise."""
+
+    def line(p: Progress) -> str:
+        eta = p.eta()
+        return (
+            f"backfill: {p.rows} changelog rows replayed, {p.rate():.0f} rows/s, {percent(p.position, p.total)} "
+            f"of the LSN ranges" + (f", eta {eta:.0f} s" if eta is not None else "")
+        )
+
+    total = sum(b - plan.start for plan in plans if plan.start < b)
+    return Progress("backfill", total=total, unit="B", bytes_unit=True, logger=log, line=line)
+
+
+def _apply_one(
+    config: Config,
+    engine: Engine,
+    lake: Lake,
+    target_lake: Lake,
+    b: int,
+    plan: _Plan,
+    into: str | None,
+    job: Job,
+    run_id: str,
+    report: BackfillReport,
+    progress: Progress,
+) -> None:
+    uri = target_lake.table_uri(plan.schema, plan.table)
+    result = TableBackfill(plan.schema, plan.table, uri, plan.start, b, plan.seed_version)
+    report.tables.append(result)
+    if plan.seed:
+        assert plan.seed_version is not None
+        engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri)
+        result.changed = True
+        log.info("seeded %s from %s.%s at version %d", uri, plan.schema, plan.table, plan.seed_version)
+        _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+    # A new copy is marked as this backfill's in its log before its first write (see _plan).
+    unmarked = into is not None and target_lake.delta_version(uri) is None
+    lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
+    cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
+    nullable_keys = bool(config.table(plan.schema, plan.table).key)
+    for lo, hi, columns, key in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
+        rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
+        if rows.num_rows and columns:
+            rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
+        tr = TableReport(plan.schema, plan.table, uri)
+        before = target_lake.delta_version(uri)
+        changes: pa.Table | None = None
+        if rows.num_rows:
+            rows = rows.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
+            is_trunc = pc.equal(rows.column(OP_COL), TRUNCATE_OP)
+            truncs = rows.filter(is_trunc)
+            changes = rows.filter(pc.invert(is_trunc))
+            if truncs.num_rows:
+                tr.truncated = True
+                last_lsn = truncs.column(LSN_COL)[-1].as_py()
+                last_pos = truncs.column(POS_COL)[-1].as_py()
+                lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
+                changes = changes.filter(
+                    pc.or_(pc.greater(lsn, last_lsn), pc.and_(pc.equal(lsn, last_lsn), pc.greater(pos, last_pos)))
+                )
+            if unmarked:
+                _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+                unmarked = False
+            job.merge_changes(
+                tr, run_id, changes, list(key), [c for c in rows.column_names],
+                nullable_keys=nullable_keys, lookup_version=lookup,
+                reshape=functools.partial(_widen, job.engine, uri, rows.schema),
+            )
+            fault_point("backfill_after_merge")
+            tr.delta_version = target_lake.delta_version(uri)
+            if tr.delta_version != before:
+                result.changed = True
+        else:
+            tr.delta_version = target_lake.delta_version(uri)
+        result.chunks += 1
+        result.inserts += tr.inserts
+        result.updates += tr.updates
+        result.deletes += tr.deletes
+        result.truncated |= tr.truncated
+        if tr.delta_version is not None and (into or tr.delta_version != before):
+            _log(job, run_id, plan, lo, hi, tr, target_lake)
+            lookup = tr.delta_version
+        progress.advance(hi - lo, rows=progress.rows + rows.num_rows)
+    result.delta_version = target_lake.delta_version(uri)
+    log.info(
+        "backfilled %s.%s %s..%s into %s: %d inserts, %d updates, %d deletes -> delta version %s",
+        plan.schema, plan.table, format_lsn(plan.start), format_lsn(b), uri,
+        result.inserts, result.updates, result.deletes, result.delta_version,
+    )
 
 
 def _widen(engine: Engine, uri: str, schema: pa.Schema) -> frozenset[str] | None:

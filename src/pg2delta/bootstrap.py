@@ -70,6 +70,7 @@ from pg2delta.errors import (
     SourceStateError,
 )
 from pg2delta.lsn import format_lsn
+from pg2delta.progress import Progress, percent
 from pg2delta.slot import SlotSource, connect
 from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT
 
@@ -87,7 +88,6 @@ _COPY_HEADER_LEN = 19
 _CHUNK_ROWS = 65_536  # rows decoded at once per worker
 _CHUNK_BYTES = 32 << 20
 _FILE_ROWS = 1_048_576  # rows per staged Parquet file
-_PROGRESS_SECONDS = 5.0
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -407,44 +407,42 @@ class CopyPlan:
 
 
 class _Progress:
-    """Rows copied, rate and ETA (from pg_class.reltuples), logged every few seconds; no row values."""
+    """Rows copied against ``pg_class.reltuples``, with rate and ETA: a bar on a terminal, a log
+    line every few seconds otherwise (see progress.py); no row values."""
 
     def __init__(self, tables: Sequence[PublishedTable]) -> None:
         self.lock = threading.Lock()
-        self.t0 = time.monotonic()
-        self.last = self.t0
         self.total_tables = len(tables)
-        self.estimate = sum(t.estimated_rows or 0 for t in tables)
-        self.rows = 0
         self.done_tables = 0
         self.current: dict[str, tuple[int, int | None]] = {}
+        estimate = sum(t.estimated_rows or 0 for t in tables)
+        self.bar = Progress("copy", total=estimate, unit="rows", logger=log, line=self._line)
+
+    def _line(self, p: Progress) -> str:
+        eta = p.eta()
+        each = ", ".join(
+            f"{name} {done}" + (f"/~{est} ({percent(done, est)})" if est else "")
+            for name, (done, est) in sorted(self.current.items())
+        )
+        return (
+            f"bootstrap: {self.done_tables}/{self.total_tables} tables done, {p.rows} of ~{p.total or 0} rows, "
+            f"{p.rate():.0f} rows/s, eta {f'{eta:.0f} s' if eta is not None else 'unknown'}; copying {each}"
+        )
 
     def update(self, table: PublishedTable, table_rows: int, new_rows: int) -> None:
         with self.lock:
-            self.rows += new_rows
             self.current[table.qualified] = (table_rows, table.estimated_rows)
-            now = time.monotonic()
-            if now - self.last < _PROGRESS_SECONDS:
-                return
-            self.last = now
-            rate = self.rows / max(now - self.t0, 1e-9)
-            if self.estimate > self.rows and rate > 0:
-                eta = f"{(self.estimate - self.rows) / rate:.0f} s"
-            else:
-                eta = "unknown"
-            each = ", ".join(
-                f"{name} {done}" + (f"/~{est} ({min(100.0, 100.0 * done / est):.0f}%)" if est else "")
-                for name, (done, est) in sorted(self.current.items())
-            )
-            log.info(
-                "bootstrap: %d/%d tables done, %d of ~%d rows, %.0f rows/s, eta %s; copying %s",
-                self.done_tables, self.total_tables, self.rows, self.estimate, rate, eta, each,
-            )
+            rows = self.bar.rows + new_rows
+            self.bar.move_to(rows, rows=rows, note=f"{self.done_tables}/{self.total_tables} tables")
 
     def finished(self, table: PublishedTable) -> None:
         with self.lock:
             self.done_tables += 1
             self.current.pop(table.qualified, None)
+            self.bar.move_to(self.bar.position, note=f"{self.done_tables}/{self.total_tables} tables")
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 # --- the copy --------------------------------------------------------------------------------------
@@ -499,9 +497,12 @@ class Copier:
             return []
         progress = _Progress([p.table for p in plans])
         todo = sorted(plans, key=lambda p: -(p.table.estimated_rows or 0))  # the largest first
-        if self.parallel == 1 or len(todo) == 1:
-            return self._copy_here(todo, progress)
-        return self._copy_in_workers(todo, progress)
+        try:
+            if self.parallel == 1 or len(todo) == 1:
+                return self._copy_here(todo, progress)
+            return self._copy_in_workers(todo, progress)
+        finally:
+            progress.close()
 
     def _copy_here(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
         from pg2delta.job import fault_point

@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--until-lsn", help="plan up to this LSN (X/Y) instead of the server's flush LSN")
     plan.add_argument("--max-changes", type=int, help="rows per window, as the run would use (default from config)")
     plan.add_argument("--max-bytes", type=int, help="bytes per window, as the run would use (default from config)")
+    maintain = sub.add_parser(
+        "maintain",
+        help="compact small files, vacuum old ones, checkpoint, expire changelog rows, clean staging (see [maintain])",
+    )
+    _common(maintain)
     versions = sub.add_parser(
         "versions", help="the Delta version of every table that holds the source's state at an LSN (time travel)"
     )
@@ -212,7 +217,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "changes": report.changes,
         "spilled_rows": sum(w.spilled_rows for w in report.windows),
         "tables": tables,
+        "maintenance": None,
     }
+    if report.maintenance is not None:
+        from pg2delta.maintain import report_json
+
+        summary["maintenance"] = report_json(report.maintenance)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -366,6 +376,23 @@ def _size(n: int | None) -> str:
     return str(n)
 
 
+def _cmd_maintain(args: argparse.Namespace) -> int:
+    from pg2delta.maintain import maintain, report_json
+
+    config = _config(args)
+    report = maintain(config)
+    summary = {"schema_version": JSON_SCHEMA_VERSION, "command": "maintain", **report_json(report)}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"pg2delta maintain: {len(report.tables)} Delta tables in {report.seconds:.1f} s; "
+              f"{report.staging_removed} staging entries of crashed runs removed")
+        for t in report.tables:
+            removed = "?" if t.files_removed < 0 else str(t.files_removed)
+            print(f"  {t.name}: {t.files_before} -> {t.files_after} files, {removed} old files removed")
+    return EXIT_OK
+
+
 def _cmd_versions(args: argparse.Namespace) -> int:
     from pg2delta.versions import EXACT, to_json, versions
 
@@ -482,6 +509,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cmd_plan(args)
         if args.command == "versions":
             return _cmd_versions(args)
+        if args.command == "maintain":
+            return _cmd_maintain(args)
         return _cmd_status(args)
     except Pg2DeltaError as exc:
         print(exc.one_line(), file=sys.stderr)

@@ -73,6 +73,23 @@ class TableConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MaintainConfig:
+    """``[maintain]``: table maintenance (``pg2delta maintain``, see maintain.py). Durations are
+    strings like ``"90m"``, ``"24h"``, ``"7d"``."""
+
+    # Run maintenance at the end of a `pg2delta run` when the last one finished longer ago than
+    # this ("" never: only `pg2delta maintain` runs it).
+    interval: str = ""
+    # VACUUM keeps every file a Delta version younger than this needs (time travel, `pg2delta
+    # versions --at-lsn`, backfill seeds); Delta's own default is 7 days.
+    retention: str = "7d"
+    # Changelog rows committed longer ago than this are deleted ("" keeps them forever).
+    changelog_retention: str = ""
+    # Compacted files aim at this size in bytes (0: the library's default, 100 MiB).
+    target_file_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     lake_root: str = ""
@@ -80,6 +97,7 @@ class Config:
     window: WindowConfig = field(default_factory=WindowConfig)
     tables: Mapping[str, TableConfig] = field(default_factory=dict)  # "schema.table" -> settings
     changelog: bool = False  # [lake] changelog: the default for tables that do not say
+    maintain: MaintainConfig = field(default_factory=MaintainConfig)
 
     def table(self, schema: str, name: str) -> TableConfig:
         return self.tables.get(f"{schema}.{name}", TableConfig())
@@ -139,11 +157,11 @@ def load(
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    unknown = set(data) - {"source", "lake", "engine", "window", "tables"}
+    unknown = set(data) - {"source", "lake", "engine", "window", "tables", "maintain"}
     if unknown:
         raise ConfigError(f"unknown section(s) {sorted(unknown)} in {path}")
     sections: dict[str, dict[str, Any]] = {}
-    for name in ("source", "lake", "engine", "window"):
+    for name in ("source", "lake", "engine", "window", "maintain"):
         value = data.get(name, {})
         if not isinstance(value, dict):
             raise ConfigError(f"[{name}] must be a table")
@@ -195,6 +213,11 @@ def load(
     kw = _take(eng, "engine", EngineConfig, "engine")
     engine = EngineConfig(**kw, spark_conf=tuple(spark_conf.items()))
     window = WindowConfig(**_take(sections["window"], "window", WindowConfig, "window"))
+    maintain = MaintainConfig(**_take(sections["maintain"], "maintain", MaintainConfig, "maintain"))
+    for key in ("interval", "retention", "changelog_retention"):
+        value = getattr(maintain, key)
+        if value or key == "retention":
+            duration_seconds(value, f"maintain.{key}")
     tables: dict[str, TableConfig] = {}
     raw_tables = data.get("tables", {})
     if not isinstance(raw_tables, dict):
@@ -236,7 +259,8 @@ def load(
         )
 
     config = Config(
-        source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default
+        source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default,
+        maintain=maintain,
     )
     validate(config, need_source=need_source)
     return config
@@ -257,3 +281,14 @@ def validate(config: Config, *, need_source: bool = True) -> None:
         )
     if not config.source.slot or not config.source.publication:
         raise ConfigError("source.slot and source.publication must not be empty")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str, where: str) -> int:
+    """``"90m"``, ``"24h"``, ``"7d"`` (or ``"3600s"``) as seconds; :class:`ConfigError` otherwise."""
+    value = text.strip()
+    if len(value) >= 2 and value[-1] in _UNITS and value[:-1].isdigit():
+        return int(value[:-1]) * _UNITS[value[-1]]
+    raise ConfigError(f"{where} must be a duration like \"90m\", \"24h\" or \"7d\", not {text!r}")

@@ -55,6 +55,7 @@ from pg2delta.engine import Engine, Lake, Txn
 from pg2delta.errors import DataError, DecodeError, SchemaError
 from pg2delta.lsn import format_lsn
 from pg2delta.merge import Reduced, merge_statement, reduce_changes
+from pg2delta.progress import Progress, percent
 from pg2delta.schema import Plan, Shape, conform, conform_batches, plan, shape_cut, shape_of
 from pg2delta.slot import SlotSource, WindowRead, connect
 from pg2delta.spill import Batch, SpilledBatch, Spiller, newest_ts
@@ -143,6 +144,7 @@ class RunReport:
     upper_lsn: int
     end_lsn: int
     windows: list[WindowReport] = field(default_factory=list)
+    maintenance: Any = None  # the MaintainReport of `[maintain] interval`, when this run maintained the lake
 
     @property
     def nothing_to_do(self) -> bool:
@@ -216,25 +218,17 @@ class _Read:
     shape_cut: bool  # ended before a transaction that changes a table's shape
 
 
-class _Progress:
-    def __init__(self, start: int, upper: int) -> None:
-        self.start, self.upper = start, upper
-        self.t0 = time.monotonic()
-        self.last = self.t0
-        self.rows = 0
-        self.bytes = 0
+def _run_progress(start: int, upper: int, *, bar: bool | None = None) -> Progress:
+    """A run's progress through its LSN range [start, upper): a bar on a terminal, log lines otherwise."""
 
-    def update(self, rows: int, nbytes: int, lsn: int | None) -> None:
-        self.rows += rows
-        self.bytes += nbytes
-        now = time.monotonic()
-        if now - self.last >= 5.0:
-            self.last = now
-            rate = self.rows / max(now - self.t0, 1e-9)
-            done = ""
-            if lsn is not None and self.upper > self.start:
-                done = f" ({min(100.0, 100.0 * (lsn - self.start) / (self.upper - self.start)):.0f}% of the LSN range)"
-            log.info("reading window: %d rows, %.1f MB, %.0f rows/s%s", self.rows, self.bytes / 1e6, rate, done)
+    def line(p: Progress) -> str:
+        eta = p.eta()
+        return (
+            f"reading: {p.rows} rows, {p.rate():.0f} rows/s, {percent(p.position, p.total)} of the LSN range"
+            + (f", eta {eta:.0f} s" if eta is not None else "")
+        )
+
+    return Progress("run", total=upper - start, unit="B", bytes_unit=True, logger=log, line=line, bar=bar)
 
 
 def _live(tgt: _Target, lsn: int) -> list[list[Batch]]:
@@ -258,6 +252,8 @@ class Job:
         self._engine: Engine | None = None
         self._catalog_conn: Any = None
         self._catalog: PgTypeCatalog | None = None
+        self._progress: Progress | None = None  # the run's (None: pg2delta plan's reads log per window)
+        self._progress_start = 0
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
         self._app_id = ""  # Delta's txnAppId for this slot's commits (see _txn)
@@ -288,6 +284,7 @@ class Job:
             report = RunReport(cfg.source.slot, start, upper, start)
             if start >= upper:
                 log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))
+                self._maintain_if_due(report)
                 return report
             self.lake.check_writable()
             # Per server (a new initdb starts WAL positions again) and slot: Delta's idempotent-
@@ -306,6 +303,7 @@ class Job:
                 self._catalog = catalog
                 key_resolver = self._key_resolver(catalog_conn)
                 position = start
+                self._progress, self._progress_start = _run_progress(start, upper), start
                 while position < upper:
                     window = self._window(src, run_id, position, upper, applied, catalog, key_resolver)
                     report.windows.append(window)
@@ -313,10 +311,23 @@ class Job:
                         break
                     position = window.end_lsn
                     report.end_lsn = position
+                    self._progress.move_to(position - start)
             finally:
                 self._catalog = None
                 catalog_conn.close()
+                if self._progress is not None:
+                    self._progress.close()
+                    self._progress = None
+            self._maintain_if_due(report)
             return report
+
+    def _maintain_if_due(self, report: RunReport) -> None:
+        """``[maintain] interval``: maintain the lake at the end of a run, under the run's lock."""
+        from pg2delta.maintain import due, maintain_lake
+
+        if due(self.config, self.lake):
+            log.info("maintaining the lake ([maintain] interval = %s has passed)", self.config.maintain.interval)
+            report.maintenance = maintain_lake(self.config, self.engine, self.lake)
 
     def _window(
         self,
@@ -418,7 +429,11 @@ class Job:
         keep_old = cfg.changelog or any(t.changelog for t in cfg.tables.values())
         decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old, split_rows=cfg.window.split_rows)
         tables: dict[int, _TableWindow] = {}
-        progress = _Progress(start, upper)
+        progress, base = self._progress, self._progress_start
+        if progress is None:
+            progress, base = _run_progress(start, upper, bar=False), start
+        rows_before = progress.rows
+        rows_read = 0
         read: WindowRead | None = None
         transactions = 0
         notes: dict[str, int] = defaultdict(int)
@@ -447,7 +462,9 @@ class Job:
                 read = item
                 continue
             take(decoder.feed(item))
-            progress.update(len(item), len(item.buf), int(item.lsns[-1]) if len(item) else None)
+            if len(item):
+                rows_read += len(item)
+                progress.move_to(int(item.lsns[-1]) - base, rows=rows_before + rows_read)
         take(decoder.finish())
         assert read is not None
         for name, count in sorted(notes.items()):

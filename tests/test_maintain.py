@@ -1,0 +1,178 @@
+"""``pg2delta maintain``: many small windows, then compaction, vacuum, checkpoints, changelog expiry.
+
+Every table is read back with delta-rs before and after: maintenance changes no row, and a Delta
+version inside the retention still reads as it did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from changelog_support import changelog_path, changelog_rows, write_config
+from engines import TEST_ENGINE
+from pg2delta.job import FAULT_ENV
+from workload import ACCT, EVENTS, TABLES, assert_lake_matches, cli, create_schema, lake_rows
+
+pytestmark = pytest.mark.e2e
+
+
+def _source(dsn: str) -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    create_schema(dsn, pub)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    return slot, pub
+
+
+def _many_windows(dsn: str, config: Path, transactions: int) -> None:
+    """``transactions`` small transactions, applied one window each (``--max-changes 1``)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM acct").fetchone()
+        assert row is not None
+        base = int(row[0])
+        for k in range(base, base + transactions):
+            conn.execute("INSERT INTO acct (id, name, big) VALUES (%s, %s, %s)", (k, f"n{k}", k))
+            conn.execute("INSERT INTO events (kind, n) VALUES (%s, %s)", ("e", k))
+            if k % 3 == 0:
+                conn.execute("UPDATE acct SET big = big + 1000 WHERE id = %s", (base + (k - base) // 2,))
+    done = cli("run", "--config", str(config), "--max-changes", "1", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["windows"] >= transactions
+
+
+def _files_on_disk(table: Path) -> int:
+    return sum(1 for p in table.glob("*.parquet"))
+
+
+def _sorted_rows(lake: Path, spec: Any, version: int | None = None) -> list[tuple[Any, ...]]:
+    got = lake_rows(lake, spec, version=version)
+    assert got is not None
+    return sorted(got[1], key=repr)
+
+
+@pytest.mark.classic
+def test_maintain_compacts_and_changes_no_row(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _source(pgdb)
+    lake = tmp_path / "lake"
+    config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, changelog={ACCT.qualified: True}, default=False)
+    # Every insert and update is a transaction of its own, a window of its own: about 2.3 windows
+    # per transaction here. A classic window costs seconds (a MERGE per table): fewer there.
+    transactions = 25 if TEST_ENGINE == "embedded" else 8
+    _many_windows(pgdb, config, transactions)
+    acct = lake / ACCT.schema / ACCT.name
+    active_before = len(DeltaTable(str(acct)).file_uris())
+    assert active_before >= transactions
+    middle = DeltaTable(str(acct)).version() // 2
+    at_middle = _sorted_rows(lake, ACCT, middle)
+    before = {spec.qualified: _sorted_rows(lake, spec) for spec in (ACCT, EVENTS)}
+    changelog_before = changelog_rows(lake, ACCT)
+
+    done = cli("maintain", "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["command"] == "maintain"
+    t = report["tables"][ACCT.qualified]
+    assert t["files_before"] == active_before and t["files_after"] <= 2, t
+    assert len(DeltaTable(str(acct)).file_uris()) == t["files_after"]
+    for name in ("_pg2delta/applied_log", f"_pg2delta/changelog/{ACCT.schema}/{ACCT.name}", EVENTS.qualified):
+        assert report["tables"][name]["files_after"] < report["tables"][name]["files_before"], name
+    # No row changed; the version from before is still there (7 days of retention by default).
+    assert {spec.qualified: _sorted_rows(lake, spec) for spec in (ACCT, EVENTS)} == before
+    assert changelog_rows(lake, ACCT) == changelog_before
+    assert _sorted_rows(lake, ACCT, middle) == at_middle
+    assert_lake_matches(pgdb, lake)
+    # The job goes on on the compacted tables.
+    _many_windows(pgdb, config, 3)
+    assert_lake_matches(pgdb, lake)
+
+
+def test_vacuum_with_no_retention_removes_old_files(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _source(pgdb)
+    lake = tmp_path / "lake"
+    config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, default=False)
+    config.write_text(config.read_text() + '[maintain]\nretention = "0h"\n')
+    _many_windows(pgdb, config, 20)
+    acct = lake / ACCT.schema / ACCT.name
+    on_disk = _files_on_disk(acct)
+    done = cli("maintain", "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["tables"][ACCT.qualified]["files_removed"] >= on_disk - 1
+    assert _files_on_disk(acct) == len(DeltaTable(str(acct)).file_uris()) <= 2
+    assert_lake_matches(pgdb, lake)
+
+
+def test_maintain_waits_for_a_run_holding_the_lock(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _source(pgdb)
+    lake = tmp_path / "lake"
+    config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, default=False)
+    _many_windows(pgdb, config, 3)
+    with psycopg.connect(pgdb, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtextextended('pg2delta slot ' || %s, 0))", (slot,))
+        busy = cli("maintain", "--config", str(config))
+        assert busy.returncode == 73, busy.stderr[-2000:]
+        assert "another pg2delta run" in busy.stderr
+    assert not (lake / "_pg2delta" / "maintain.json").exists()
+
+
+def test_killed_during_maintenance_then_again(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _source(pgdb)
+    lake = tmp_path / "lake"
+    config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, default=False)
+    _many_windows(pgdb, config, 15)
+    before = {spec.qualified: _sorted_rows(lake, spec) for spec in TABLES if lake_rows(lake, spec) is not None}
+    killed = cli("maintain", "--config", str(config), env={FAULT_ENV: "maintain_after_compact"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert {spec.qualified: _sorted_rows(lake, spec) for spec in TABLES if lake_rows(lake, spec) is not None} == before
+    again = cli("maintain", "--config", str(config), "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {spec.qualified: _sorted_rows(lake, spec) for spec in TABLES if lake_rows(lake, spec) is not None} == before
+    assert_lake_matches(pgdb, lake)
+
+
+def test_run_maintains_when_the_interval_has_passed(pgdb: str, tmp_path: Path) -> None:
+    """``[maintain] interval``: the run maintains under its own lock; changelog rows past
+    ``changelog_retention`` go, later ones stay; leftovers of killed runs leave the staging area."""
+    slot, pub = _source(pgdb)
+    lake = tmp_path / "lake"
+    config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, changelog={ACCT.qualified: True}, default=False)
+    _many_windows(pgdb, config, 12)
+    assert changelog_rows(lake, ACCT)
+    old = lake / "_pg2delta" / "staging" / "crashed-run"
+    old.mkdir(parents=True)
+    (old / "x.parquet").write_bytes(b"left by a killed run")
+    stamp = time.time() - 7200
+    os.utime(old, (stamp, stamp))
+    time.sleep(1.1)  # the changelog's rows so far are now more than a second old
+    config.write_text(config.read_text() + '[maintain]\ninterval = "1h"\nchangelog_retention = "1s"\n')
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE acct SET name = 'after' WHERE id = 1")
+    done = cli("run", "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    maintained = json.loads(done.stdout)["maintenance"]
+    assert maintained["staging_removed"] == 1 and maintained["tables"][ACCT.qualified]["files_after"] <= 2
+    marker = json.loads((lake / "_pg2delta" / "maintain.json").read_text())
+    assert marker["finished_at"] > stamp
+    assert len(DeltaTable(str(lake / ACCT.schema / ACCT.name)).file_uris()) <= 2
+    assert not old.exists()
+    # The rows of the first windows are gone; this run's update may be younger than the retention.
+    left = changelog_rows(lake, ACCT)
+    assert len(left) <= 1 and all(r["name"] == "after" for r in left)
+    assert DeltaTable(str(changelog_path(lake, ACCT))).version() >= 1
+    # Within the interval the next run does not maintain again.
+    again = cli("run", "--config", str(config), "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["maintenance"] is None
+    assert json.loads((lake / "_pg2delta" / "maintain.json").read_text()) == marker
+    assert_lake_matches(pgdb, lake)
