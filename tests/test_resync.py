@@ -89,15 +89,49 @@ def test_type_change_the_lake_refuses_then_resync(pgdb: str, tmp_path: Path) -> 
     assert str(n_type) in ("string", "large_string", "string_view"), n_type
 
 
+@pytest.mark.classic
 def test_table_out_of_the_publication_for_a_while(pgdb: str, tmp_path: Path) -> None:
+    """A table removed from the publication, changed, added back: the run notices (the catalog rows
+    that put it in the publication are new) and stops naming resync; after the resync the lake
+    equals PostgreSQL. With ``on_unfollowable = "resync"`` the run copies it again by itself."""
     lake = tmp_path / "lake"
-    _slot, pub, common = _setup(pgdb, lake)
-    _sql(pgdb, f"ALTER PUBLICATION {pub} DROP TABLE dv", "DELETE FROM dv WHERE id <= 20", "UPDATE dv SET a = 'unseen'")
+    slot, pub, common = _setup(pgdb, lake)
+    _sql(pgdb, "UPDATE other SET v = 'logged with its membership' WHERE id = 1", "UPDATE dv SET n = 1 WHERE id = 1")
     _ok("run", *common)
-    _sql(pgdb, f"ALTER PUBLICATION {pub} ADD TABLE dv", "UPDATE dv SET n = 0 WHERE id = 99")
+    _sql(pgdb, f"ALTER PUBLICATION {pub} DROP TABLE dv", "DELETE FROM dv WHERE id <= 20", "UPDATE dv SET a = 'unseen'")
+    _ok("run", *common)  # out of the publication: nothing of it to apply
+    _sql(pgdb, f"ALTER PUBLICATION {pub} ADD TABLE dv", "UPDATE dv SET n = 0 WHERE id = 99",
+         "INSERT INTO other VALUES (12, 'other table')")
+    before = confirmed_lsn(pgdb, slot)
+    planned = cli("plan", *common, "--json")  # plan sees the refusal the run would hit
+    assert planned.returncode == 78 and "public.dv left publication" in planned.stdout, planned.stderr[-2000:]
+    stopped = cli("run", *common)
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "public.dv left publication" in stopped.stderr and "pg2delta resync --table public.dv" in stopped.stderr
+    assert confirmed_lsn(pgdb, slot) == before
     _ok("resync", *common, "--table", "public.dv")
     _ok("run", *common)
     assert_lake_matches(pgdb, lake, [DV, OTHER], context="table dropped from the publication and added back, resync")
+
+    # Explicitly listed and then also covered by its schema: it never left, nothing to do.
+    _sql(pgdb, f"ALTER PUBLICATION {pub} ADD TABLES IN SCHEMA public", "UPDATE dv SET n = 2 WHERE id = 50")
+    _ok("run", *common)
+    _sql(pgdb, f"ALTER PUBLICATION {pub} DROP TABLE dv", "UPDATE dv SET n = 3 WHERE id = 51")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context="covered by its schema all along")
+
+    # Allowed to resync by itself: out of the publication (schema and all) and back, copied again.
+    _sql(pgdb, f"ALTER PUBLICATION {pub} DROP TABLES IN SCHEMA public", "UPDATE dv SET a = 'unseen again'",
+         f"ALTER PUBLICATION {pub} ADD TABLE dv", "DELETE FROM dv WHERE id = 77")
+    config = _config(tmp_path, common, "public.dv")
+    done = cli("run", "--config", config)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "came back since its last window" in done.stderr and "copying it again" in done.stderr
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context="added back, resynced by the run")
+    _sql(pgdb, "UPDATE dv SET a = 'after' WHERE id BETWEEN 30 AND 40")
+    again = cli("run", "--config", config)
+    assert again.returncode == 0 and "copying it again" not in again.stderr, again.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context="the run after")
 
 
 def test_damaged_lake_table_resynced_under_concurrent_writes(pgdb: str, tmp_path: Path) -> None:

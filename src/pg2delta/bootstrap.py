@@ -122,15 +122,49 @@ def lake_state(rows: Sequence[dict[str, Any]], slot: str) -> LakeBootstrap:
 
 # --- what the publication holds ----------------------------------------------------------------
 
+# ``membership``: what puts the table in the publication, as catalog row OIDs: the publication's
+# own (FOR ALL TABLES), the pg_publication_rel rows of the table or of a partition ancestor, the
+# pg_publication_namespace rows of their schemas (pg_partition_ancestors has no rows for a table
+# outside a partition tree, hence the table's own OID beside it). A table removed from the publication and added
+# back (or a publication dropped and created again) gets new rows, so a new membership: the changes
+# made in between were never published (see tables_to_copy).
+_MEMBERSHIP = """(SELECT string_agg(m, ',' ORDER BY m) FROM (
+            SELECT 'all:' || p.oid FROM pg_publication p WHERE p.oid = pub.oid AND p.puballtables
+            UNION ALL
+            SELECT 'rel:' || pr.oid FROM pg_publication_rel pr
+            WHERE pr.prpubid = pub.oid AND (pr.prrelid = c.oid OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors(c.oid)))
+            UNION ALL
+            SELECT 'schema:' || pn.oid FROM pg_publication_namespace pn
+            WHERE pn.pnpubid = pub.oid AND pn.pnnspid IN (
+                SELECT a.relnamespace FROM pg_class a
+                WHERE a.oid = c.oid OR a.oid IN (SELECT relid FROM pg_partition_ancestors(c.oid)))
+        ) AS ms(m))"""
 _TABLES_QUERY = """
 SELECT c.oid::int8, pt.schemaname::text, pt.tablename::text, c.relkind::text, c.relreplident::text,
-       pt.attnames::text[], pt.rowfilter::text, c.reltuples::float8
+       pt.attnames::text[], pt.rowfilter::text, c.reltuples::float8,
+       """ + _MEMBERSHIP + """
 FROM pg_publication_tables pt
+JOIN pg_publication pub ON pub.pubname = pt.pubname
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
 WHERE pt.pubname = %s
 ORDER BY 2, 3
 """
+
+_MEMBERSHIPS_QUERY = """
+SELECT c.oid::int8, """ + _MEMBERSHIP + """
+FROM pg_publication_tables pt
+JOIN pg_publication pub ON pub.pubname = pt.pubname
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = %s
+"""
+
+
+def publication_memberships(conn: psycopg.Connection[Any], publication: str) -> dict[int, str | None]:
+    """Per published table (OID), what puts it in the publication (see ``_MEMBERSHIP``); one query."""
+    return {int(oid): m for oid, m in conn.execute(_MEMBERSHIPS_QUERY, (publication,)).fetchall()}
+
 
 # Columns in attribute order, whether the column's type has a binary send function (for an
 # array: its element's too), and whether the column is part of the replica identity index.
@@ -160,6 +194,7 @@ class PublishedTable:
     row_filter: str | None
     text_columns: frozenset[str]  # types without a binary send function: copied as text
     estimated_rows: int | None  # pg_class.reltuples, for progress
+    membership: str | None = None  # why the publication holds it (catalog row OIDs, see _TABLES_QUERY)
 
     @property
     def oid(self) -> int:
@@ -173,7 +208,7 @@ class PublishedTable:
 def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[PublishedTable]:
     """The publication's tables with their published columns (PostgreSQL 15+ column lists) and row filters."""
     out: list[PublishedTable] = []
-    for oid, schema, name, relkind, replident, attnames, rowfilter, reltuples in conn.execute(
+    for oid, schema, name, relkind, replident, attnames, rowfilter, reltuples, membership in conn.execute(
         _TABLES_QUERY, (publication,)
     ).fetchall():
         wanted = None if attnames is None else set(attnames)
@@ -190,7 +225,7 @@ def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[Pu
                 text_columns.add(str(att))
         rel = po.Relation(None, int(oid), str(schema), str(name), str(replident), tuple(columns))
         estimate = int(reltuples) if reltuples is not None and reltuples >= 0 else None
-        out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate))
+        out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate, membership))
     return out
 
 
@@ -770,6 +805,7 @@ def append_log_row(
         "applied_at": now.as_py(),
         "key_columns": None if key is None else json.dumps(list(key)),
         "kind": KIND_BOOTSTRAP,
+        "publication": table.membership if table else None,
     }
     job.engine.append(job.lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
 

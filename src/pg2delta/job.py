@@ -88,6 +88,9 @@ LOG_SCHEMA = pa.schema(
         # and backfill rows, and in lakes written before pg2delta recorded it): pg2delta status's lag
         # in time. Appended with mergeSchema, so an older applied log gains the column.
         ("commit_ts", pa.timestamp("us", tz="UTC")),
+        # Bootstrap rows: what put the table in the publication when it was copied (catalog row
+        # OIDs; bootstrap._TABLES_QUERY), to notice a table removed from it and added back.
+        ("publication", pa.string()),
     ]
 )
 
@@ -108,6 +111,7 @@ class Applied:
     schema: str = ""  # the Delta table the relation's changes go to (kept across renames)
     table: str = ""
     key: tuple[str, ...] | None = None  # the columns it was last merged on (None: not logged)
+    publication: str | None = None  # its publication membership as last logged (None: not logged)
 
 
 @dataclass
@@ -253,6 +257,7 @@ class Job:
         self._catalog_conn: Any = None
         self._catalog: PgTypeCatalog | None = None
         self._progress: Progress | None = None  # the run's (None: pg2delta plan's reads log per window)
+        self._memberships: dict[int, str | None] = {}  # published table OID -> membership at the run's start
         self._progress_start = 0
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
@@ -295,6 +300,8 @@ class Job:
             # Tables added to the publication since the lake's bootstrap are copied first.
             self._bootstrapped = copy_new_tables(self, src)
             applied = self._applied_lsns()
+            if self._added_back(src, applied):
+                applied = self._applied_lsns()
             run_id = uuid.uuid4().hex
             catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog")
             self._catalog_conn = catalog_conn
@@ -320,6 +327,58 @@ class Job:
                     self._progress = None
             self._maintain_if_due(report)
             return report
+
+    def _added_back(self, src: SlotSource, applied: dict[int, Applied]) -> bool:
+        """Tables removed from the publication and added back since their last logged window or
+        copy (see :meth:`added_back_tables`): copied again at a new snapshot where
+        ``on_unfollowable = "resync"`` (returns True); otherwise the run stops (exit 78) before
+        reading, naming ``pg2delta resync``."""
+        from pg2delta.bootstrap import DEFAULT_PARALLEL, copy_at_new_snapshot
+
+        again, refusal = self.added_back_tables(src, applied)
+        if refusal is not None:
+            raise refusal
+        for name in again.values():
+            log.warning(
+                "%s left publication %r and came back since its last window; on_unfollowable = \"resync\": "
+                "copying it again", name, self.config.source.publication,
+            )
+        if again:
+            copy_at_new_snapshot(self, src, set(again), parallel=DEFAULT_PARALLEL)
+        return bool(again)
+
+    def added_back_tables(self, src: SlotSource, applied: dict[int, Applied]) -> tuple[dict[int, str], SchemaError | None]:
+        """Published tables none of whose publication entries of their last logged window or copy
+        holds them now (what puts a table in the publication is catalog rows: a table dropped from
+        it and added again has new ones): the changes made while they were out were never
+        published, so the lake cannot follow them by changes alone. Returns the ones to copy again
+        (``on_unfollowable = "resync"``; OID -> name) and the refusal for the others."""
+        from pg2delta.bootstrap import publication_memberships
+
+        cfg = self.config
+        self._memberships = publication_memberships(src.conn, cfg.source.publication)
+        again: dict[int, str] = {}
+        refused: list[str] = []
+        for oid, now in self._memberships.items():
+            then = applied[oid].publication if oid in applied else None
+            # Still held by one of the catalog rows that held it then (say an explicit entry, and
+            # its schema added since): it never left.
+            if then is None or now is None or set(then.split(",")) & set(now.split(",")):
+                continue
+            a = applied[oid]
+            name = f"{a.schema}.{a.table}"
+            if cfg.table(a.schema, a.table).on_unfollowable == "resync":
+                again[oid] = name
+            else:
+                refused.append(name)
+        if not refused:
+            return again, None
+        return again, SchemaError(
+            f"{', '.join(refused)} left publication {cfg.source.publication!r} and came back since the lake's "
+            f"last window of {'it' if len(refused) == 1 else 'them'}: changes made in between were never "
+            f"published, so the lake cannot follow by changes alone; copy again with pg2delta resync "
+            f"{' '.join(f'--table {n}' for n in refused)} (or set on_unfollowable = \"resync\")"
+        )
 
     def _maintain_if_due(self, report: RunReport) -> None:
         """``[maintain] interval``: maintain the lake at the end of a run, under the run's lock."""
@@ -1176,6 +1235,7 @@ class Job:
         rows = self.engine.read_table(self.lake.table_uri(LOG_TABLE))
         out: dict[int, Applied] = {}
         keys: dict[int, tuple[int, tuple[str, ...]]] = {}
+        memberships: dict[int, tuple[int, str]] = {}
         for r in rows:
             if r.get("slot") != self.config.source.slot or r.get("relation_oid") is None:
                 continue
@@ -1189,8 +1249,13 @@ class Job:
             key = r.get("key_columns")
             if key and (oid not in keys or end > keys[oid][0]):
                 keys[oid] = (end, tuple(json.loads(key)))
+            member = r.get("publication")
+            if member and (oid not in memberships or end >= memberships[oid][0]):
+                memberships[oid] = (end, str(member))
         for oid, (_, key_columns) in keys.items():
             out[oid] = dataclasses.replace(out[oid], key=key_columns)
+        for oid, (_, member) in memberships.items():
+            out[oid] = dataclasses.replace(out[oid], publication=member)
         return out
 
     def _log_window(
@@ -1221,6 +1286,7 @@ class Job:
                 "key_columns": None if key is None else json.dumps(list(key)),
                 "kind": "window",
                 "commit_ts": t.commit_ts,
+                "publication": self._memberships.get(oid),
             }
             for oid, t, key in reports
         ]

@@ -116,6 +116,13 @@ def plan_job(job: Job, *, until_lsn: int | None = None) -> PlanReport:
             return report  # a run would stop here too, before copying anything
         job._bootstrapped, _, report.would_copy = tables_to_copy(job, src)
         applied = job._applied_lsns()
+        again, refusal = job.added_back_tables(src, applied)
+        report.would_copy = sorted({*report.would_copy, *again.values()})
+        if refusal is not None:  # the run stops before reading anything
+            stopped = WindowPlan(start, start)
+            stopped.refusals.append(Refusal(None, start, str(refusal)))
+            report.windows.append(stopped)
+            return report
         job.planned_types = {}
         catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
         job._catalog_conn = catalog_conn
