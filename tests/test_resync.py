@@ -228,3 +228,88 @@ def test_the_run_resyncs_by_itself_when_allowed(pgdb: str, tmp_path: Path, ddl: 
     assert again.returncode == 0, again.stderr[-2000:]
     assert "copying it again" not in again.stderr
     assert_lake_matches(pgdb, lake, [DV, OTHER], context=f"{ddl}, the run after")
+
+
+M = TableSpec("public", "m", ("id", "k"))
+
+
+def _partitioned(dsn: str, lake: Path, *, via_root: bool) -> tuple[str, list[str]]:
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    _sql(
+        dsn,
+        "CREATE TABLE m (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY LIST (k)",
+        "CREATE TABLE m1 PARTITION OF m FOR VALUES IN (1)",
+        f"CREATE PUBLICATION {pub} FOR TABLE m WITH (publish_via_partition_root = {'true' if via_root else 'false'})",
+        f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')",
+        "INSERT INTO m SELECT g, 1, 'one ' || g FROM generate_series(1, 30) g",
+    )
+    return slot, ["--dsn", dsn, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+
+
+def _attach_with_rows(dsn: str, name: str, k: int) -> None:
+    _sql(
+        dsn,
+        f"CREATE TABLE {name} (id int, k int, v text, PRIMARY KEY (id, k))",
+        f"INSERT INTO {name} SELECT g, {k}, 'before the attach ' || g FROM generate_series(1, 20) g",
+        f"ALTER TABLE m ATTACH PARTITION {name} FOR VALUES IN ({k})",
+        f"INSERT INTO m VALUES (100, {k}, 'after the attach')",
+    )
+
+
+def test_partition_attached_with_rows_to_a_root_published_via_itself(pgdb: str, tmp_path: Path) -> None:
+    """Rows a partition had when it was attached are never sent: the run notices them (stop, naming
+    resync; or resync by itself), and a partition created empty and filled later is not a case."""
+    lake = tmp_path / "lake"
+    slot, common = _partitioned(pgdb, lake, via_root=True)
+    _ok("run", *common)
+    _sql(pgdb, "CREATE TABLE m3 PARTITION OF m FOR VALUES IN (3)",
+         "INSERT INTO m SELECT g, 3, 'three' FROM generate_series(1, 10) g", "UPDATE m SET v = 'x' WHERE id = 1")
+    _ok("run", *common)  # a new, empty partition, filled after: its rows are sent
+    assert_lake_matches(pgdb, lake, [M], context="partition created empty")
+
+    _attach_with_rows(pgdb, "m2", 2)
+    before = confirmed_lsn(pgdb, slot)
+    planned = cli("plan", *common, "--json")
+    assert planned.returncode == 78 and "public.m2 was attached to public.m" in planned.stdout, planned.stderr[-2000:]
+    stopped = cli("run", *common)
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "public.m2 was attached to public.m with rows" in stopped.stderr
+    assert "pg2delta resync --table public.m" in stopped.stderr
+    assert confirmed_lsn(pgdb, slot) == before
+    _ok("resync", *common, "--table", "public.m")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [M], context="attached with rows, resync")
+
+    _attach_with_rows(pgdb, "m4", 4)
+    config = _config(tmp_path, common, "public.m")
+    done = cli("run", "--config", config)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "public.m4 was attached to public.m with rows in it" in done.stderr and "copying public.m again" in done.stderr
+    assert_lake_matches(pgdb, lake, [M], context="attached with rows, resynced by the run")
+    _sql(pgdb, "UPDATE m SET v = 'later' WHERE id <= 5")
+    again = cli("run", "--config", config)
+    assert again.returncode == 0 and "copying" not in again.stderr, again.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, [M], context="the run after")
+
+
+def test_partition_attached_with_rows_to_a_root_written_as_one_table(pgdb: str, tmp_path: Path) -> None:
+    """``partitions = "root"`` (leaves published): pg2delta cannot copy partitions into the root's
+    Delta table, so the run stops naming what to do; rows rewritten after the attach are sent."""
+    lake = tmp_path / "lake"
+    _slot, common = _partitioned(pgdb, lake, via_root=False)
+    flags = dict(zip(common[::2], common[1::2], strict=True))
+    config = tmp_path / "root.toml"
+    config.write_text(
+        f'[source]\ndsn = "{flags["--dsn"]}"\nslot = "{flags["--slot"]}"\npublication = "{flags["--publication"]}"\n'
+        f'[lake]\nroot = "{flags["--lake"]}"\n[tables."public.m"]\npartitions = "root"\n'
+    )
+    _ok("run", "--config", str(config))
+    _attach_with_rows(pgdb, "m2", 2)
+    stopped = cli("run", "--config", str(config))
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "public.m2 was attached to public.m with rows" in stopped.stderr
+    assert "publish_via_partition_root" in stopped.stderr
+    _sql(pgdb, "UPDATE m2 SET v = v")
+    _ok("run", "--config", str(config))
+    assert_lake_matches(pgdb, lake, [M], context="partitions = root, rows rewritten after the attach")

@@ -139,10 +139,13 @@ _MEMBERSHIP = """(SELECT string_agg(m, ',' ORDER BY m) FROM (
                 SELECT a.relnamespace FROM pg_class a
                 WHERE a.oid = c.oid OR a.oid IN (SELECT relid FROM pg_partition_ancestors(c.oid)))
         ) AS ms(m))"""
+# ``leaves``: a partitioned table's leaf partitions (OIDs), to notice one attached with rows in it.
+_LEAVES = """(SELECT string_agg(l.relid::int8::text, ',' ORDER BY l.relid::int8)
+        FROM pg_partition_tree(c.oid) l WHERE l.isleaf AND c.relkind = 'p')"""
 _TABLES_QUERY = """
 SELECT c.oid::int8, pt.schemaname::text, pt.tablename::text, c.relkind::text, c.relreplident::text,
        pt.attnames::text[], pt.rowfilter::text, c.reltuples::float8,
-       """ + _MEMBERSHIP + """
+       """ + _MEMBERSHIP + """, """ + _LEAVES + """
 FROM pg_publication_tables pt
 JOIN pg_publication pub ON pub.pubname = pt.pubname
 JOIN pg_namespace n ON n.nspname = pt.schemaname
@@ -152,7 +155,7 @@ ORDER BY 2, 3
 """
 
 _MEMBERSHIPS_QUERY = """
-SELECT c.oid::int8, """ + _MEMBERSHIP + """
+SELECT c.oid::int8, """ + _MEMBERSHIP + """, """ + _LEAVES + """
 FROM pg_publication_tables pt
 JOIN pg_publication pub ON pub.pubname = pt.pubname
 JOIN pg_namespace n ON n.nspname = pt.schemaname
@@ -161,9 +164,47 @@ WHERE pt.pubname = %s
 """
 
 
-def publication_memberships(conn: psycopg.Connection[Any], publication: str) -> dict[int, str | None]:
-    """Per published table (OID), what puts it in the publication (see ``_MEMBERSHIP``); one query."""
-    return {int(oid): m for oid, m in conn.execute(_MEMBERSHIPS_QUERY, (publication,)).fetchall()}
+def publication_memberships(conn: psycopg.Connection[Any], publication: str) -> dict[int, tuple[str | None, str | None]]:
+    """Per published table (OID), what puts it in the publication (see ``_MEMBERSHIP``) and, for a
+    partitioned table (published via its root), its leaf partitions; one query."""
+    return {int(oid): (m, leaves) for oid, m, leaves in conn.execute(_MEMBERSHIPS_QUERY, (publication,)).fetchall()}
+
+
+def partition_leaves(conn: psycopg.Connection[Any], names: Sequence[str]) -> dict[int, str | None]:
+    """The leaf partitions of the partitioned tables ``names`` ("schema.table"; missing ones left out)."""
+    out: dict[int, str | None] = {}
+    for name in names:
+        schema, _, table = name.partition(".")
+        row = conn.execute(
+            "SELECT c.oid::int8, " + _LEAVES + " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'p'",
+            (schema, table),
+        ).fetchone()
+        if row is not None:
+            out[int(row[0])] = row[1]
+    return out
+
+
+def rows_before_attach(conn: psycopg.Connection[Any], leaf: int) -> str | None:
+    """The name of partition ``leaf`` if it holds rows older than its place in its partition tree
+    (a row's ``xmin`` at least as old as the newest ``pg_inherits`` link between it and the root):
+    rows it had when it was attached, which PostgreSQL never sends. None otherwise (or gone).
+    Reads the partition once; rows frozen past XID wraparound are not told apart."""
+    row = conn.execute(
+        "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.oid = %s",
+        (leaf,),
+    ).fetchone()
+    if row is None:
+        return None
+    found = conn.execute(
+        sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM ONLY {} t WHERE age(t.xmin) >= ("
+            "SELECT min(age(i.xmin)) FROM pg_inherits i WHERE i.inhrelid IN (SELECT relid FROM pg_partition_ancestors(%s))))"
+        ).format(sql.Identifier(row[0], row[1])),
+        (leaf,),
+    ).fetchone()
+    return f"{row[0]}.{row[1]}" if found is not None and found[0] else None
 
 
 # Columns in attribute order, whether the column's type has a binary send function (for an
@@ -195,6 +236,7 @@ class PublishedTable:
     text_columns: frozenset[str]  # types without a binary send function: copied as text
     estimated_rows: int | None  # pg_class.reltuples, for progress
     membership: str | None = None  # why the publication holds it (catalog row OIDs, see _TABLES_QUERY)
+    leaves: str | None = None  # a partitioned table's leaf partitions (OIDs), when it was read
 
     @property
     def oid(self) -> int:
@@ -208,7 +250,7 @@ class PublishedTable:
 def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[PublishedTable]:
     """The publication's tables with their published columns (PostgreSQL 15+ column lists) and row filters."""
     out: list[PublishedTable] = []
-    for oid, schema, name, relkind, replident, attnames, rowfilter, reltuples, membership in conn.execute(
+    for oid, schema, name, relkind, replident, attnames, rowfilter, reltuples, membership, leaves in conn.execute(
         _TABLES_QUERY, (publication,)
     ).fetchall():
         wanted = None if attnames is None else set(attnames)
@@ -225,7 +267,7 @@ def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[Pu
                 text_columns.add(str(att))
         rel = po.Relation(None, int(oid), str(schema), str(name), str(replident), tuple(columns))
         estimate = int(reltuples) if reltuples is not None and reltuples >= 0 else None
-        out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate, membership))
+        out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate, membership, leaves))
     return out
 
 
@@ -806,6 +848,7 @@ def append_log_row(
         "key_columns": None if key is None else json.dumps(list(key)),
         "kind": KIND_BOOTSTRAP,
         "publication": table.membership if table else None,
+        "partitions": table.leaves if table else None,
     }
     job.engine.append(job.lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
 

@@ -91,6 +91,8 @@ LOG_SCHEMA = pa.schema(
         # Bootstrap rows: what put the table in the publication when it was copied (catalog row
         # OIDs; bootstrap._TABLES_QUERY), to notice a table removed from it and added back.
         ("publication", pa.string()),
+        # A partitioned table's leaf partitions (OIDs) then, to notice one attached with rows.
+        ("partitions", pa.string()),
     ]
 )
 
@@ -112,6 +114,7 @@ class Applied:
     table: str = ""
     key: tuple[str, ...] | None = None  # the columns it was last merged on (None: not logged)
     publication: str | None = None  # its publication membership as last logged (None: not logged)
+    partitions: str | None = None  # a partitioned table's leaf partitions as last logged
 
 
 @dataclass
@@ -258,6 +261,7 @@ class Job:
         self._catalog: PgTypeCatalog | None = None
         self._progress: Progress | None = None  # the run's (None: pg2delta plan's reads log per window)
         self._memberships: dict[int, str | None] = {}  # published table OID -> membership at the run's start
+        self._leaves: dict[int, str | None] = {}  # partitioned table OID -> its leaf partitions at the run's start
         self._progress_start = 0
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
@@ -353,10 +357,13 @@ class Job:
         it and added again has new ones): the changes made while they were out were never
         published, so the lake cannot follow them by changes alone. Returns the ones to copy again
         (``on_unfollowable = "resync"``; OID -> name) and the refusal for the others."""
-        from pg2delta.bootstrap import publication_memberships
+        from pg2delta.bootstrap import partition_leaves, publication_memberships
 
         cfg = self.config
-        self._memberships = publication_memberships(src.conn, cfg.source.publication)
+        published = publication_memberships(src.conn, cfg.source.publication)
+        self._memberships = {oid: m for oid, (m, _) in published.items()}
+        self._leaves = {oid: leaves for oid, (_, leaves) in published.items() if leaves is not None}
+        self._leaves.update(partition_leaves(src.conn, [n for n, t in cfg.tables.items() if t.partitions == "root"]))
         again: dict[int, str] = {}
         refused: list[str] = []
         for oid, now in self._memberships.items():
@@ -371,14 +378,55 @@ class Job:
                 again[oid] = name
             else:
                 refused.append(name)
-        if not refused:
-            return again, None
-        return again, SchemaError(
-            f"{', '.join(refused)} left publication {cfg.source.publication!r} and came back since the lake's "
-            f"last window of {'it' if len(refused) == 1 else 'them'}: changes made in between were never "
-            f"published, so the lake cannot follow by changes alone; copy again with pg2delta resync "
-            f"{' '.join(f'--table {n}' for n in refused)} (or set on_unfollowable = \"resync\")"
-        )
+        if refused:
+            return again, SchemaError(
+                f"{', '.join(refused)} left publication {cfg.source.publication!r} and came back since the lake's "
+                f"last window of {'it' if len(refused) == 1 else 'them'}: changes made in between were never "
+                f"published, so the lake cannot follow by changes alone; copy again with pg2delta resync "
+                f"{' '.join(f'--table {n}' for n in refused)} (or set on_unfollowable = \"resync\")"
+            )
+        return again, self._attached_with_rows(src, applied, again)
+
+    def _attached_with_rows(self, src: SlotSource, applied: dict[int, Applied], again: dict[int, str]) -> SchemaError | None:
+        """Partitions attached, with rows in them, to a partitioned table the lake writes as one
+        Delta table (published via its root, or ``partitions = "root"``) since its last logged
+        window or copy: PostgreSQL never sends the rows a partition had when it was attached. A
+        root published via itself is added to ``again`` where ``on_unfollowable = "resync"``;
+        otherwise the refusal. Each new partition is read once (it is logged with the root's next
+        window)."""
+        from pg2delta.bootstrap import rows_before_attach
+
+        for root, now in self._leaves.items():
+            a = applied.get(root)
+            if a is None or a.partitions is None or now is None or root in again:
+                continue
+            new = sorted(set(now.split(",")) - set(a.partitions.split(",")))
+            holding = [name for leaf in new if (name := rows_before_attach(src.conn, int(leaf))) is not None]
+            if not holding:
+                continue
+            name = f"{a.schema}.{a.table}"
+            via_root = root in self._memberships
+            if via_root and self.config.table(a.schema, a.table).on_unfollowable == "resync":
+                log.warning(
+                    "%s was attached to %s with rows in it; on_unfollowable = \"resync\": copying %s again",
+                    ", ".join(holding), name, name,
+                )
+                again[root] = name
+                continue
+            what = f"{', '.join(holding)} {'was' if len(holding) == 1 else 'were'} attached to {name} with rows in it"
+            if via_root:
+                return SchemaError(
+                    f"{what} since the lake's last window of it, and PostgreSQL does not send the rows a partition "
+                    f"has when it is attached: copy it again with pg2delta resync --table {name} "
+                    f"(or set on_unfollowable = \"resync\")"
+                )
+            return SchemaError(
+                f"{what} since the lake's last window of it, and PostgreSQL does not send the rows a partition has "
+                f"when it is attached; pg2delta does not copy partitions into their root's Delta table "
+                f"(partitions = \"root\"): publish {name} with publish_via_partition_root = true and resync it, "
+                f"or rewrite those rows after the attach (UPDATE … SET c = c) so that they are sent"
+            )
+        return None
 
     def _maintain_if_due(self, report: RunReport) -> None:
         """``[maintain] interval``: maintain the lake at the end of a run, under the run's lock."""
@@ -1236,6 +1284,7 @@ class Job:
         out: dict[int, Applied] = {}
         keys: dict[int, tuple[int, tuple[str, ...]]] = {}
         memberships: dict[int, tuple[int, str]] = {}
+        leaves: dict[int, tuple[int, str]] = {}
         for r in rows:
             if r.get("slot") != self.config.source.slot or r.get("relation_oid") is None:
                 continue
@@ -1252,10 +1301,15 @@ class Job:
             member = r.get("publication")
             if member and (oid not in memberships or end >= memberships[oid][0]):
                 memberships[oid] = (end, str(member))
+            parts = r.get("partitions")
+            if parts and (oid not in leaves or end >= leaves[oid][0]):
+                leaves[oid] = (end, str(parts))
         for oid, (_, key_columns) in keys.items():
             out[oid] = dataclasses.replace(out[oid], key=key_columns)
         for oid, (_, member) in memberships.items():
             out[oid] = dataclasses.replace(out[oid], publication=member)
+        for oid, (_, parts) in leaves.items():
+            out[oid] = dataclasses.replace(out[oid], partitions=parts)
         return out
 
     def _log_window(
@@ -1287,6 +1341,7 @@ class Job:
                 "kind": "window",
                 "commit_ts": t.commit_ts,
                 "publication": self._memberships.get(oid),
+                "partitions": self._leaves.get(oid),
             }
             for oid, t, key in reports
         ]
