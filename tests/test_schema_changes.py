@@ -26,7 +26,9 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from pg2delta.config import load
+from pg2delta.errors import SchemaError
 from pg2delta.job import RunReport, run
+from pg2delta.resync import resync
 from workload import cli, confirmed_lsn, lake_files
 
 pytestmark = pytest.mark.e2e
@@ -246,7 +248,10 @@ def test_columns_across_runs(pgdb: str, tmp_path: Path) -> None:
     _expect_columns(pgdb, lake, "after a run per step")
 
 
-def test_renamed_column_is_a_drop_and_an_add(pgdb: str, tmp_path: Path) -> None:
+def test_renamed_column_is_told_from_a_drop_and_an_add(pgdb: str, tmp_path: Path) -> None:
+    """pgoutput names columns only by name: a rename looks like a drop and an add. The column's
+    ``attnum`` (kept by a rename, never reused by an add) tells them apart: the run stops naming
+    resync instead of leaving the renamed column NULL in rows not written since."""
     slot, pub = _names()
     lake = tmp_path / "lake"
     _setup(pgdb, slot, pub, "CREATE TABLE r (id int PRIMARY KEY, old_name text, v int)", "r")
@@ -256,25 +261,34 @@ def test_renamed_column_is_a_drop_and_an_add(pgdb: str, tmp_path: Path) -> None:
         pgdb,
         "UPDATE r SET v = 10 WHERE id = 1",
         "ALTER TABLE r RENAME COLUMN old_name TO new_name",
-        "UPDATE r SET v = 20 WHERE id = 2",  # new_name is sent; old_name keeps 'two' in the lake
+        "UPDATE r SET v = 20 WHERE id = 2",
         "UPDATE r SET new_name = 'THREE' WHERE id = 3",
         "INSERT INTO r VALUES (4, 'four', 4)",
     )
+    with pytest.raises(SchemaError, match=r"column new_name of public\.r is new to the lake but not to PostgreSQL") as refused:
+        _run(pgdb, slot, pub, lake)
+    assert "pg2delta resync --table public.r" in str(refused.value)
+    resync(load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake)), ["public.r"])
     _run(pgdb, slot, pub, lake)
-    # Rows not written since the rename hold NULL in new_name (row 1); old_name keeps the last value
-    # written under that name.
-    assert_lake_equals(
-        pgdb, lake, "public.r", ["id"],
-        kept={"old_name": {(1,): "one", (2,): "two", (3,): "three"}},
-        null_in_lake={"new_name": [(1,)]},
-    )
+    assert_lake_equals(pgdb, lake, "public.r", ["id"], context="renamed, resynced")
 
-    # With dropped_columns = "drop", the old name leaves the Delta table at the next window.
-    conf = tmp_path / "drop.toml"
-    conf.write_text('[tables."public.r"]\ndropped_columns = "drop"\n')
-    _sql(pgdb, "UPDATE r SET v = 30 WHERE id = 3")
+    # A genuinely new column after the resync is an ADD as before (NULL where PostgreSQL reads NULL).
+    _sql(pgdb, "ALTER TABLE r ADD COLUMN added int", "UPDATE r SET added = 5 WHERE id = 4")
+    _run(pgdb, slot, pub, lake)
+    assert_lake_equals(pgdb, lake, "public.r", ["id"], context="a column added after the resync")
+
+    # Dropped and added again under its old name: the lake's rows would keep the old values.
+    _sql(pgdb, "ALTER TABLE r DROP COLUMN v", "ALTER TABLE r ADD COLUMN v int DEFAULT 7", "UPDATE r SET v = 1 WHERE id = 1")
+    with pytest.raises(SchemaError, match=r"column v of public\.r was dropped and added again"):
+        _run(pgdb, slot, pub, lake)
+    # With on_unfollowable = "resync" the run copies it again by itself, then goes on.
+    conf = tmp_path / "resync.toml"
+    conf.write_text('[tables."public.r"]\non_unfollowable = "resync"\n')
     _run(pgdb, slot, pub, lake, conf)
-    assert_lake_equals(pgdb, lake, "public.r", ["id"], null_in_lake={"new_name": [(1,)]})
+    assert_lake_equals(pgdb, lake, "public.r", ["id"], context="dropped and added again, resynced by the run")
+    _sql(pgdb, "ALTER TABLE r RENAME COLUMN new_name TO newest", "UPDATE r SET v = 2 WHERE id = 2")
+    _run(pgdb, slot, pub, lake, conf)
+    assert_lake_equals(pgdb, lake, "public.r", ["id"], context="renamed again, resynced by the run")
 
 
 # --- columns added with a default -----------------------------------------------------------------

@@ -36,6 +36,7 @@ to the publication while the run was reading): the next run copies it at a snaps
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import multiprocessing
 import os
@@ -212,7 +213,7 @@ def rows_before_attach(conn: psycopg.Connection[Any], leaf: int) -> str | None:
 _COLUMNS_QUERY = """
 SELECT a.attname::text, a.atttypid::int8, a.atttypmod::int4, a.attgenerated::text,
        t.typsend <> 0 AND coalesce(e.typsend <> 0, true),
-       coalesce(a.attnum = ANY(i.indkey), false)
+       coalesce(a.attnum = ANY(i.indkey), false), a.attnum::int4
 FROM pg_attribute a
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
@@ -237,6 +238,7 @@ class PublishedTable:
     estimated_rows: int | None  # pg_class.reltuples, for progress
     membership: str | None = None  # why the publication holds it (catalog row OIDs, see _TABLES_QUERY)
     leaves: str | None = None  # a partitioned table's leaf partitions (OIDs), when it was read
+    attnums: str | None = None  # JSON {column: pg_attribute.attnum} of the published columns
 
     @property
     def oid(self) -> int:
@@ -256,18 +258,21 @@ def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[Pu
         wanted = None if attnames is None else set(attnames)
         columns: list[po.RelationColumn] = []
         text_columns: set[str] = set()
-        for att, typ, typmod, generated, has_send, in_identity in conn.execute(
+        attnums: dict[str, int] = {}
+        for att, typ, typmod, generated, has_send, in_identity, attnum in conn.execute(
             _COLUMNS_QUERY, (replident, oid)
         ).fetchall():
             if (att not in wanted) if wanted is not None else bool(generated):
                 continue
             key = replident == "f" or bool(in_identity)
             columns.append(po.RelationColumn(1 if key else 0, str(att), int(typ), int(typmod)))
+            attnums[str(att)] = int(attnum)
             if not has_send:
                 text_columns.add(str(att))
         rel = po.Relation(None, int(oid), str(schema), str(name), str(replident), tuple(columns))
         estimate = int(reltuples) if reltuples is not None and reltuples >= 0 else None
-        out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate, membership, leaves))
+        out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate, membership, leaves,
+                                  json.dumps(attnums, sort_keys=True)))
     return out
 
 
@@ -825,7 +830,6 @@ def append_log_row(
     key: Sequence[str] | None = None,
 ) -> None:
     """A ``kind = 'bootstrap'`` row: a table copied as of ``lsn`` (keyed on ``key``), or (no table) the lake's start."""
-    import json
 
     from pg2delta.job import LOG_SCHEMA, LOG_TABLE
 
@@ -849,6 +853,7 @@ def append_log_row(
         "kind": KIND_BOOTSTRAP,
         "publication": table.membership if table else None,
         "partitions": table.leaves if table else None,
+        "attnums": table.attnums if table else None,
     }
     job.engine.append(job.lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
 

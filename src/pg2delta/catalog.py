@@ -51,6 +51,11 @@ WHERE a.attrelid = ANY(rels.oids) AND a.attname = ANY(%(names)s) AND a.attnum > 
 ORDER BY a.attrelid
 """
 
+_ATTNUMS_QUERY = """
+SELECT attname::text, attnum::int4 FROM pg_attribute
+WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
+"""
+
 _ATTNDIMS_QUERY = """
 SELECT attname::text, attndims::int4 FROM pg_attribute
 WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
@@ -141,6 +146,12 @@ class PgTypeCatalog:
         """
         rows = self._query(_ATTNDIMS_QUERY, (relation_oid,))
         return {str(name): int(nd) for name, nd in rows}
+
+    def attnums(self, relation_oid: int) -> dict[str, int]:
+        """The relation's columns now, by name, with their ``pg_attribute.attnum``: a column keeps its
+        number through renames and type changes, ``ADD COLUMN`` takes a number above every other
+        (dropped columns included), and a number is never reused."""
+        return {str(name): int(num) for name, num in self._query(_ATTNUMS_QUERY, (relation_oid,))}
 
     def added_columns(self, relation_oid: int, names: Sequence[str]) -> dict[str, list[AddedColumn]]:
         """Per column name, what :class:`AddedColumn` the catalog has now for the relation, or for each

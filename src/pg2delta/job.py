@@ -93,6 +93,9 @@ LOG_SCHEMA = pa.schema(
         ("publication", pa.string()),
         # A partitioned table's leaf partitions (OIDs) then, to notice one attached with rows.
         ("partitions", pa.string()),
+        # JSON {column: pg_attribute.attnum} of the Delta table's columns, to tell a renamed column,
+        # or one dropped and added again under its old name, from a new one.
+        ("attnums", pa.string()),
     ]
 )
 
@@ -115,6 +118,7 @@ class Applied:
     key: tuple[str, ...] | None = None  # the columns it was last merged on (None: not logged)
     publication: str | None = None  # its publication membership as last logged (None: not logged)
     partitions: str | None = None  # a partitioned table's leaf partitions as last logged
+    attnums: dict[str, int] | None = None  # its columns' attnums as last logged
 
 
 @dataclass
@@ -262,6 +266,7 @@ class Job:
         self._progress: Progress | None = None  # the run's (None: pg2delta plan's reads log per window)
         self._memberships: dict[int, str | None] = {}  # published table OID -> membership at the run's start
         self._leaves: dict[int, str | None] = {}  # partitioned table OID -> its leaf partitions at the run's start
+        self._attnums: dict[int, str] = {}  # table OID -> JSON of its Delta columns' attnums, for the log
         self._progress_start = 0
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._bootstrapped = False  # the lake was bootstrapped: tables without a copy are not applied
@@ -511,7 +516,13 @@ class Job:
                 key = keys[(tgt.schema, tgt.table)]
                 if key is None and before is not None:
                     key = before.key
-                applied[tgt.owner] = Applied(end, table_report.delta_version, tgt.schema, tgt.table, key)
+                logged = self._attnums.get(tgt.owner)
+                applied[tgt.owner] = Applied(
+                    end, table_report.delta_version, tgt.schema, tgt.table, key,
+                    publication=self._memberships.get(tgt.owner) or (before.publication if before else None),
+                    partitions=self._leaves.get(tgt.owner) or (before.partitions if before else None),
+                    attnums=json.loads(logged) if logged else (before.attnums if before else None),
+                )
         window.seconds = time.monotonic() - t0
         log.info(
             "window %s..%s: %d rows, %d transactions, %d tables, %.2f s",
@@ -793,7 +804,66 @@ class Job:
             narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
             pg_type=lambda shape, column: self._pg_type(tgt, shape, column),
         )
+        self._check_column_identity(tgt, pl, applied, uri, where)
         return self._added_column_values(tgt, pl, applied, uri, where)
+
+    def _check_column_identity(self, tgt: _Target, pl: Plan, applied: Applied | None, uri: str, where: str) -> None:
+        """Refuse columns pgoutput shows as new or unchanged that are neither (it names columns only by
+        name, so a rename looks like a drop and an add, and a column dropped and added again under its
+        old name looks unchanged); records the columns' ``attnum`` for the window's log row.
+
+        ``pg_attribute.attnum`` tells them apart: ``ADD COLUMN`` takes a number above every column the
+        table ever had, a rename keeps the number. Against the numbers logged with the table's last
+        window, a column new to the Delta table whose number is not above them all was there before
+        under another name (or outside the publication's column list): PostgreSQL holds values for
+        the rows the lake has that it never sent. A Delta column whose name has a new number was
+        dropped and added again: the lake's rows hold the old column's values. Either is refused
+        (exit 78, or ``on_unfollowable = "resync"``). Tables written from several partitions, whose
+        numbers differ, are not checked."""
+        catalog = self._catalog
+        if catalog is None or len(tgt.parts) != 1 or tgt.parts[0].oid != tgt.owner:
+            return
+        now = catalog.attnums(tgt.owner)
+        before = applied.attnums if applied is not None else None
+        lake_columns = set(pl.existing) | {n for n, _ in pl.columns}
+        record = {n: now[n] for n in lake_columns if n in now}
+        if before:  # columns gone from the table keep their number while the Delta table keeps them
+            record.update({n: k for n, k in before.items() if n in lake_columns and n not in now})
+        self._attnums[tgt.owner] = json.dumps(record, sort_keys=True)
+        if not before:
+            return
+        highest = max(before.values())
+        source = self._source_name(tgt)
+        name = f"{tgt.schema}.{tgt.table}"
+        for c, _ in pl.columns:
+            if c not in now:
+                continue
+            if c not in pl.existing and now[c] <= highest and self._rows_before(tgt, pl, applied, uri, c):
+                raise SchemaError(
+                    f"column {c} of {source} is new to the lake but not to PostgreSQL (attnum {now[c]}: renamed "
+                    f"from a column the lake has, or added to the publication's column list){where}: PostgreSQL "
+                    f"holds values of it for rows it never sent again; copy the table again with pg2delta resync "
+                    f"--table {name} (or set on_unfollowable = \"resync\"); nothing of this window was applied"
+                )
+            if c in pl.existing and c in before and before[c] != now[c]:
+                raise SchemaError(
+                    f"column {c} of {source} was dropped and added again since the lake's last window of it "
+                    f"(attnum {before[c]} then, {now[c]} now){where}: the lake's rows hold the old column's values; "
+                    f"copy the table again with pg2delta resync --table {name} (or set on_unfollowable = "
+                    f"\"resync\"); nothing of this window was applied"
+                )
+
+    def _rows_before(self, tgt: _Target, pl: Plan, applied: Applied | None, uri: str, column: str) -> bool:
+        """Whether rows need a value of ``column`` that PostgreSQL did not send: rows of the Delta table
+        as the last logged window left it, or rows of the window sent in a shape without it."""
+        applied_lsn = applied.end_lsn if applied is not None else 0
+        for tw in tgt.parts:
+            for b in tw.batches:
+                if column not in b.relation.column_names and b.num_rows and b.max_lsn >= applied_lsn:
+                    return True
+        return bool(pl.existing) and self.engine.has_rows(
+            uri, version=applied.delta_version if applied is not None else None
+        )
 
     def _added_column_values(self, tgt: _Target, pl: Plan, applied: Applied | None, uri: str, where: str) -> Plan:
         """The value the rows written before an ``ADD COLUMN`` hold in PostgreSQL, for the columns the
@@ -829,7 +899,7 @@ class Job:
         rows do read NULL in PostgreSQL: a column added without a default and given one later
         (``ADD COLUMN c int, ALTER c SET DEFAULT 5``), or a default that evaluates to NULL. A column
         that is new to the lake without being new in PostgreSQL (renamed, or added to the
-        publication's column list) is taken for an added one, as pgoutput shows it.
+        publication's column list) was refused before this, by :meth:`_check_column_identity`.
         """
         catalog = self._catalog
         if catalog is None or (applied is None and self._bootstrapped):
@@ -1285,6 +1355,7 @@ class Job:
         keys: dict[int, tuple[int, tuple[str, ...]]] = {}
         memberships: dict[int, tuple[int, str]] = {}
         leaves: dict[int, tuple[int, str]] = {}
+        attnums: dict[int, tuple[int, str]] = {}
         for r in rows:
             if r.get("slot") != self.config.source.slot or r.get("relation_oid") is None:
                 continue
@@ -1304,12 +1375,20 @@ class Job:
             parts = r.get("partitions")
             if parts and (oid not in leaves or end >= leaves[oid][0]):
                 leaves[oid] = (end, str(parts))
+            # The newest row's, null included: a copy (bootstrap, resync) logs none, and the numbers
+            # from before it must not judge the copied table.
+            nums = r.get("attnums")
+            if oid not in attnums or end > attnums[oid][0] or (end == attnums[oid][0] and nums):
+                attnums[oid] = (end, str(nums) if nums else "")
         for oid, (_, key_columns) in keys.items():
             out[oid] = dataclasses.replace(out[oid], key=key_columns)
         for oid, (_, member) in memberships.items():
             out[oid] = dataclasses.replace(out[oid], publication=member)
         for oid, (_, parts) in leaves.items():
             out[oid] = dataclasses.replace(out[oid], partitions=parts)
+        for oid, (_, nums) in attnums.items():
+            if nums:
+                out[oid] = dataclasses.replace(out[oid], attnums={str(k): int(v) for k, v in json.loads(nums).items()})
         return out
 
     def _log_window(
@@ -1342,6 +1421,7 @@ class Job:
                 "commit_ts": t.commit_ts,
                 "publication": self._memberships.get(oid),
                 "partitions": self._leaves.get(oid),
+                "attnums": self._attnums.get(oid),
             }
             for oid, t, key in reports
         ]
