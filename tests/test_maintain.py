@@ -19,11 +19,21 @@ import pytest
 from deltalake import DeltaTable
 
 from changelog_support import changelog_path, changelog_rows, write_config
+from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
 from pg2delta.job import FAULT_ENV
+from pg2delta.throwaway import ThrowawayPostgres
 from workload import ACCT, EVENTS, TABLES, assert_lake_matches, cli, create_schema, lake_rows
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def pgdb(pgdb: str, pg_server: ThrowawayPostgres) -> str:
+    """The newest server only: maintenance reads and writes only the lake."""
+    if pg_server.version != max(PG_VERSIONS):
+        pytest.skip("maintenance reads and writes only the lake: run against the newest server only")
+    return pgdb
 
 
 def _source(dsn: str) -> tuple[str, str]:

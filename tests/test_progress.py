@@ -20,11 +20,20 @@ import psycopg
 import pytest
 
 from changelog_support import write_config
+from conftest import PG_VERSIONS
 from engines import child_env
 from pg2delta.errors import ConfigError
 from pg2delta.progress import PROGRESS_ENV, Progress, bars_wanted
+from pg2delta.throwaway import ThrowawayPostgres
 from workload import Workload, assert_lake_matches, cli, create_schema
 
+
+@pytest.fixture
+def pgdb(pgdb: str, pg_server: ThrowawayPostgres) -> str:
+    """The newest server only: progress does not depend on the server."""
+    if pg_server.version != max(PG_VERSIONS):
+        pytest.skip("progress does not depend on the server: run against the newest server only")
+    return pgdb
 
 def _cli_on_a_terminal(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """The CLI with stderr on a pseudo-terminal: (exit code, what the terminal got, stdout)."""
