@@ -78,7 +78,7 @@ def test_maintain_compacts_and_changes_no_row(pgdb: str, tmp_path: Path) -> None
     config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, changelog={ACCT.qualified: True}, default=False)
     # Every insert and update is a transaction of its own, a window of its own: about 2.3 windows
     # per transaction here. A classic window costs seconds (a MERGE per table): fewer there.
-    transactions = 25 if TEST_ENGINE == "embedded" else 8
+    transactions = 25 if TEST_ENGINE == "embedded" else 4
     _many_windows(pgdb, config, transactions)
     acct = lake / ACCT.schema / ACCT.name
     active_before = len(DeltaTable(str(acct)).file_uris())
@@ -103,7 +103,7 @@ def test_maintain_compacts_and_changes_no_row(pgdb: str, tmp_path: Path) -> None
     assert _sorted_rows(lake, ACCT, middle) == at_middle
     assert_lake_matches(pgdb, lake)
     # The job goes on on the compacted tables.
-    _many_windows(pgdb, config, 3)
+    _many_windows(pgdb, config, 3 if TEST_ENGINE == "embedded" else 1)
     assert_lake_matches(pgdb, lake)
 
 

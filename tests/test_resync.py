@@ -89,7 +89,6 @@ def test_type_change_the_lake_refuses_then_resync(pgdb: str, tmp_path: Path) -> 
     assert str(n_type) in ("string", "large_string", "string_view"), n_type
 
 
-@pytest.mark.classic
 def test_table_out_of_the_publication_for_a_while(pgdb: str, tmp_path: Path) -> None:
     """A table removed from the publication, changed, added back: the run notices (the catalog rows
     that put it in the publication are new) and stops naming resync; after the resync the lake

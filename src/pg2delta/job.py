@@ -88,8 +88,8 @@ LOG_SCHEMA = pa.schema(
         # and backfill rows, and in lakes written before pg2delta recorded it): pg2delta status's lag
         # in time. Appended with mergeSchema, so an older applied log gains the column.
         ("commit_ts", pa.timestamp("us", tz="UTC")),
-        # Bootstrap rows: what put the table in the publication when it was copied (catalog row
-        # OIDs; bootstrap._TABLES_QUERY), to notice a table removed from it and added back.
+        # What put the table in the publication when the window was applied or the copy made
+        # (catalog row OIDs; bootstrap._MEMBERSHIP), to notice a table removed from it and added back.
         ("publication", pa.string()),
         # A partitioned table's leaf partitions (OIDs) then, to notice one attached with rows.
         ("partitions", pa.string()),
@@ -1375,8 +1375,8 @@ class Job:
             parts = r.get("partitions")
             if parts and (oid not in leaves or end >= leaves[oid][0]):
                 leaves[oid] = (end, str(parts))
-            # The newest row's, null included: a copy (bootstrap, resync) logs none, and the numbers
-            # from before it must not judge the copied table.
+            # The newest row's, null included (a backfill's rows, or rows of older pg2delta versions,
+            # carry none): numbers from before a row that did not record them judge nothing.
             nums = r.get("attnums")
             if oid not in attnums or end > attnums[oid][0] or (end == attnums[oid][0] and nums):
                 attnums[oid] = (end, str(nums) if nums else "")
