@@ -58,7 +58,6 @@ class Progress:
         bytes_unit: bool = False,
         bar: bool | None = None,
     ) -> None:
-        self.desc = desc
         self.total = total if total and total > 0 else None
         self.logger = logger
         self._line = line
@@ -116,11 +115,6 @@ class Progress:
         if now - self._last_log >= LOG_SECONDS and self._line is not None:
             self._last_log = now
             self.logger.info(self._line(self))
-
-    def describe(self, desc: str) -> None:
-        """What the operation does now (the bar's label; nothing without a bar)."""
-        if self._bar is not None:
-            self._bar.set_description_str(desc)
 
     def close(self) -> None:
         if self._bar is not None:
