@@ -191,13 +191,14 @@ def test_resync_of_a_table_not_published(pgdb: str, tmp_path: Path) -> None:
     assert lines and "not in publication" in lines[0]
 
 
-def _config(tmp_path: Path, common: list[str], table: str) -> str:
-    """A config file with ``on_unfollowable = "resync"`` for ``table`` (the rest from ``common``'s flags)."""
+def _config(tmp_path: Path, common: list[str], table: str, settings: str = 'on_unfollowable = "resync"') -> str:
+    """A config file with ``settings`` (default ``on_unfollowable = "resync"``) for ``table`` (the
+    rest from ``common``'s flags)."""
     flags = dict(zip(common[::2], common[1::2], strict=True))
-    path = tmp_path / "pg2delta.toml"
+    path = tmp_path / f"pg2delta_{uuid.uuid4().hex[:6]}.toml"
     path.write_text(
         f'[source]\ndsn = "{flags["--dsn"]}"\nslot = "{flags["--slot"]}"\npublication = "{flags["--publication"]}"\n'
-        f'[lake]\nroot = "{flags["--lake"]}"\n[tables."{table}"]\non_unfollowable = "resync"\n'
+        f'[lake]\nroot = "{flags["--lake"]}"\n[tables."{table}"]\n{settings}\n'
     )
     return str(path)
 
@@ -312,3 +313,75 @@ def test_partition_attached_with_rows_to_a_root_written_as_one_table(pgdb: str, 
     _sql(pgdb, "UPDATE m2 SET v = v")
     _ok("run", "--config", str(config))
     assert_lake_matches(pgdb, lake, [M], context="partitions = root, rows rewritten after the attach")
+
+
+def _lake_rows(lake: Path) -> set[tuple[int, int]]:
+    rows = DeltaTable(str(lake / "public" / "m")).to_pyarrow_table(columns=["id", "k"]).to_pylist()
+    return {(r["id"], r["k"]) for r in rows}
+
+
+def _partition_with_rows(dsn: str, name: str, k: int) -> None:
+    """A partition created empty and filled after: its rows are sent."""
+    _sql(dsn, f"CREATE TABLE {name} PARTITION OF m FOR VALUES IN ({k})",
+         f"INSERT INTO m SELECT g, {k}, 'part ' || g FROM generate_series(1, 15) g")
+
+
+def test_partition_detached_or_dropped_from_a_root_published_via_itself(pgdb: str, tmp_path: Path) -> None:
+    """PostgreSQL sends nothing for the rows of a partition that is detached or dropped: the run
+    stops naming resync (or resyncs by itself), or keeps them when told to."""
+    lake = tmp_path / "lake"
+    slot, common = _partitioned(pgdb, lake, via_root=True)
+    for name, k in (("m2", 2), ("m3", 3), ("m4", 4)):
+        _partition_with_rows(pgdb, name, k)
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [M], context="partitions filled")
+
+    _sql(pgdb, "ALTER TABLE m DETACH PARTITION m2", "UPDATE m SET v = 'after' WHERE id = 2")
+    before = confirmed_lsn(pgdb, slot)
+    planned = cli("plan", *common, "--json")
+    assert planned.returncode == 78 and "public.m2 left public.m" in planned.stdout, planned.stderr[-2000:]
+    stopped = cli("run", *common)
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "public.m2 left public.m (DETACH PARTITION or DROP)" in stopped.stderr
+    assert "pg2delta resync --table public.m" in stopped.stderr and "detached_partitions" in stopped.stderr
+    assert confirmed_lsn(pgdb, slot) == before
+    _ok("resync", *common, "--table", "public.m")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [M], context="detached, resync")
+    assert not any(k == 2 for _, k in _lake_rows(lake))
+
+    _sql(pgdb, "DROP TABLE m3", "INSERT INTO m VALUES (200, 1, 'new')")
+    config = _config(tmp_path, common, "public.m")
+    done = cli("run", "--config", config)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "a dropped partition (OID" in done.stderr and "copying public.m again" in done.stderr
+    assert_lake_matches(pgdb, lake, [M], context="dropped, resynced by the run")
+
+    keep = _config(tmp_path, common, "public.m", 'detached_partitions = "keep"')
+    _sql(pgdb, "ALTER TABLE m DETACH PARTITION m4", "UPDATE m SET v = 'kept' WHERE k = 1")
+    done = cli("run", "--config", keep)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with psycopg.connect(pgdb) as conn:
+        in_pg = {(int(i), int(k)) for i, k in conn.execute("SELECT id, k FROM m UNION ALL SELECT id, k FROM m4")}
+    assert _lake_rows(lake) == in_pg  # the root's rows, and m4's kept
+    _sql(pgdb, "INSERT INTO m VALUES (201, 1, 'later')")
+    again = cli("run", *common)  # the window above logged m's partitions of now: nothing to refuse
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (201, 1) in _lake_rows(lake)
+
+
+def test_partition_detached_from_a_root_written_as_one_table(pgdb: str, tmp_path: Path) -> None:
+    """``partitions = "root"``: the run stops naming the ways out, or keeps the rows when told to."""
+    lake = tmp_path / "lake"
+    _slot, common = _partitioned(pgdb, lake, via_root=False)
+    _partition_with_rows(pgdb, "m2", 2)
+    root = _config(tmp_path, common, "public.m", 'partitions = "root"')
+    _ok("run", "--config", root)
+    assert_lake_matches(pgdb, lake, [M], context="partitions = root")
+    _sql(pgdb, "ALTER TABLE m DETACH PARTITION m2")
+    stopped = cli("run", "--config", root)
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "public.m2 left public.m" in stopped.stderr and "publish_via_partition_root" in stopped.stderr
+    keep = _config(tmp_path, common, "public.m", 'partitions = "root"\ndetached_partitions = "keep"')
+    _ok("run", "--config", keep)
+    assert (2, 2) in _lake_rows(lake)

@@ -191,21 +191,27 @@ def rows_before_attach(conn: psycopg.Connection[Any], leaf: int) -> str | None:
     (a row's ``xmin`` at least as old as the newest ``pg_inherits`` link between it and the root):
     rows it had when it was attached, which PostgreSQL never sends. None otherwise (or gone).
     Reads the partition once; rows frozen past XID wraparound are not told apart."""
-    row = conn.execute(
-        "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.oid = %s",
-        (leaf,),
-    ).fetchone()
-    if row is None:
+    name = relation_name(conn, leaf)
+    if name is None:
         return None
     found = conn.execute(
         sql.SQL(
             "SELECT EXISTS (SELECT 1 FROM ONLY {} t WHERE age(t.xmin) >= ("
             "SELECT min(age(i.xmin)) FROM pg_inherits i WHERE i.inhrelid IN (SELECT relid FROM pg_partition_ancestors(%s))))"
-        ).format(sql.Identifier(row[0], row[1])),
+        ).format(sql.Identifier(*name)),
         (leaf,),
     ).fetchone()
-    return f"{row[0]}.{row[1]}" if found is not None and found[0] else None
+    return ".".join(name) if found is not None and found[0] else None
+
+
+def relation_name(conn: psycopg.Connection[Any], oid: int) -> tuple[str, str] | None:
+    """(schema, name) of relation ``oid``; None when it is gone."""
+    row = conn.execute(
+        "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.oid = %s",
+        (oid,),
+    ).fetchone()
+    return (str(row[0]), str(row[1])) if row is not None else None
 
 
 # Columns in attribute order, whether the column's type has a binary send function (for an

@@ -50,6 +50,7 @@ PARTITION_MODES = ("leaf", "root")
 DROPPED_COLUMN_MODES = ("keep", "drop")
 NARROWING_MODES = ("refuse", "keep")
 ON_UNFOLLOWABLE_MODES = ("stop", "resync")
+DETACHED_PARTITION_MODES = ("stop", "keep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,10 @@ class TableConfig:
     # column added with values PostgreSQL does not keep, a key change inside a transaction, ...):
     # "stop" the run (exit 78, naming pg2delta resync), or "resync" the table right there.
     on_unfollowable: str = "stop"
+    # A partition detached or dropped from this partitioned table while the lake writes it as one
+    # Delta table (published via the root, or partitions = "root"): PostgreSQL sends nothing for its
+    # rows. "stop" (exit 78, or a resync with on_unfollowable = "resync"), or "keep" them in the lake.
+    detached_partitions: str = "stop"
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,40 +228,7 @@ def load(
     if not isinstance(raw_tables, dict):
         raise ConfigError("[tables] must be a table of \"schema.table\" sections")
     for name, settings in raw_tables.items():
-        if "." not in name or not isinstance(settings, dict):
-            raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
-        key = settings.get("key", [])
-        known_settings = {"key", "partitions", "dropped_columns", "narrowing", "changelog", "on_unfollowable"}
-        unknown_settings = set(settings) - known_settings
-        if unknown_settings:
-            raise ConfigError(
-                f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: {', '.join(sorted(known_settings))})"
-            )
-        if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
-            raise ConfigError(f"[tables.{name!r}]: key must be a list of column names, like key = [\"col\", ...]")
-        partitions = settings.get("partitions", "leaf")
-        if partitions not in PARTITION_MODES:
-            raise ConfigError(f"[tables.{name!r}]: partitions must be one of {', '.join(PARTITION_MODES)}, not {partitions!r}")
-        dropped = settings.get("dropped_columns", "keep")
-        if dropped not in DROPPED_COLUMN_MODES:
-            raise ConfigError(
-                f"[tables.{name!r}]: dropped_columns must be one of {', '.join(DROPPED_COLUMN_MODES)}, not {dropped!r}"
-            )
-        narrowing = settings.get("narrowing", "refuse")
-        if narrowing not in NARROWING_MODES:
-            raise ConfigError(f"[tables.{name!r}]: narrowing must be one of {', '.join(NARROWING_MODES)}, not {narrowing!r}")
-        changelog = settings.get("changelog")
-        if changelog is not None and not isinstance(changelog, bool):
-            raise ConfigError(f"[tables.{name!r}] changelog must be true or false, not {changelog!r}")
-        unfollowable = settings.get("on_unfollowable", "stop")
-        if unfollowable not in ON_UNFOLLOWABLE_MODES:
-            raise ConfigError(
-                f"[tables.{name!r}]: on_unfollowable must be one of {', '.join(ON_UNFOLLOWABLE_MODES)}, not {unfollowable!r}"
-            )
-        tables[name] = TableConfig(
-            key=tuple(key), partitions=partitions, dropped_columns=dropped, narrowing=narrowing, changelog=changelog,
-            on_unfollowable=unfollowable,
-        )
+        tables[name] = _table_config(name, settings)
 
     config = Config(
         source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default,
@@ -264,6 +236,42 @@ def load(
     )
     validate(config, need_source=need_source)
     return config
+
+
+# [tables."s.t"] settings that take one of a few words: setting -> allowed values (the first is
+# the default).
+_TABLE_MODES = {
+    "partitions": PARTITION_MODES,
+    "dropped_columns": DROPPED_COLUMN_MODES,
+    "narrowing": NARROWING_MODES,
+    "on_unfollowable": ON_UNFOLLOWABLE_MODES,
+    "detached_partitions": DETACHED_PARTITION_MODES,
+}
+
+
+def _table_config(name: str, settings: object) -> TableConfig:
+    """One ``[tables."schema.table"]`` section."""
+    if "." not in name or not isinstance(settings, dict):
+        raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
+    known_settings = {"key", "changelog", *_TABLE_MODES}
+    unknown_settings = set(settings) - known_settings
+    if unknown_settings:
+        raise ConfigError(
+            f"[tables.{name!r}]: unknown setting(s) {sorted(unknown_settings)} (known: {', '.join(sorted(known_settings))})"
+        )
+    key = settings.get("key", [])
+    if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
+        raise ConfigError(f"[tables.{name!r}]: key must be a list of column names, like key = [\"col\", ...]")
+    changelog = settings.get("changelog")
+    if changelog is not None and not isinstance(changelog, bool):
+        raise ConfigError(f"[tables.{name!r}] changelog must be true or false, not {changelog!r}")
+    modes: dict[str, str] = {}
+    for setting, allowed in _TABLE_MODES.items():
+        value = settings.get(setting, allowed[0])
+        if value not in allowed:
+            raise ConfigError(f"[tables.{name!r}]: {setting} must be one of {', '.join(allowed)}, not {value!r}")
+        modes[setting] = value
+    return TableConfig(key=tuple(key), changelog=changelog, **modes)
 
 
 def validate(config: Config, *, need_source: bool = True) -> None:

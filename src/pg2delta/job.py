@@ -390,7 +390,7 @@ class Job:
                 f"published, so the lake cannot follow by changes alone; copy again with pg2delta resync "
                 f"{' '.join(f'--table {n}' for n in refused)} (or set on_unfollowable = \"resync\")"
             )
-        return again, self._attached_with_rows(src, applied, again)
+        return again, self._attached_with_rows(src, applied, again) or self._detached(src, applied, again)
 
     def _attached_with_rows(self, src: SlotSource, applied: dict[int, Applied], again: dict[int, str]) -> SchemaError | None:
         """Partitions attached, with rows in them, to a partitioned table the lake writes as one
@@ -430,6 +430,42 @@ class Job:
                 f"when it is attached; pg2delta does not copy partitions into their root's Delta table "
                 f"(partitions = \"root\"): publish {name} with publish_via_partition_root = true and resync it, "
                 f"or rewrite those rows after the attach (UPDATE … SET c = c) so that they are sent"
+            )
+        return None
+
+    def _detached(self, src: SlotSource, applied: dict[int, Applied], again: dict[int, str]) -> SchemaError | None:
+        """Partitions detached or dropped, since its last logged window or copy, from a partitioned
+        table the lake writes as one Delta table: PostgreSQL sends nothing for their rows, so the
+        lake still holds them. ``detached_partitions = "keep"`` keeps them; a root published via
+        itself is added to ``again`` where ``on_unfollowable = "resync"``; otherwise the refusal."""
+        from pg2delta.bootstrap import relation_name
+
+        for root, now in self._leaves.items():
+            a = applied.get(root)
+            if a is None or a.partitions is None or now is None or root in again:
+                continue
+            gone = sorted(set(a.partitions.split(",")) - set(now.split(",")) - {""}, key=int)
+            tc = self.config.table(a.schema, a.table)
+            if not gone or tc.detached_partitions == "keep":
+                continue
+            names = [".".join(n) if (n := relation_name(src.conn, int(oid))) else f"a dropped partition (OID {oid})"
+                     for oid in gone]
+            name = f"{a.schema}.{a.table}"
+            what = f"{', '.join(names)} left {name} (DETACH PARTITION or DROP) since the lake's last window of it"
+            if root in self._memberships and tc.on_unfollowable == "resync":
+                log.warning("%s; on_unfollowable = \"resync\": copying %s again", what, name)
+                again[root] = name
+                continue
+            keep = f"or set [tables.\"{name}\"] detached_partitions = \"keep\" to keep its rows in the lake"
+            if root in self._memberships:
+                return SchemaError(
+                    f"{what}, and PostgreSQL sends nothing for the rows that leave with it: copy it again with "
+                    f"pg2delta resync --table {name} (or set on_unfollowable = \"resync\"), {keep}"
+                )
+            return SchemaError(
+                f"{what}, and PostgreSQL sends nothing for the rows that leave with it; pg2delta does not copy "
+                f"partitions into their root's Delta table (partitions = \"root\"): publish {name} with "
+                f"publish_via_partition_root = true and resync it, {keep} (delete them there yourself if they should go)"
             )
         return None
 
