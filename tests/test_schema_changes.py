@@ -792,30 +792,37 @@ def _partition_workload(dsn: str) -> None:
 
 
 def test_partitions_via_root(pgdb: str, tmp_path: Path) -> None:
-    """publish_via_partition_root: one Delta table for the root; detached rows stay in it."""
+    """publish_via_partition_root: one Delta table for the root; detached rows make the run stop,
+    or stay in it with ``detached_partitions = "keep"``."""
     slot, pub = _names()
     lake = tmp_path / "lake"
     _setup(pgdb, slot, pub, PART_DDL, "m", pub_options=" WITH (publish_via_partition_root = true)")
     _sql(pgdb, "INSERT INTO m VALUES (100, 5, 'first')")
     _run(pgdb, slot, pub, lake)
     _partition_workload(pgdb)
+    _run(pgdb, slot, pub, lake)
     with psycopg.connect(pgdb) as conn:
         in_m1 = {(r[0], r[1]): {"id": r[0], "k": r[1], "v": r[2]} for r in conn.execute("SELECT id, k, v FROM m1")}
     _sql(pgdb, "ALTER TABLE m DETACH PARTITION m1", "UPDATE m1 SET v = 'detached' WHERE id = 1")
-    _run(pgdb, slot, pub, lake)
+    # PostgreSQL sends no deletes for a detached partition's rows.
+    with pytest.raises(SchemaError, match=r"public\.m1 left public\.m \(DETACH PARTITION or DROP\)"):
+        _run(pgdb, slot, pub, lake)
+    conf = tmp_path / "keep.toml"
+    conf.write_text('[tables."public.m"]\ndetached_partitions = "keep"\n')
+    _run(pgdb, slot, pub, lake, conf)
     assert not (lake / "public" / "m1").exists() and not (lake / "public" / "m3").exists()
-    # PostgreSQL sends no deletes for a detached partition's rows: they stay in the root's Delta
-    # table as they were when it was detached (the later update of m1 is not published).
+    # Kept: the rows stay in the root's Delta table as they were when it was detached (the later
+    # update of m1 is not published).
     assert_lake_equals(pgdb, lake, "public.m", ["id", "k"], extra_rows=in_m1)
     # A TRUNCATE of one partition is not sent in this mode (only one of the root is).
     with psycopg.connect(pgdb) as conn:
         in_m2 = {(r[0], r[1]): {"id": r[0], "k": r[1], "v": r[2]} for r in conn.execute("SELECT id, k, v FROM m2")}
     assert in_m2
     _sql(pgdb, "TRUNCATE m2")
-    _run(pgdb, slot, pub, lake)
+    _run(pgdb, slot, pub, lake, conf)
     assert_lake_equals(pgdb, lake, "public.m", ["id", "k"], extra_rows=in_m1 | in_m2)
     _sql(pgdb, "TRUNCATE m", "INSERT INTO m VALUES (1, 150, 'after truncate')")
-    _run(pgdb, slot, pub, lake)
+    _run(pgdb, slot, pub, lake, conf)
     assert_lake_equals(pgdb, lake, "public.m", ["id", "k"])
 
 

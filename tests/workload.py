@@ -504,14 +504,58 @@ def lsn_int(text: str) -> int:
     return (int(hi, 16) << 32) | int(lo, 16)
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python -m pg2delta.cli ...`` in a child process (the real CLI, the real exit code)."""
+# ``cli()`` runs the CLI in this test process (on the session's shared engine) unless a test
+# needs a process of its own: a fault point kills the process it fires in. PG2DELTA_TEST_CLI=child
+# runs every call as a child process instead.
+_CLI_IN_PROCESS = os.environ.get("PG2DELTA_TEST_CLI", "in-process") != "child"
+_CLI_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the CLI's own (cli.py)
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300, child: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python -m pg2delta.cli ...``: the real CLI's ``main``, its exit code, standard output and
+    standard error (log lines included), with the environment a child process would get. In a
+    child process when ``child`` is set or a fault point is asked for (``env``), else in this
+    process (a child costs an interpreter and an engine start: seconds, on Apache Spark a JVM)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
     full_env.update(child_env())
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "pg2delta.cli", *args], capture_output=True, text=True, env=full_env, timeout=timeout
-    )
+    argv = [sys.executable, "-m", "pg2delta.cli", *args]
+    if child or not _CLI_IN_PROCESS or "PG2DELTA_CRASH_AT" in full_env:
+        return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout)
+    return subprocess.CompletedProcess(argv, *_cli_here(list(args), full_env))
+
+
+def _cli_here(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run ``pg2delta.cli.main(args)`` here under ``env``; (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    import logging
+
+    from pg2delta import cli as cli_module
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter(_CLI_LOG_FORMAT))
+    root = logging.getLogger()
+    level, saved_env = root.level, dict(os.environ)
+    root.addHandler(handler)  # before main(): its logging.basicConfig then adds nothing
+    root.setLevel(logging.DEBUG if {"-v", "--verbose"} & set(args) else logging.INFO)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_module.main(args)
+            except SystemExit as exc:  # argparse
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return code, out.getvalue(), err.getvalue()
 
 
 def lake_files(lake: str | Path) -> dict[str, tuple[int, str]]:
