@@ -33,11 +33,35 @@ if TEST_ENGINE != "embedded" and "PG2DELTA_TEST_PG" not in os.environ:
     PG_VERSIONS = PG_VERSIONS[-1:]
 
 
+# The slowest tests go to the test workers first, so that two workers (pytest-xdist) end together
+# rather than one finishing a long test alone at the end; measured with --durations.
+SLOW_FIRST = (
+    "tests/test_airflow.py",
+    "tests/test_spark_submit.py",
+    "tests/test_spill.py::test_spilled_window_equals_in_memory",
+    "tests/test_type_fidelity.py",
+    "tests/test_together.py",
+    "tests/test_maintain.py::test_maintain_compacts_and_changes_no_row",
+    "tests/test_bootstrap.py::test_bootstrap_killed",
+)
+
+
+def _slow_first(item: pytest.Item) -> tuple[int, int]:
+    if not any(item.nodeid.startswith(prefix) for prefix in SLOW_FIRST):
+        return (1, 0)
+    # By server among the slow ones too: a test process keeps one server at a time (pg_server is
+    # a parametrized session fixture), and each change of version stops one and starts another.
+    callspec = getattr(item, "callspec", None)
+    return (0, int(callspec.params.get("pg_server", 0)) if callspec is not None else 0)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest grouped the tests by server
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Tests that use a server are integration tests, whether or not they say so.
     for item in items:
         if {"pg", "pgdb", "pg_server"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    items.sort(key=_slow_first)  # stable: the others keep their order
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -18,6 +18,7 @@ row lost or applied twice is a failure.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -523,8 +524,43 @@ def cli(
     full_env.update(env or {})
     argv = [sys.executable, "-m", "pg2delta.cli", *args]
     if child or not _CLI_IN_PROCESS or "PG2DELTA_CRASH_AT" in full_env:
-        return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout)
+        done = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout)
+        if done.returncode < 0:  # killed: its sessions (the slot's lock among them) end a moment later
+            wait_for_sessions_to_end(_dsn_of(args))
+        return done
     return subprocess.CompletedProcess(argv, *_cli_here(list(args), full_env))
+
+
+def _dsn_of(args: Sequence[str]) -> str | None:
+    """The DSN a CLI call names: ``--dsn``, else its config file's ``[source] dsn``."""
+    import tomllib
+
+    flags = dict(itertools.pairwise(args))
+    if "--dsn" in flags:
+        return flags["--dsn"]
+    if "--config" in flags:
+        return tomllib.loads(Path(flags["--config"]).read_text()).get("source", {}).get("dsn")
+    return None
+
+
+def wait_for_sessions_to_end(dsn: str | None, timeout: float = 30) -> None:
+    """Wait until no pg2delta session is left in ``dsn``'s database: the server ends the session
+    of a killed client when it reads the closed socket, which can take a moment on a busy machine,
+    and until then the session holds the slot's lock (a rerun would exit 73)."""
+    import time
+
+    if dsn is None:
+        return
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            left = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND application_name LIKE 'pg2delta%'"
+            ).fetchone()
+            if left is None or left[0] == 0:
+                return
+            time.sleep(0.05)
 
 
 def _cli_here(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
