@@ -22,9 +22,11 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 from psycopg import sql
 
+from pg2delta import verify as verify_module
 from pg2delta.config import load
 from pg2delta.errors import EXIT_VERIFY_DIFFERS
 from pg2delta.job import Job
@@ -136,11 +138,18 @@ def test_corrupted_lake_names_exactly_the_corrupted_keys(pgdb: str, tmp_path: Pa
             "at": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.UTC)], pa.timestamp("us", tz="UTC")),
             "tags": pa.array([["x"]], pa.list_(pa.string())),
         })
-        write_deltalake(path, added.cast(DeltaTable(path).schema().to_arrow()), mode="append")
+        write_deltalake(path, added.cast(pa.schema(DeltaTable(path).schema().to_arrow())), mode="append")
         time.sleep(0.3)  # the writer's changes after the corruption: verify's run merges them onto it
         code, report, _ = _verify(common)
         shown_code, shown, _ = _verify(common, "--show-values", "--table", "public.items")
         text = cli("verify", *common)
+        # in process, with buckets of 5 rows from one hex digit on: the narrowing goes levels deep
+        config = load(None, env={}, **dict(zip(("dsn", "slot", "publication", "lake"), common[1::2], strict=True)))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(verify_module, "BUCKET_ROWS", 5)
+            mp.setattr(verify_module, "first_depth", lambda rows: 1)
+            deep = verify(config)
+        capped = verify(config, max_differences=1)
     finally:
         writer.stop.set()
         writer.join()
@@ -157,6 +166,11 @@ def test_corrupted_lake_names_exactly_the_corrupted_keys(pgdb: str, tmp_path: Pa
     assert all("source" not in d for d in report["tables"]["public.items"]["differences"])  # keys only by default
     changed = next(d for d in shown["tables"]["public.items"]["differences"] if d["kind"] == DIFFERENT)
     assert int(changed["lake"]["qty"]) == int(changed["source"]["qty"]) + 100
+    [t] = deep.tables
+    assert sorted((d.kind, d.key["id"]) for d in t.differences) == [(DIFFERENT, "17"), (EXTRA, "5000"), (MISSING, "23")]
+    assert t.buckets_compared > 16 * 3  # three differing buckets of 1 digit, each split further
+    [t] = capped.tables
+    assert len(t.differences) == 1 and t.truncated and not capped.equal
     assert text.returncode == EXIT_VERIFY_DIFFERS
     assert "different_values: (id='17') columns qty" in text.stdout and "ghost" not in text.stdout
 
