@@ -49,8 +49,10 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -433,12 +435,25 @@ def _batches(prefixes: Sequence[str], sizes: dict[str, int]) -> Iterator[list[st
         yield batch
 
 
+def both(source: Callable[[], Any], lake: Callable[[], Any]) -> tuple[Any, Any]:
+    """``source()`` in a worker thread while ``lake()`` runs here: PostgreSQL and the engine hash at
+    the same time. The engine stays on this thread (a classic session's views belong to it)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg2delta-verify") as pool:
+        pending = pool.submit(source)
+        try:
+            theirs = lake()
+        except BaseException:
+            pending.result()  # the source's query finishes (or fails) before the connection is reused
+            raise
+        return pending.result(), theirs
+
+
 def narrow(src: _Side, lake: _Side, result: TableResult, *, key: Sequence[str], columns: Sequence[str],
            show: bool, max_differences: int, progress: Progress | None = None) -> None:
     """Compare bucket aggregates level by level; fetch the rows of small differing buckets."""
     depth, within, within_depth = first_depth(max(result.source_rows, result.lake_rows)), None, 0
     while True:
-        a, b = src.buckets(depth, within, within_depth), lake.buckets(depth, within, within_depth)
+        a, b = both(partial(src.buckets, depth, within, within_depth), partial(lake.buckets, depth, within, within_depth))
         result.buckets_compared += len(set(a) | set(b))
         if progress is not None and within is None:
             progress.move_to(result.source_rows, rows=result.source_rows)
@@ -448,7 +463,8 @@ def narrow(src: _Side, lake: _Side, result: TableResult, *, key: Sequence[str], 
         deeper = [p for p in differing if p not in set(small)]
         batches = list(_batches(small, sizes))
         for i, batch in enumerate(batches):
-            found = _row_differences(src.rows(batch, depth), lake.rows(batch, depth), key, columns, show)
+            mine, theirs = both(partial(src.rows, batch, depth), partial(lake.rows, batch, depth))
+            found = _row_differences(mine, theirs, key, columns, show)
             result.differences.extend(found)
             if len(result.differences) >= max_differences:
                 more = len(result.differences) > max_differences or i + 1 < len(batches) or bool(deeper)
@@ -547,7 +563,7 @@ def verify_table(
     src = SourceSide(conn, published, key, columns)
     with engine.version_view(t.uri, t.version) as view:
         lake = LakeSide(engine, view, key, columns)
-        result.source_rows, result.lake_rows = src.count(), lake.count()
+        result.source_rows, result.lake_rows = both(src.count, lake.count)
         with Progress(f"verify {result.name}", total=result.source_rows, unit="rows", logger=log,
                       line=lambda p: f"verify: {result.name}: {p.rows} rows hashed") as progress:
             narrow(src, lake, result, key=key_names, columns=[c.name for c in columns], show=show,
