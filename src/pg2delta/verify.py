@@ -24,8 +24,10 @@ equal under the README's type mapping (so a documented conversion is not a diffe
   function, ``format('%s', c)``, in a session with the job's settings (``DateStyle=ISO``,
   ``IntervalStyle=postgres``, ``TimeZone=UTC``, shortest-exact floats);
 * floats: ``NaN``, ``Infinity``, ``-Infinity``, ``0``, else ``[-]m p e`` with the integer
-  significand ``m`` and exponent ``e`` of the binary value (both engines and PostgreSQL print
-  floats differently, the bits are the same); ``-0`` and ``0`` compare equal;
+  significand ``m`` and exponent ``e`` of the binary value, ``x = m * 2**e`` (both engines and
+  PostgreSQL print floats differently, the bits are the same): PostgreSQL reads them from the
+  bits (``float8send``), Spark computes them (``log2``, then a division by a power of two, exact,
+  and a correction of one step where ``log2`` rounded); ``-0`` and ``0`` compare equal;
 * dates: days since 1970-01-01; timestamps (with and without time zone): microseconds since
   1970-01-01 00:00 (UTC for timestamptz), after the documented clamp to 0001-01-01 ... 9999-12-31
   23:59:59.999999 on the source side; bytea: lower-case hex;
@@ -156,14 +158,16 @@ def comparable(delta: str) -> bool:
 
 
 def _pg_float(x: str) -> str:
-    e0 = f"GREATEST(floor(ln(abs({x})) / ln(2::float8)), -1022::float8)"
-    m0 = f"(abs({x}) / power(2::float8, {e0} - 52))"
-    e = f"({e0} + CASE WHEN {m0} >= {_2_53} THEN 1 WHEN {m0} < {_2_52} AND {e0} > -1022 THEN -1 ELSE 0 END)"
+    # The significand and exponent straight from the IEEE bits (float8send); Spark has no bit access
+    # and computes the same numbers arithmetically (_spark_float).
+    b = f"('x' || encode(float8send({x}), 'hex'))::bit(64)::bigint"
+    exp = f"(({b} >> 52) & 2047)"
+    frac = f"({b} & {_2_52 - 1})"
     return (
         f"CASE WHEN {x} IS NULL THEN NULL WHEN {x} = 'NaN'::float8 THEN 'NaN' WHEN {x} = 'Infinity'::float8 "
         f"THEN 'Infinity' WHEN {x} = '-Infinity'::float8 THEN '-Infinity' WHEN {x} = 0 THEN '0' ELSE "
-        f"CASE WHEN {x} < 0 THEN '-' ELSE '' END || (abs({x}) / power(2::float8, {e} - 52))::bigint::text "
-        f"|| 'p' || ({e} - 52)::bigint::text END"
+        f"CASE WHEN {x} < 0 THEN '-' ELSE '' END || (CASE WHEN {exp} = 0 THEN {frac} ELSE {frac} + {_2_52} END)::text "
+        f"|| 'p' || (CASE WHEN {exp} = 0 THEN -1074 ELSE {exp} - 1075 END)::text END"
     )
 
 
