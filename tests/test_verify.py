@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import random
+import struct
 import threading
 import time
 import uuid
@@ -291,3 +293,33 @@ def test_every_type_verifies_clean_and_every_changed_value_is_found(pg_server: A
     assert found == changed, (sorted(found - changed), sorted(changed - found))
     for d in t.differences:
         assert d.source is not None and d.lake is not None and set(d.source) == set(d.columns)
+
+
+def test_random_float_bits_verify_clean(pgdb: str, tmp_path: Path) -> None:
+    """Doubles and floats of random bit patterns (subnormals, huge, tiny, negative): Spark's arithmetic
+    significand and exponent must equal the ones PostgreSQL reads from the bits."""
+    rng = random.Random(20261125)
+    doubles = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(3000)]
+    doubles += [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(52)))[0] for _ in range(300)]  # subnormals
+    doubles = [d for d in doubles if not math.isnan(d)]
+    floats = [struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0] for _ in range(len(doubles))]
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE floats (id int PRIMARY KEY, d float8, f float4)")
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE floats").format(sql.Identifier(pub)))
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO floats VALUES (%s, %s, %s)",
+                            [(i, d, None if math.isnan(f) else f) for i, (d, f) in enumerate(zip(doubles, floats, strict=True))])
+    config = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(tmp_path / "lake"))
+    report = verify(config)
+    [t] = report.tables
+    assert t.equal and t.differences == [] and t.source_rows == len(doubles), t.differences[:5]
+    # one ulp changed is found
+    path = str(tmp_path / "lake" / "public" / "floats")
+    DeltaTable(path).update(predicate="id = 5", updates={"d": f"CAST({doubles[5]!r} AS DOUBLE) * 1.0000000000000002"})
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE floats SET f = f WHERE id = 6")
+    [t] = verify(config).tables
+    assert [(d.key["id"], d.columns) for d in t.differences] == [("5", ("d",))]
