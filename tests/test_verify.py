@@ -122,6 +122,7 @@ def test_intact_lake_under_concurrent_writes_verifies_clean(pgdb: str, tmp_path:
     assert report["at_lsn"] != report2["at_lsn"]  # each verify pins a point of its own
 
 
+@pytest.mark.classic
 def test_corrupted_lake_names_exactly_the_corrupted_keys(pgdb: str, tmp_path: Path) -> None:
     common, lake = _setup(pgdb, tmp_path)
     path = str(lake / "public" / "items")
@@ -250,6 +251,7 @@ def _corrupt_every_column(path: str, skip: set[int]) -> set[tuple[int, str]]:
     return changed
 
 
+@pytest.mark.classic
 def test_every_type_verifies_clean_and_every_changed_value_is_found(pg_server: Any, pgdb: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
     slot, pub = f"slot_{tag}", f"pub_{tag}"
@@ -295,6 +297,7 @@ def test_every_type_verifies_clean_and_every_changed_value_is_found(pg_server: A
         assert d.source is not None and d.lake is not None and set(d.source) == set(d.columns)
 
 
+@pytest.mark.classic
 def test_random_float_bits_verify_clean(pgdb: str, tmp_path: Path) -> None:
     """Doubles and floats of random bit patterns (subnormals, huge, tiny, negative): Spark's arithmetic
     significand and exponent must equal the ones PostgreSQL reads from the bits."""

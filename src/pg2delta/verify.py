@@ -210,10 +210,15 @@ def pg_scalar(c: str, delta: str, pg: str) -> str:
     return f"CASE WHEN num_nulls({c}) = 1 THEN NULL ELSE format('%s', {c}) END"
 
 
-def spark_scalar(c: str, delta: str) -> str:
+DecimalText = Callable[[str, int], str]  # Engine.decimal_text: SQL for a decimal's plain text
+
+
+def spark_scalar(c: str, delta: str, decimal_text: DecimalText) -> str:
     """The canonical text of one non-array value ``c`` (Spark SQL) on the lake side."""
-    if delta in ("tinyint", "smallint", "int", "bigint") or _DECIMAL.match(delta):
+    if delta in ("tinyint", "smallint", "int", "bigint"):
         return f"CAST({c} AS STRING)"
+    if m := _DECIMAL.match(delta):
+        return decimal_text(c, int(m.group(2)))
     if delta == "boolean":
         return f"CASE WHEN {c} THEN 't' WHEN NOT {c} THEN 'f' END"
     if delta in ("float", "double"):
@@ -259,14 +264,14 @@ def pg_value(c: str, col: ColumnType) -> str:
     )
 
 
-def spark_value(c: str, col: ColumnType) -> str:
+def spark_value(c: str, col: ColumnType, decimal_text: DecimalText) -> str:
     depth, elem = _array_parts(col.delta)
     if not depth:
-        return spark_scalar(c, col.delta)
+        return spark_scalar(c, col.delta, decimal_text)
     flat = c
     for _ in range(depth - 1):
         flat = f"flatten({flat})"
-    items = spark_item(spark_scalar("pg2delta_x", elem))
+    items = spark_item(spark_scalar("pg2delta_x", elem, decimal_text))
     return f"CASE WHEN {c} IS NULL THEN NULL ELSE concat('[', array_join(transform({flat}, pg2delta_x -> {items}), ','), ']') END"
 
 
@@ -378,7 +383,7 @@ class LakeSide(_Side):
         from pg2delta.merge import quote
 
         def text(cols: Sequence[ColumnType]) -> str:
-            parts = [spark_item(spark_value(quote(c.name), c)) for c in cols]
+            parts = [spark_item(spark_value(quote(c.name), c, engine.decimal_text)) for c in cols]
             return f"concat({', '.join(parts)})" if parts else "''"
 
         super().__init__(text(key), text(columns))
