@@ -635,6 +635,12 @@ def _pinned_source(config: Config) -> Iterator[tuple[int, psycopg.Connection[Any
             yield exported.snapshot.consistent_lsn, conn
         finally:
             conn.close()
+            # Dropped with its connection anyway, but only once the server's walsender has exited:
+            # drop it now, so nothing sees it after verify returned.
+            drop = sql.SQL("DROP_REPLICATION_SLOT {}").format(sql.Identifier(name)).as_bytes(exported.conn)
+            res = exported.conn.pgconn.exec_(drop)
+            if res.status != psycopg.pq.ExecStatus.COMMAND_OK:
+                log.debug("could not drop the temporary slot %s: %s", name, res.error_message)
 
 
 def verify(
