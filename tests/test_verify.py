@@ -203,6 +203,12 @@ def test_keyless_tables_are_skipped(pgdb: str, tmp_path: Path) -> None:
     code, report, _ = _verify(common)
     assert code == 0 and report["tables"]["public.log_rows"]["skipped"].startswith("no key")
     assert report["tables"]["public.items"]["equal"] is True
+    done = cli("verify", *common, "--table", "public.log_rows")  # asked for by name: an error, one line
+    assert done.returncode == 78, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("pg2delta:")] == [
+        "pg2delta: schema error: cannot verify public.log_rows: no key (rows are appended, keyed by their commit "
+        "position): not compared"
+    ]
 
 
 # --- every type ---------------------------------------------------------------------------------------

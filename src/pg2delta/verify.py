@@ -668,10 +668,12 @@ def verify(
             for t in todo:
                 pub = published.get(f"{t.schema}.{t.table}")
                 if pub is None:
-                    report.tables.append(TableResult(t.schema, t.table, t.version, skipped="not in the publication"))
-                    continue
-                report.tables.append(verify_table(engine, conn, config, pub, t, show=show_values,
-                                                  max_differences=max_differences))
+                    result = TableResult(t.schema, t.table, t.version, skipped="not in the publication")
+                else:
+                    result = verify_table(engine, conn, config, pub, t, show=show_values, max_differences=max_differences)
+                if result.skipped and tables:  # asked for by name: say why it cannot be compared
+                    raise SchemaError(f"cannot verify {result.name}: {result.skipped}")
+                report.tables.append(result)
             return report
         finally:
             job.close()
