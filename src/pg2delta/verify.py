@@ -12,8 +12,9 @@ A live source cannot be compared with a lake that lags it, so both are pinned to
    of keys (the first ``d`` hex digits of the md5 of the key's canonical text) the row count and
    the sum of a 60-bit prefix of each row's md5. Buckets that differ are split one hex digit
    deeper until they are small, and only then are those buckets' keys and row hashes fetched and
-   compared in Python. The driver holds aggregates of at most :data:`MAX_BUCKETS` buckets and the
-   rows of small buckets, never a table.
+   compared in Python. The driver holds aggregates of at most 16 ** :data:`MAX_DEPTH` buckets of
+   the first level (and of the large differing buckets' sub-buckets after it) and the rows of small
+   buckets, never a table.
 
 Canonical text. Each column becomes, on both sides, a text that is equal exactly when the values are
 equal under the README's type mapping (so a documented conversion is not a difference):
@@ -77,13 +78,12 @@ DIFFERENT = "different_values"  # both have the key with different values
 KINDS = (MISSING, EXTRA, DIFFERENT)
 
 BUCKET_ROWS = 2_000  # rows per bucket the first level aims at, and the most fetched per bucket
-MAX_BUCKETS = 65_536  # buckets of one level held at once (16**4)
+MAX_DEPTH = 4  # hex digits of the first level at most: 65,536 buckets held at once
 FETCH_ROWS = 50_000  # rows fetched per query at the end
 DEFAULT_MAX_DIFFERENCES = 1_000  # differing keys reported per table; then narrowing stops
 
 _2_52 = 4503599627370496
 _2_53 = 9007199254740992
-_SPARK_NAN_CHECKS = "isnan({x})"  # Spark and pysail: NaN = NaN is true on Spark, false on pysail
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -176,7 +176,8 @@ def _spark_float(x: str) -> str:
     m0 = f"(abs({x}) / pow(2D, {e0} - 52))"
     e = f"({e0} + CASE WHEN {m0} >= {_2_53} THEN 1 WHEN {m0} < {_2_52} AND {e0} > -1022 THEN -1 ELSE 0 END)"
     return (
-        f"CASE WHEN {x} IS NULL THEN NULL WHEN {_SPARK_NAN_CHECKS.format(x=x)} THEN 'NaN' "
+        # isnan, not = NaN: Apache Spark says NaN = NaN, pysail does not.
+        f"CASE WHEN {x} IS NULL THEN NULL WHEN isnan({x}) THEN 'NaN' "
         f"WHEN {x} = CAST('Infinity' AS DOUBLE) THEN 'Infinity' WHEN {x} = CAST('-Infinity' AS DOUBLE) THEN '-Infinity' "
         f"WHEN {x} = 0 THEN '0' ELSE concat(CASE WHEN {x} < 0 THEN '-' ELSE '' END, "
         f"CAST(CAST(abs({x}) / pow(2D, {e} - 52) AS BIGINT) AS STRING), 'p', CAST({e} - 52 AS STRING)) END"
@@ -404,7 +405,7 @@ def first_depth(rows: int) -> int:
     """Hex digits of the first level: about :data:`BUCKET_ROWS` rows a bucket, at most 16**4 buckets."""
     if rows <= BUCKET_ROWS:
         return 1
-    return max(1, min(4, math.ceil(math.log(rows / BUCKET_ROWS, 16))))
+    return max(1, min(MAX_DEPTH, math.ceil(math.log(rows / BUCKET_ROWS, 16))))
 
 
 def _row_differences(src: Rows, lake: Rows, key: Sequence[str], columns: Sequence[str], show: bool) -> list[Difference]:
@@ -452,7 +453,10 @@ def both(source: Callable[[], Any], lake: Callable[[], Any]) -> tuple[Any, Any]:
         try:
             theirs = lake()
         except BaseException:
-            pending.result()  # the source's query finishes (or fails) before the connection is reused
+            try:  # the source's query finishes before the connection is reused; the lake's error wins
+                pending.result()
+            except Exception:
+                log.debug("the source's query failed too", exc_info=True)
             raise
         return pending.result(), theirs
 
