@@ -612,8 +612,9 @@ def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) 
     for name in list(wanted) or sorted(found):
         t = found[name]
         if t.status != EXACT or t.delta_version is None:
+            # A run between the pinning and verify's own run moved the slot past L: a new pin works.
             raise LakeError(f"{name}: no Delta version holds the source's state at {format_lsn(lsn)} "
-                            f"({t.status}: {t.message}); run pg2delta verify again")
+                            f"({t.status}: {t.message}); run pg2delta verify again", retryable=True)
         logged = [r for r in rows if r.get("slot") == cfg.slot and r.get("schema_name") == t.schema
                   and r.get("table_name") == t.table and r.get("key_columns") and int(r["window_end"]) <= lsn]
         key = max(logged, key=lambda r: int(r["window_end"]))["key_columns"] if logged else None
