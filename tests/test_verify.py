@@ -30,7 +30,7 @@ from psycopg import sql
 
 from pg2delta import verify as verify_module
 from pg2delta.config import load
-from pg2delta.errors import EXIT_VERIFY_DIFFERS
+from pg2delta.errors import EXIT_VERIFY_DIFFERS, LakeError
 from pg2delta.job import Job
 from pg2delta.verify import DIFFERENT, EXTRA, MISSING, decode_items, first_depth, verify
 from test_type_fidelity import SETUP, TOAST_COLUMNS, _literal_columns, _phases
@@ -332,3 +332,28 @@ def test_random_float_bits_verify_clean(pgdb: str, tmp_path: Path) -> None:
         conn.execute("UPDATE floats SET f = f WHERE id = 6")
     [t] = verify(config).tables
     assert [(d.key["id"], d.columns) for d in t.differences] == [("5", ("d",))]
+
+
+def test_a_run_past_the_pinned_lsn_meanwhile_is_retryable(pgdb: str, tmp_path: Path) -> None:
+    """Another run moves the slot past L between verify's pinning and its own run: no version holds L."""
+    common, _lake = _setup(pgdb, tmp_path)
+    config = load(None, env={}, **dict(zip(("dsn", "slot", "publication", "lake"), common[1::2], strict=True)))
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE items SET qty = qty + 1 WHERE id = 1")  # before L, not applied yet
+
+    class Racing(Job):
+        def run(self, *, until_lsn: int | None = None, create_slot: bool | None = None) -> Any:
+            with psycopg.connect(pgdb, autocommit=True) as conn:
+                conn.execute("UPDATE items SET qty = qty + 1 WHERE id = 2")  # after L
+            other = Job(self.config)
+            try:
+                other.run()  # one window over both updates, ending past L
+            finally:
+                other.close()
+            return super().run(until_lsn=until_lsn, create_slot=create_slot)
+
+    with pytest.raises(LakeError, match="inside the window") as raised:
+        verify(config, job_factory=Racing)
+    assert raised.value.exit_code == 75
+    report = verify(config)  # a new pin after it: exact again
+    assert report.equal and report.tables[0].source_rows == 3000
