@@ -48,7 +48,7 @@ WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2 --dist loadgroup
 
-.PHONY: install install-spark install-airflow test-airflow demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain postgres clean
+.PHONY: install install-spark install-airflow test-airflow demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
@@ -163,6 +163,10 @@ bench-memory: install postgres
 # 1,000 small windows on one table, then `pg2delta maintain`: files before/after and read_speedup.
 bench-maintain: install postgres
 	$(PY) bench/bench_maintain.py
+
+# `pg2delta verify` of a 5 M-row table (PG2DELTA_BENCH_VERIFY_ROWS for another size): verify_rows_per_s.
+bench-verify: install postgres
+	$(PY) bench/bench_verify.py
 
 # The job on Apache Spark + Delta (spark_e2e_vs_server) and one window of 50 tables on both engines.
 bench-spark: $(SPARK35_STAMP) postgres

@@ -17,6 +17,9 @@ Exit codes (for Airflow and cron):
 invalidated). ``--json`` reports carry ``schema_version`` (:data:`JSON_SCHEMA_VERSION`); every
 field is documented in the README.
 
+``pg2delta verify`` exits 0 when the lake holds exactly the source's state at the LSN it pins,
+20 when some table differs (the report names the keys), and the run's codes otherwise.
+
 ``pg2delta versions --at-lsn X/Y`` exits 0 with its answer, also when some table has no version
 holding the state at X (the report says so per table); 78 without an applied log or for a bad LSN.
 
@@ -40,6 +43,7 @@ from pg2delta.errors import (
     EXIT_INTERNAL,
     EXIT_NEEDS_HUMAN,
     EXIT_OK,
+    EXIT_VERIFY_DIFFERS,
     RESERVED_EXIT_CODES,
     ConfigError,
     Pg2DeltaError,
@@ -154,6 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(versions)
     versions.add_argument("--at-lsn", required=True, help="the LSN (X/Y) whose state to find")
+    verify = sub.add_parser(
+        "verify",
+        help="compare the lake with the source at one LSN (applies the slot up to it first); exit 20 when they differ",
+    )
+    _common(verify)
+    verify.add_argument("--table", action="append", default=[], help="schema.table (repeat; default: every table of the lake)")
+    verify.add_argument("--show-values", action="store_true", help="print the differing values too (default: keys only)")
+    verify.add_argument(
+        "--max-differences", type=_non_negative(int), default=1000, metavar="N",
+        help="differing keys reported per table (default 1000); the report says when there were more",
+    )
     status = sub.add_parser(
         "status",
         help="show the slot's position, lag and WAL retention and the lake's tables; exit 10 (lag over a "
@@ -417,6 +432,32 @@ def _cmd_versions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from pg2delta.verify import to_json, verify
+
+    config = _config(args)
+    report = verify(config, args.table, show_values=args.show_values, max_differences=max(1, args.max_differences))
+    summary = to_json(report)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"pg2delta verify: slot {report.slot} at {summary['at_lsn']}: "
+              + ("the lake holds the source's state" if report.equal else "the lake DIFFERS from the source"))
+        for t in report.tables:
+            if t.skipped:
+                print(f"  {t.name}: skipped ({t.skipped})")
+                continue
+            print(f"  {t.name} (delta version {t.delta_version}): {t.source_rows} source rows, {t.lake_rows} lake rows, "
+                  f"{len(t.differences)}{'+' if t.truncated else ''} difference(s)"
+                  + (f"; not compared: {', '.join(t.columns_not_compared)}" if t.columns_not_compared else ""))
+            for d in t.differences:
+                key = ", ".join(f"{k}={v!r}" for k, v in d.key.items())
+                cols = f" columns {', '.join(d.columns)}" if d.columns else ""
+                values = f" source {d.source} lake {d.lake}" if d.source is not None or d.lake is not None else ""
+                print(f"    {d.kind}: ({key}){cols}{values}")
+    return EXIT_OK if report.equal else EXIT_VERIFY_DIFFERS
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from pg2delta.status import Thresholds, status, write_metrics
 
@@ -509,6 +550,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cmd_plan(args)
         if args.command == "versions":
             return _cmd_versions(args)
+        if args.command == "verify":
+            return _cmd_verify(args)
         if args.command == "maintain":
             return _cmd_maintain(args)
         return _cmd_status(args)

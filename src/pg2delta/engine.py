@@ -766,6 +766,39 @@ class Engine:
                     log.debug("could not drop temp view %s", view)
             self.lake.unstage(staged)
 
+    def decimal_text(self, expr: str, scale: int) -> str:
+        """Spark SQL for the plain text of a decimal with ``scale`` digits (``-0.0500``, never ``5.00E-2``).
+
+        Apache Spark prints small decimals and zeros with a scale in scientific notation (Java's
+        ``BigDecimal.toString``); ``format_number`` is exact for decimals there. pysail casts plainly,
+        and its ``format_number`` goes through a double (wrong past 15 digits).
+        """
+        if self.classic:
+            return f"replace(format_number({expr}, {scale}), ',', '')"
+        return f"CAST({expr} AS STRING)"
+
+    def query(self, statement: str, what: str) -> list[Any]:
+        """The rows of a (small: aggregates, a few rows) Spark SQL query; :class:`LakeError` on failure."""
+        return self._sql(statement, what)
+
+    @contextmanager
+    def version_view(self, uri: str, version: int) -> Iterator[str]:
+        """A temporary view of the Delta table at ``uri`` as of ``version``, dropped afterwards."""
+        view = f"pg2delta_version_{uuid.uuid4().hex[:12]}"
+        try:
+            self._read_version(uri, version).createOrReplaceTempView(view)
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
+        try:
+            yield view
+        finally:
+            try:
+                self.spark.catalog.dropTempView(view)
+            except Exception:
+                log.debug("could not drop temp view %s", view)
+
     def read_version(self, uri: str, version: int | None) -> Any:
         """The Delta table at ``uri`` as of ``version`` (None: the latest) as a DataFrame."""
         return self._read_version(uri, version)

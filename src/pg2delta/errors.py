@@ -41,6 +41,10 @@ EXIT_STATUS_LAG = 10  # lag over --max-lag-bytes or --max-lag-seconds
 EXIT_STATUS_UNRESERVED = 11  # wal_status 'unreserved': the next checkpoint may remove WAL the slot needs
 EXIT_STATUS_INVALIDATED = 12  # the slot is invalidated: its changes are gone, the lake needs a new bootstrap
 
+# ``pg2delta verify``: the lake does not hold the source's state at the verified LSN (the report
+# names the keys); 0 when every table is equal.
+EXIT_VERIFY_DIFFERS = 20
+
 # For errors that retrying cannot fix; a retryable error of any kind exits EXIT_RETRYABLE.
 EXIT_CODES: dict[ErrorKind, int] = {
     ErrorKind.CONNECTION: EXIT_NEEDS_HUMAN,  # e.g. a refused login

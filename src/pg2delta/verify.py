@@ -1,0 +1,711 @@
+"""``pg2delta verify``: the lake against the source, exactly, at one point in time.
+
+A live source cannot be compared with a lake that lags it, so both are pinned to one LSN ``L``:
+
+1. a TEMPORARY logical slot is created with an exported snapshot (bootstrap's
+   :class:`~pg2delta.bootstrap.ExportedSnapshot`): ``L`` is its consistent point, and a connection
+   imports the snapshot (``REPEATABLE READ``, ``SET TRANSACTION SNAPSHOT``) at once;
+2. the real slot is applied up to ``L`` (:meth:`pg2delta.job.Job.run` with ``until_lsn=L``), and the
+   applied log gives each table's Delta version holding the source's state at ``L``
+   (:func:`pg2delta.versions.versions_at`), so a concurrent run cannot move what is compared;
+3. per table, both sides compute the same aggregates in their own SQL: row counts, then per bucket
+   of keys (the first ``d`` hex digits of the md5 of the key's canonical text) the row count and
+   the sum of a 60-bit prefix of each row's md5. Buckets that differ are split one hex digit
+   deeper until they are small, and only then are those buckets' keys and row hashes fetched and
+   compared in Python. The driver holds aggregates of at most 16 ** :data:`MAX_DEPTH` buckets of
+   the first level (and of the large differing buckets' sub-buckets after it) and the rows of small
+   buckets, never a table.
+
+Canonical text. Each column becomes, on both sides, a text that is equal exactly when the values are
+equal under the README's type mapping (so a documented conversion is not a difference):
+
+* integers, oid: the decimal number; booleans ``t``/``f``; numerics (decimal in the lake) with the
+  lake column's scale, NaN as NULL (the lake nulls it); strings (text, json, jsonb, unbounded
+  numeric, time, interval, uuid, inet, ... every type the lake holds as text): the type's output
+  function, ``format('%s', c)``, in a session with the job's settings (``DateStyle=ISO``,
+  ``IntervalStyle=postgres``, ``TimeZone=UTC``, shortest-exact floats);
+* floats: ``NaN``, ``Infinity``, ``-Infinity``, ``0``, else ``[-]m p e`` with the integer
+  significand ``m`` and exponent ``e`` of the binary value, ``x = m * 2**e`` (both engines and
+  PostgreSQL print floats differently, the bits are the same): PostgreSQL reads them from the
+  bits (``float8send``), Spark computes them (``log2``, then a division by a power of two, exact,
+  and a correction of one step where ``log2`` rounded); ``-0`` and ``0`` compare equal;
+* dates: days since 1970-01-01; timestamps (with and without time zone): microseconds since
+  1970-01-01 00:00 (UTC for timestamptz), after the documented clamp to 0001-01-01 ... 9999-12-31
+  23:59:59.999999 on the source side; bytea: lower-case hex;
+* arrays: the canonical texts of their elements in order, NULL elements marked. Arrays are
+  flattened on both sides (the lake flattens values with more dimensions than declared and drops
+  lower bounds): arrays declared with several dimensions are compared by their elements in order,
+  not by their shape (a padded ``[[1, 2]]`` is the same as ``[1, 2]`` here).
+
+A lake column type with no shared form (none pg2delta writes today) is not compared; the table's
+report names it (``columns_not_compared``).
+
+A value is ``N`` when NULL, else ``V<bytes>:<text>``; a row's text is its columns' in name order, so
+texts cannot run into each other. The row hash is md5 of that; the key text is the same over the
+key columns, and is what the report prints (decoded back to the key's canonical values).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from pg2delta.config import Config
+from pg2delta.errors import ConfigError, LakeError, SchemaError
+from pg2delta.lsn import format_lsn
+from pg2delta.progress import Progress
+
+if TYPE_CHECKING:
+    from pg2delta.bootstrap import PublishedTable
+    from pg2delta.engine import Engine
+
+log = logging.getLogger(__name__)
+
+MISSING = "missing_in_lake"  # the source has the key, the lake does not
+EXTRA = "extra_in_lake"  # the lake has the key, the source does not
+DIFFERENT = "different_values"  # both have the key with different values
+KINDS = (MISSING, EXTRA, DIFFERENT)
+
+BUCKET_ROWS = 2_000  # rows per bucket the first level aims at, and the most fetched per bucket
+MAX_DEPTH = 4  # hex digits of the first level at most: 65,536 buckets held at once
+FETCH_ROWS = 50_000  # rows fetched per query at the end
+DEFAULT_MAX_DIFFERENCES = 1_000  # differing keys reported per table; then narrowing stops
+
+_2_52 = 4503599627370496
+_2_53 = 9007199254740992
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    kind: str  # one of KINDS
+    key: dict[str, str | None]  # the key's canonical values
+    columns: tuple[str, ...] = ()  # DIFFERENT: the columns that differ
+    source: dict[str, str | None] | None = None  # --show-values: canonical values, source side
+    lake: dict[str, str | None] | None = None  # --show-values: canonical values, lake side
+
+
+@dataclass
+class TableResult:
+    schema: str
+    table: str
+    delta_version: int | None = None
+    source_rows: int = 0
+    lake_rows: int = 0
+    differences: list[Difference] = field(default_factory=list)
+    truncated: bool = False  # more differences than were narrowed down (max_differences)
+    skipped: str | None = None  # why the table was not compared (no key)
+    columns_not_compared: list[str] = field(default_factory=list)
+    buckets_compared: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def equal(self) -> bool:
+        return self.skipped is not None or (not self.differences and self.source_rows == self.lake_rows)
+
+
+@dataclass
+class VerifyReport:
+    slot: str
+    at_lsn: int
+    tables: list[TableResult] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        return all(t.equal for t in self.tables)
+
+
+# --- canonical text, both dialects ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    """One compared column: its name, the lake's Spark type name and the source's base type name."""
+
+    name: str
+    delta: str  # Spark simpleString: int, decimal(10,2), array<timestamp>, ...
+    pg: str  # the source's (base) type name; for arrays, the element's
+
+
+_DECIMAL = re.compile(r"^decimal\((\d+),(-?\d+)\)$")
+_SCALARS = {"boolean", "tinyint", "smallint", "int", "bigint", "float", "double", "string", "binary", "date",
+            "timestamp", "timestamp_ntz"}
+_OID_LIKE = {"oid", "regclass", "regproc", "regtype", "xid", "cid"}
+
+
+def comparable(delta: str) -> bool:
+    """Whether a lake column type has a canonical text on both sides."""
+    inner = delta
+    while inner.startswith("array<") and inner.endswith(">"):
+        inner = inner[6:-1]
+    return inner in _SCALARS or _DECIMAL.match(inner) is not None
+
+
+def _pg_float(x: str) -> str:
+    # The significand and exponent straight from the IEEE bits (float8send); Spark has no bit access
+    # and computes the same numbers arithmetically (_spark_float).
+    b = f"('x' || encode(float8send({x}), 'hex'))::bit(64)::bigint"
+    exp = f"(({b} >> 52) & 2047)"
+    frac = f"({b} & {_2_52 - 1})"
+    return (
+        f"CASE WHEN {x} IS NULL THEN NULL WHEN {x} = 'NaN'::float8 THEN 'NaN' WHEN {x} = 'Infinity'::float8 "
+        f"THEN 'Infinity' WHEN {x} = '-Infinity'::float8 THEN '-Infinity' WHEN {x} = 0 THEN '0' ELSE "
+        f"CASE WHEN {x} < 0 THEN '-' ELSE '' END || (CASE WHEN {exp} = 0 THEN {frac} ELSE {frac} + {_2_52} END)::text "
+        f"|| 'p' || (CASE WHEN {exp} = 0 THEN -1074 ELSE {exp} - 1075 END)::text END"
+    )
+
+
+def _spark_float(x: str) -> str:
+    e0 = f"greatest(floor(log2(abs({x}))), -1022)"
+    m0 = f"(abs({x}) / pow(2D, {e0} - 52))"
+    e = f"({e0} + CASE WHEN {m0} >= {_2_53} THEN 1 WHEN {m0} < {_2_52} AND {e0} > -1022 THEN -1 ELSE 0 END)"
+    return (
+        # isnan, not = NaN: Apache Spark says NaN = NaN, pysail does not.
+        f"CASE WHEN {x} IS NULL THEN NULL WHEN isnan({x}) THEN 'NaN' "
+        f"WHEN {x} = CAST('Infinity' AS DOUBLE) THEN 'Infinity' WHEN {x} = CAST('-Infinity' AS DOUBLE) THEN '-Infinity' "
+        f"WHEN {x} = 0 THEN '0' ELSE concat(CASE WHEN {x} < 0 THEN '-' ELSE '' END, "
+        f"CAST(CAST(abs({x}) / pow(2D, {e} - 52) AS BIGINT) AS STRING), 'p', CAST({e} - 52 AS STRING)) END"
+    )
+
+
+def pg_scalar(c: str, delta: str, pg: str) -> str:
+    """The canonical text of one non-array value ``c`` (SQL) on the source side; NULL iff NULL (or NaN numeric)."""
+    if delta in ("tinyint", "smallint", "int", "bigint"):
+        return f"({c})::oid::bigint::text" if pg in _OID_LIKE else f"({c})::bigint::text"
+    if delta == "boolean":
+        return f"CASE WHEN ({c}) THEN 't' WHEN NOT ({c}) THEN 'f' END"
+    if delta in ("float", "double"):
+        return _pg_float(f"({c})::float8")
+    if m := _DECIMAL.match(delta):
+        n = f"({c})::numeric"
+        return f"CASE WHEN {n} = 'NaN'::numeric THEN NULL ELSE ({n})::numeric(1000, {max(int(m.group(2)), 0)})::text END"
+    if delta == "binary":
+        return f"encode(({c})::bytea, 'hex')"
+    # GREATEST and LEAST ignore NULLs: the clamps keep them NULL explicitly.
+    if delta == "date":
+        return f"CASE WHEN ({c}) IS NULL THEN NULL ELSE (LEAST(GREATEST(({c})::date, '0001-01-01'::date), '9999-12-31'::date) - '1970-01-01'::date)::text END"
+    if delta in ("timestamp", "timestamp_ntz"):
+        t = "timestamptz" if delta == "timestamp" else "timestamp"
+        zone = "+00" if delta == "timestamp" else ""
+        clamped = (
+            f"LEAST(GREATEST(({c})::{t}, '0001-01-01 00:00:00{zone}'::{t}), '9999-12-31 23:59:59.999999{zone}'::{t})"
+        )
+        return f"CASE WHEN ({c}) IS NULL THEN NULL ELSE (extract(epoch FROM {clamped}) * 1000000)::bigint::text END"
+    # num_nulls: a composite whose fields are all NULL "IS NULL" in SQL, but is a value.
+    return f"CASE WHEN num_nulls({c}) = 1 THEN NULL ELSE format('%s', {c}) END"
+
+
+DecimalText = Callable[[str, int], str]  # Engine.decimal_text: SQL for a decimal's plain text
+
+
+def spark_scalar(c: str, delta: str, decimal_text: DecimalText) -> str:
+    """The canonical text of one non-array value ``c`` (Spark SQL) on the lake side."""
+    if delta in ("tinyint", "smallint", "int", "bigint"):
+        return f"CAST({c} AS STRING)"
+    if m := _DECIMAL.match(delta):
+        return decimal_text(c, int(m.group(2)))
+    if delta == "boolean":
+        return f"CASE WHEN {c} THEN 't' WHEN NOT {c} THEN 'f' END"
+    if delta in ("float", "double"):
+        return _spark_float(f"CAST({c} AS DOUBLE)")
+    if delta == "binary":
+        return f"lower(hex({c}))"
+    if delta == "date":
+        return f"CAST(unix_date({c}) AS STRING)"
+    if delta == "timestamp":
+        return f"CAST(unix_micros({c}) AS STRING)"
+    if delta == "timestamp_ntz":
+        # Without the session time zone: day number, then the wall-clock time of day.
+        return (
+            f"CAST(CAST(unix_date(CAST({c} AS DATE)) AS BIGINT) * 86400000000 + CAST(hour({c}) AS BIGINT) * 3600000000 "
+            f"+ CAST(minute({c}) AS BIGINT) * 60000000 + CAST(date_part('SECOND', {c}) * 1000000 AS BIGINT) AS STRING)"
+        )
+    return f"CAST({c} AS STRING)"
+
+
+def pg_item(k: str) -> str:
+    return f"coalesce('V' || octet_length({k})::text || ':' || {k}, 'N')"
+
+
+def spark_item(k: str) -> str:
+    return f"coalesce(concat('V', CAST(octet_length({k}) AS STRING), ':', {k}), 'N')"
+
+
+def _array_parts(delta: str) -> tuple[int, str]:
+    depth = 0
+    while delta.startswith("array<") and delta.endswith(">"):
+        delta, depth = delta[6:-1], depth + 1
+    return depth, delta
+
+
+def pg_value(c: str, col: ColumnType) -> str:
+    depth, elem = _array_parts(col.delta)
+    if not depth:
+        return pg_scalar(c, col.delta, col.pg)
+    items = pg_item(pg_scalar("u.x", elem, col.pg))
+    return (
+        f"CASE WHEN ({c}) IS NULL THEN NULL ELSE '[' || coalesce((SELECT string_agg({items}, ',' ORDER BY u.o) "
+        f"FROM unnest({c}) WITH ORDINALITY AS u(x, o)), '') || ']' END"
+    )
+
+
+def spark_value(c: str, col: ColumnType, decimal_text: DecimalText) -> str:
+    depth, elem = _array_parts(col.delta)
+    if not depth:
+        return spark_scalar(c, col.delta, decimal_text)
+    flat = c
+    for _ in range(depth - 1):
+        flat = f"flatten({flat})"
+    items = spark_item(spark_scalar("pg2delta_x", elem, decimal_text))
+    return f"CASE WHEN {c} IS NULL THEN NULL ELSE concat('[', array_join(transform({flat}, pg2delta_x -> {items}), ','), ']') END"
+
+
+def decode_items(text: str) -> list[str | None]:
+    """A row or key text back into its values (see the module docstring)."""
+    out: list[str | None] = []
+    data = text.encode()
+    i = 0
+    while i < len(data):
+        if data[i : i + 1] == b"N":
+            out.append(None)
+            i += 1
+            continue
+        colon = data.index(b":", i)
+        n = int(data[i + 1 : colon])
+        out.append(data[colon + 1 : colon + 1 + n].decode())
+        i = colon + 1 + n
+    return out
+
+
+# --- the two sides ------------------------------------------------------------------------------
+
+
+Buckets = dict[str, tuple[int, int]]  # hex prefix -> (rows, sum of 60-bit row-hash prefixes)
+Rows = dict[str, list[tuple[str, str]]]  # key text -> [(row hash, row text)] (several: duplicate keys)
+
+
+def _in_list(prefixes: Sequence[str]) -> str:
+    return ", ".join(f"'{p}'" for p in prefixes)  # hex digits only: nothing to escape
+
+
+class _Side:
+    """Aggregates of one side's table over the key text ``k`` and row text ``t`` (subclasses: dialects)."""
+
+    hash60 = ""  # SQL: the 60-bit integer prefix of the hex md5 ``r``
+
+    def __init__(self, key_text: str, row_text: str) -> None:
+        self.key_text = key_text
+        self.row_text = row_text
+
+    def query(self, statement: str, what: str) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def source(self, *, texts: bool) -> str:
+        raise NotImplementedError
+
+    def _base(self, texts: bool) -> str:
+        extra = f", {self.key_text} AS k, {self.row_text} AS t" if texts else ""
+        return f"SELECT md5({self.key_text}) AS h, md5({self.row_text}) AS r{extra} FROM {self.source(texts=texts)}"
+
+    def count(self) -> int:
+        [(n,)] = self.query(f"SELECT count(*) FROM {self.source(texts=False)}", "counting rows")
+        return int(n)
+
+    def buckets(self, depth: int, within: Sequence[str] | None, within_depth: int) -> Buckets:
+        where = f" WHERE substr(q.h, 1, {within_depth}) IN ({_in_list(within)})" if within else ""
+        rows = self.query(
+            f"SELECT substr(q.h, 1, {depth}) AS b, count(*) AS n, sum({self.hash60}) AS s "
+            f"FROM ({self._base(False)}) q{where} GROUP BY substr(q.h, 1, {depth})",
+            f"hashing buckets of {depth} hex digits",
+        )
+        return {str(b): (int(n), int(s)) for b, n, s in rows}
+
+    def rows(self, prefixes: Sequence[str], depth: int) -> Rows:
+        out: Rows = {}
+        for k, r, t in self.query(
+            f"SELECT q.k, q.r, q.t FROM ({self._base(True)}) q WHERE substr(q.h, 1, {depth}) IN ({_in_list(prefixes)})",
+            "fetching the rows of differing buckets",
+        ):
+            out.setdefault(str(k), []).append((str(r), str(t)))
+        return out
+
+
+class SourceSide(_Side):
+    """The source table in the exported snapshot (PostgreSQL SQL); published rows and columns only."""
+
+    hash60 = "('x' || substr(q.r, 1, 15))::bit(60)::bigint"
+
+    def __init__(self, conn: psycopg.Connection[Any], table: PublishedTable, key: Sequence[ColumnType],
+                 columns: Sequence[ColumnType]) -> None:
+        def text(cols: Sequence[ColumnType]) -> str:
+            parts = [pg_item(pg_value(sql.Identifier(c.name).as_string(conn), c)) for c in cols]
+            return " || ".join(parts) if parts else "''"
+
+        super().__init__(text(key), text(columns))
+        self.conn = conn
+        rel = table.relation
+        ident = sql.Identifier(rel.namespace, rel.name).as_string(conn)
+        self._from = f"{'' if table.partitioned else 'ONLY '}{ident}"
+        if table.row_filter:
+            self._from += f" WHERE ({table.row_filter})"
+
+    def source(self, *, texts: bool) -> str:
+        return f"(SELECT * FROM {self._from}) AS s"
+
+    def query(self, statement: str, what: str) -> list[tuple[Any, ...]]:
+        try:
+            return list(self.conn.execute(statement.encode()).fetchall())
+        except psycopg.Error as exc:
+            raise SchemaError(f"{what} in the source failed: {' '.join(str(exc).split())[:500]}") from exc
+
+
+class LakeSide(_Side):
+    """The Delta table at one version (Spark SQL through the engine, a temporary view)."""
+
+    hash60 = "CAST(conv(substr(q.r, 1, 15), 16, 10) AS DECIMAL(38,0))"
+
+    def __init__(self, engine: Engine, view: str, key: Sequence[ColumnType], columns: Sequence[ColumnType]) -> None:
+        from pg2delta.merge import quote
+
+        def text(cols: Sequence[ColumnType]) -> str:
+            parts = [spark_item(spark_value(quote(c.name), c, engine.decimal_text)) for c in cols]
+            return f"concat({', '.join(parts)})" if parts else "''"
+
+        super().__init__(text(key), text(columns))
+        self.engine = engine
+        self.view = view
+
+    def source(self, *, texts: bool) -> str:
+        return self.view
+
+    def query(self, statement: str, what: str) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self.engine.query(statement, f"{what} in the lake")]
+
+
+# --- narrowing ---------------------------------------------------------------------------------
+
+
+def first_depth(rows: int) -> int:
+    """Hex digits of the first level: about :data:`BUCKET_ROWS` rows a bucket, at most 16**4 buckets."""
+    if rows <= BUCKET_ROWS:
+        return 1
+    return max(1, min(MAX_DEPTH, math.ceil(math.log(rows / BUCKET_ROWS, 16))))
+
+
+def _row_differences(src: Rows, lake: Rows, key: Sequence[str], columns: Sequence[str], show: bool) -> list[Difference]:
+    """Keys whose rows differ between the two sides' rows of the same buckets."""
+    out: list[Difference] = []
+    for k in sorted(set(src) | set(lake)):
+        mine, theirs = src.get(k, []), lake.get(k, [])
+        key_values = dict(zip(key, decode_items(k), strict=True))
+        if mine and theirs and mine[0][0] != theirs[0][0]:
+            a, b = decode_items(mine[0][1]), decode_items(theirs[0][1])
+            changed = tuple(c for c, x, y in zip(columns, a, b, strict=True) if x != y)
+            values = (dict(zip(changed, (a[columns.index(c)] for c in changed), strict=True)),
+                      dict(zip(changed, (b[columns.index(c)] for c in changed), strict=True))) if show else (None, None)
+            out.append(Difference(DIFFERENT, key_values, changed, *values))
+        for t in mine[len(theirs):]:  # in the source only (or more often there)
+            out.append(Difference(MISSING, key_values, (), *((_named(columns, t[1]), None) if show else (None, None))))
+        for t in theirs[len(mine):]:
+            out.append(Difference(EXTRA, key_values, (), *((None, _named(columns, t[1])) if show else (None, None))))
+    return out
+
+
+def _named(columns: Sequence[str], text: str) -> dict[str, str | None]:
+    return dict(zip(columns, decode_items(text), strict=True))
+
+
+def _batches(prefixes: Sequence[str], sizes: dict[str, int]) -> Iterator[list[str]]:
+    """Prefixes grouped so that one fetch brings at most about :data:`FETCH_ROWS` rows."""
+    batch: list[str] = []
+    rows = 0
+    for p in prefixes:
+        if batch and rows + sizes[p] > FETCH_ROWS:
+            yield batch
+            batch, rows = [], 0
+        batch.append(p)
+        rows += sizes[p]
+    if batch:
+        yield batch
+
+
+def both(source: Callable[[], Any], lake: Callable[[], Any]) -> tuple[Any, Any]:
+    """``source()`` in a worker thread while ``lake()`` runs here: PostgreSQL and the engine hash at
+    the same time. The engine stays on this thread (a classic session's views belong to it)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg2delta-verify") as pool:
+        pending = pool.submit(source)
+        try:
+            theirs = lake()
+        except BaseException:
+            try:  # the source's query finishes before the connection is reused; the lake's error wins
+                pending.result()
+            except Exception:
+                log.debug("the source's query failed too", exc_info=True)
+            raise
+        return pending.result(), theirs
+
+
+def narrow(src: _Side, lake: _Side, result: TableResult, *, key: Sequence[str], columns: Sequence[str],
+           show: bool, max_differences: int, progress: Progress | None = None) -> None:
+    """Compare bucket aggregates level by level; fetch the rows of small differing buckets."""
+    depth, within, within_depth = first_depth(max(result.source_rows, result.lake_rows)), None, 0
+    while True:
+        a, b = both(partial(src.buckets, depth, within, within_depth), partial(lake.buckets, depth, within, within_depth))
+        result.buckets_compared += len(set(a) | set(b))
+        if progress is not None and within is None:
+            progress.move_to(result.source_rows, rows=result.source_rows)
+        differing = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+        sizes = {p: max(a.get(p, (0, 0))[0], b.get(p, (0, 0))[0]) for p in differing}
+        small = [p for p in differing if sizes[p] <= BUCKET_ROWS or depth >= 32]
+        deeper = [p for p in differing if p not in set(small)]
+        batches = list(_batches(small, sizes))
+        for i, batch in enumerate(batches):
+            mine, theirs = both(partial(src.rows, batch, depth), partial(lake.rows, batch, depth))
+            found = _row_differences(mine, theirs, key, columns, show)
+            result.differences.extend(found)
+            if len(result.differences) >= max_differences:
+                more = len(result.differences) > max_differences or i + 1 < len(batches) or bool(deeper)
+                result.truncated = more
+                del result.differences[max_differences:]
+                return
+        if not deeper:
+            return
+        log.info("verify: %s: %d bucket(s) of %d hex digit(s) differ and are large: one digit deeper",
+                 result.name, len(deeper), depth)
+        within, within_depth, depth = deeper, depth, depth + 1
+
+
+# --- one table ------------------------------------------------------------------------------------
+
+_BASE_TYPES = """
+SELECT a.attname::text, CASE WHEN b.typcategory = 'A' THEN e.typname ELSE b.typname END::text
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+LEFT JOIN pg_type e ON e.oid = b.typelem
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+_PRIMARY_KEY = """
+SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = %s AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)
+"""
+
+
+def _key_columns(conn: psycopg.Connection[Any], config: Config, table: PublishedTable, logged: str | None) -> list[str]:
+    """The columns the lake merges the table on: the applied log's, else as the job resolves them."""
+    import json
+
+    if logged:
+        return [str(c) for c in json.loads(logged)]
+    rel = table.relation
+    configured = config.table(rel.namespace or "public", rel.name).key
+    if configured:
+        return list(configured)
+    if rel.replica_identity != "f":
+        return [c.name for c in rel.columns if c.flags & 1]
+    return [str(r[0]) for r in conn.execute(_PRIMARY_KEY, (rel.oid,)).fetchall()]
+
+
+@dataclass(frozen=True, slots=True)
+class TableToVerify:
+    schema: str
+    table: str
+    uri: str
+    version: int
+    logged_key: str | None  # the applied log's key_columns (JSON) for the table at that version
+
+
+def _columns(
+    conn: psycopg.Connection[Any], table: PublishedTable, lake_types: dict[str, str], result: TableResult
+) -> list[ColumnType]:
+    """The columns both sides have (name order), noting the others in ``result``."""
+    from pg2delta.changes import META_FIELDS
+
+    meta = {f.name for f in META_FIELDS}
+    base = {str(n): str(t) for n, t in conn.execute(_BASE_TYPES, (table.relation.oid,)).fetchall()}
+    published = {c.name for c in table.relation.columns}
+    out: list[ColumnType] = []
+    for name in sorted(published | (set(lake_types) - meta)):
+        delta = lake_types.get(name)
+        if name not in published:
+            result.columns_not_compared.append(f"{name} (in the lake only)")
+        elif delta is None:
+            result.columns_not_compared.append(f"{name} (not in the lake)")
+        elif not comparable(delta):
+            result.columns_not_compared.append(f"{name} ({delta}: no shared canonical form)")
+        else:
+            out.append(ColumnType(name, delta, base.get(name, "")))
+    return out
+
+
+def verify_table(
+    engine: Engine, conn: psycopg.Connection[Any], config: Config, published: PublishedTable, t: TableToVerify,
+    *, show: bool, max_differences: int,
+) -> TableResult:
+    """Compare one table of the lake at ``t.version`` with the source in ``conn``'s snapshot."""
+    from pg2delta.changes import LSN_COL
+
+    result = TableResult(t.schema, t.table, t.version)
+    lake_types = engine.table_types(t.uri, version=t.version) or {}
+    if LSN_COL in lake_types:
+        result.skipped = "no key (rows are appended, keyed by their commit position): not compared"
+        return result
+    columns = _columns(conn, published, lake_types, result)
+    key_names = _key_columns(conn, config, published, t.logged_key)
+    by_name = {c.name: c for c in columns}
+    if not key_names or any(k not in by_name for k in key_names):
+        raise SchemaError(f"table {result.name}: no key both sides can compare (key {key_names or 'none'})")
+    key = [by_name[k] for k in key_names]
+    src = SourceSide(conn, published, key, columns)
+    with engine.version_view(t.uri, t.version) as view:
+        lake = LakeSide(engine, view, key, columns)
+        result.source_rows, result.lake_rows = both(src.count, lake.count)
+        with Progress(f"verify {result.name}", total=result.source_rows, unit="rows", logger=log,
+                      line=lambda p: f"verify: {result.name}: {p.rows} rows hashed") as progress:
+            narrow(src, lake, result, key=key_names, columns=[c.name for c in columns], show=show,
+                   max_differences=max_differences, progress=progress)
+    log.info("verify: %s at delta version %d: %d source rows, %d lake rows, %d difference(s)",
+             result.name, t.version, result.source_rows, result.lake_rows, len(result.differences))
+    return result
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) -> list[TableToVerify]:
+    """Per table to verify, its Delta version holding the source's state at ``lsn`` (see versions.py)."""
+    from pg2delta.job import LOG_TABLE
+    from pg2delta.slot import SlotSource
+    from pg2delta.versions import EXACT, versions_at
+
+    cfg = config.source
+    with SlotSource(cfg.dsn, cfg.slot, cfg.publication, connect_timeout=cfg.connect_timeout) as src:
+        info = src.slot_info()  # before the applied log (see versions.py)
+    uri = engine.lake.table_uri(LOG_TABLE)
+    if engine.lake.delta_version(uri) is None:
+        raise LakeError(f"no applied log at {uri}: nothing was applied to this lake yet")
+    rows = engine.read_table(uri)
+    report = versions_at(rows, cfg.slot, lsn, lake_root=config.lake_root,
+                         slot_confirmed=None if info is None else info.confirmed_flush_lsn)
+    found = {t.name: t for t in report.tables}
+    missing = [n for n in wanted if n not in found]
+    if missing:
+        raise ConfigError(f"not a table of the lake (slot {cfg.slot!r}): {', '.join(missing)}")
+    out: list[TableToVerify] = []
+    for name in list(wanted) or sorted(found):
+        t = found[name]
+        if t.status != EXACT or t.delta_version is None:
+            # A run between the pinning and verify's own run moved the slot past L: a new pin works.
+            raise LakeError(f"{name}: no Delta version holds the source's state at {format_lsn(lsn)} "
+                            f"({t.status}: {t.message}); run pg2delta verify again", retryable=True)
+        logged = [r for r in rows if r.get("slot") == cfg.slot and r.get("schema_name") == t.schema
+                  and r.get("table_name") == t.table and r.get("key_columns") and int(r["window_end"]) <= lsn]
+        key = max(logged, key=lambda r: int(r["window_end"]))["key_columns"] if logged else None
+        out.append(TableToVerify(t.schema, t.table, engine.lake.table_uri(t.schema, t.table), t.delta_version, key))
+    return out
+
+
+@contextmanager
+def _pinned_source(config: Config) -> Iterator[tuple[int, psycopg.Connection[Any]]]:
+    """A temporary slot's consistent point L, and a connection reading the snapshot it exported."""
+    from pg2delta.bootstrap import ExportedSnapshot, open_snapshot
+    from pg2delta.slot import connect
+
+    cfg = config.source
+    name = f"pg2delta_verify_{uuid.uuid4().hex[:12]}"
+    with ExportedSnapshot(cfg.dsn, name, temporary=True, connect_timeout=cfg.connect_timeout) as exported:
+        conn = connect(cfg.dsn, application_name="pg2delta verify", connect_timeout=cfg.connect_timeout)
+        try:
+            open_snapshot(conn, exported.snapshot)
+            conn.execute("SET LOCAL DateStyle = 'ISO'")
+            conn.execute("SET LOCAL IntervalStyle = 'postgres'")
+            conn.execute("SET LOCAL extra_float_digits = 1")
+            yield exported.snapshot.consistent_lsn, conn
+        finally:
+            conn.close()
+            # Dropped with its connection anyway, but only once the server's walsender has exited:
+            # drop it now, so nothing sees it after verify returned.
+            drop = sql.SQL("DROP_REPLICATION_SLOT {}").format(sql.Identifier(name)).as_bytes(exported.conn)
+            res = exported.conn.pgconn.exec_(drop)
+            if res.status != psycopg.pq.ExecStatus.COMMAND_OK:
+                log.debug("could not drop the temporary slot %s: %s", name, res.error_message)
+
+
+def verify(
+    config: Config, tables: Sequence[str] = (), *, show_values: bool = False,
+    max_differences: int = DEFAULT_MAX_DIFFERENCES, job_factory: Callable[[Config], Any] | None = None,
+) -> VerifyReport:
+    """``pg2delta verify``: apply the slot up to a fresh snapshot's LSN, then compare every table there."""
+    from pg2delta.bootstrap import published_tables
+    from pg2delta.config import validate
+    from pg2delta.job import Job
+
+    validate(config)
+    bad = [n for n in tables if n.count(".") != 1 or not all(n.split("."))]
+    if bad:
+        raise ConfigError(f"--table takes schema.table: {', '.join(bad)}")
+    with _pinned_source(config) as (lsn, conn):
+        log.info("verify: source pinned at %s", format_lsn(lsn))
+        job = (job_factory or Job)(config)
+        try:
+            job.run(until_lsn=lsn)
+            engine = job.engine
+            todo = _tables_at(engine, config, lsn, tables)
+            published = {t.qualified: t for t in published_tables(conn, config.source.publication)}
+            report = VerifyReport(config.source.slot, lsn)
+            for t in todo:
+                pub = published.get(f"{t.schema}.{t.table}")
+                if pub is None:
+                    result = TableResult(t.schema, t.table, t.version, skipped="not in the publication")
+                else:
+                    result = verify_table(engine, conn, config, pub, t, show=show_values, max_differences=max_differences)
+                if result.skipped and tables:  # asked for by name: say why it cannot be compared
+                    raise SchemaError(f"cannot verify {result.name}: {result.skipped}")
+                report.tables.append(result)
+            return report
+        finally:
+            job.close()
+
+
+def to_json(report: VerifyReport) -> dict[str, Any]:
+    """The ``--json`` form (``schema_version`` 1; see README, Verify)."""
+    def diff(d: Difference) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": d.kind, "key": d.key}
+        if d.kind == DIFFERENT:
+            out["columns"] = list(d.columns)
+        if d.source is not None or d.lake is not None:
+            out["source"], out["lake"] = d.source, d.lake
+        return out
+
+    return {
+        "schema_version": 1,
+        "slot": report.slot,
+        "at_lsn": format_lsn(report.at_lsn),
+        "equal": report.equal,
+        "tables": {
+            t.name: {
+                "equal": t.equal, "delta_version": t.delta_version, "source_rows": t.source_rows,
+                "lake_rows": t.lake_rows, "skipped": t.skipped, "truncated": t.truncated,
+                "columns_not_compared": t.columns_not_compared, "buckets_compared": t.buckets_compared,
+                "differences": [diff(d) for d in t.differences],
+            }
+            for t in report.tables
+        },
+    }
