@@ -46,7 +46,7 @@ WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 # The tests start a driver JVM per CLI run for jobs of seconds: the client compiler alone and the
 # serial collector start faster (measured: 10-30% off a crash-and-rerun fault test). Tests only.
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-XDIST ?= -n 2 --dist loadgroup
+XDIST ?= -n 2
 
 .PHONY: install install-spark install-airflow test-airflow demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean
 

@@ -10,6 +10,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -44,6 +45,26 @@ SLOW_FIRST = (
     "tests/test_maintain.py::test_maintain_compacts_and_changes_no_row",
     "tests/test_bootstrap.py::test_bootstrap_killed",
 )
+
+
+# Files whose tests share a module-scoped fixture that costs a lot to build (the type matrix, an
+# Airflow home): all their tests go to one test worker, which builds it once.
+ONE_WORKER = ("tests/test_type_fidelity.py", "tests/test_airflow.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's ``load`` distribution (each worker is handed a test or two as it goes), except
+    that the tests of each :data:`ONE_WORKER` file are handed out together."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduler(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in ONE_WORKER else nodeid
+
+    return Scheduler(config, log)
 
 
 def _slow_first(item: pytest.Item) -> tuple[int, int]:

@@ -614,10 +614,6 @@ def _scenario(server: ThrowawayPostgres, tmp: Path) -> list[Snapshot]:
     return snapshots
 
 
-# The matrix is built once per server: its tests stay on one test worker (make: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("type_fidelity")
-
-
 @pytest.fixture(scope="module")
 def matrix(pg_server: ThrowawayPostgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Snapshot]]:
     """The whole scenario once per server version; the tests below check what it recorded."""
