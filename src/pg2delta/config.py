@@ -50,6 +50,7 @@ PARTITION_MODES = ("leaf", "root")
 DROPPED_COLUMN_MODES = ("keep", "drop")
 NARROWING_MODES = ("refuse", "keep")
 ON_UNFOLLOWABLE_MODES = ("stop", "resync")
+HISTORY_MODES = ("none", "scd2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,9 @@ class TableConfig:
     # stops the run (exit 78, nothing applied); "keep" leaves the Delta column at its wider type.
     narrowing: str = "refuse"
     changelog: bool | None = None  # keep a changelog of this table (None: the [lake] changelog default)
+    # "scd2": keep the table's history, a row per version of each key (pg2delta.history); "none":
+    # not; None: the [lake] history default.
+    history: str | None = None
     # A change the lake cannot follow by changes alone (a type change that is not a widening, a
     # column added with values PostgreSQL does not keep, a key change inside a transaction, ...):
     # "stop" the run (exit 78, naming pg2delta resync), or "resync" the table right there.
@@ -97,6 +101,7 @@ class Config:
     window: WindowConfig = field(default_factory=WindowConfig)
     tables: Mapping[str, TableConfig] = field(default_factory=dict)  # "schema.table" -> settings
     changelog: bool = False  # [lake] changelog: the default for tables that do not say
+    history: str = "none"  # [lake] history: the default for tables that do not say
     maintain: MaintainConfig = field(default_factory=MaintainConfig)
 
     def table(self, schema: str, name: str) -> TableConfig:
@@ -106,6 +111,11 @@ class Config:
         """Whether every change of this table is also appended to its changelog (see ``changelog.py``)."""
         own = self.table(schema, name).changelog
         return self.changelog if own is None else own
+
+    def history_of(self, schema: str, name: str) -> bool:
+        """Whether the table's SCD2 history is kept (see ``history.py``)."""
+        own = self.table(schema, name).history
+        return (self.history if own is None else own) == "scd2"
 
 
 _ENV: dict[str, tuple[str, str, type]] = {
@@ -198,14 +208,17 @@ def load(
 
     source = SourceConfig(**_take(sections["source"], "source", SourceConfig, "source"))
     lake = sections["lake"]
-    if set(lake) - {"root", "changelog"}:
-        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root', 'changelog'})}")
+    if set(lake) - {"root", "changelog", "history"}:
+        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root', 'changelog', 'history'})}")
     lake_root = lake.get("root", "")
     if not isinstance(lake_root, str):
         raise ConfigError("lake.root must be a string")
     changelog_default = lake.get("changelog", False)
     if not isinstance(changelog_default, bool):
         raise ConfigError(f"lake.changelog must be true or false, not {changelog_default!r}")
+    history_default = lake.get("history", "none")
+    if history_default not in HISTORY_MODES:
+        raise ConfigError(f"lake.history must be one of {', '.join(HISTORY_MODES)}, not {history_default!r}")
     eng = dict(sections["engine"])
     spark_conf = eng.pop("spark_conf", {})
     if not isinstance(spark_conf, dict) or not all(isinstance(v, str) for v in spark_conf.values()):
@@ -226,7 +239,7 @@ def load(
         if "." not in name or not isinstance(settings, dict):
             raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
         key = settings.get("key", [])
-        known_settings = {"key", "partitions", "dropped_columns", "narrowing", "changelog", "on_unfollowable"}
+        known_settings = {"key", "partitions", "dropped_columns", "narrowing", "changelog", "on_unfollowable", "history"}
         unknown_settings = set(settings) - known_settings
         if unknown_settings:
             raise ConfigError(
@@ -248,6 +261,9 @@ def load(
         changelog = settings.get("changelog")
         if changelog is not None and not isinstance(changelog, bool):
             raise ConfigError(f"[tables.{name!r}] changelog must be true or false, not {changelog!r}")
+        history = settings.get("history")
+        if history is not None and history not in HISTORY_MODES:
+            raise ConfigError(f"[tables.{name!r}]: history must be one of {', '.join(HISTORY_MODES)}, not {history!r}")
         unfollowable = settings.get("on_unfollowable", "stop")
         if unfollowable not in ON_UNFOLLOWABLE_MODES:
             raise ConfigError(
@@ -255,12 +271,12 @@ def load(
             )
         tables[name] = TableConfig(
             key=tuple(key), partitions=partitions, dropped_columns=dropped, narrowing=narrowing, changelog=changelog,
-            on_unfollowable=unfollowable,
+            on_unfollowable=unfollowable, history=history,
         )
 
     config = Config(
         source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default,
-        maintain=maintain,
+        maintain=maintain, history=history_default,
     )
     validate(config, need_source=need_source)
     return config
