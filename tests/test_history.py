@@ -252,3 +252,68 @@ def test_crash_then_rerun_gives_the_same_history(pgdb: str, tmp_path: Path, poin
     for spec in TABLES:
         a, b = _order(_history(crashed_lake, spec)), _order(_history(clean_lake, spec))
         assert a == b, f"{spec.qualified}: the history after a crash at {point} differs from an uncrashed run's"
+
+
+DV = TableSpec("public", "dv", ("id",))
+
+
+def test_added_column_and_resync(pgdb: str, tmp_path: Path) -> None:
+    """A column added in the source appears in the history (older versions NULL); ``pg2delta resync``
+    ends every current version (``R``, at the copy's LSN) and opens one per copied row."""
+    lake = tmp_path / "lake"
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE dv (id int PRIMARY KEY, a text, n int)")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE dv")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute("INSERT INTO dv SELECT g, 'row ' || g, g FROM generate_series(1, 100) g")
+    config = str(_config(tmp_path / "c.toml", pgdb, slot, pub, lake, max_changes=1000))
+
+    def ok(*args: str) -> None:
+        done = cli(*args, "--config", config)
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+
+    ok("run")
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE dv SET n = n + 1000 WHERE id <= 5")
+        conn.execute("DELETE FROM dv WHERE id = 6")
+        conn.execute("ALTER TABLE dv ADD COLUMN c int")
+        conn.execute("UPDATE dv SET c = 7 WHERE id = 1")
+    ok("run")
+    added = _history(lake, DV)
+    assert len(added) == 100 + 5 + 1
+    assert [v["c"] for v in added if v["id"] == 1 and v["_pg2delta_is_current"]] == [7]
+    assert all(v["c"] is None for v in added if v["id"] != 1 or not v["_pg2delta_is_current"])
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("ALTER TABLE dv ADD COLUMN u text DEFAULT gen_random_uuid()::text")
+        conn.execute("UPDATE dv SET n = -n WHERE id <= 10")
+    refused = cli("run", "--config", config)
+    assert refused.returncode == 78, refused.stderr[-2000:]
+    ok("resync", "--table", "public.dv")
+    copies = [r for r in DeltaTable(str(lake / "_pg2delta" / "applied_log")).to_pyarrow_table().to_pylist()
+              if r["kind"] == "bootstrap" and r["table_name"] == "dv"]
+    at = max(r["window_end"] for r in copies)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE dv SET a = 'after' WHERE id = 20")
+    ok("run")
+    assert_lake_matches(pgdb, lake, [DV])
+    got = _history(lake, DV)
+    ids = [(v["id"], v["_pg2delta_valid_from_lsn"], v["_pg2delta_valid_from_pos"]) for v in got]
+    assert len(set(ids)) == len(ids)
+    before = [v for v in got if v["_pg2delta_valid_from_lsn"] < at]
+    copy = [v for v in got if v["_pg2delta_valid_from_lsn"] == at and v["_pg2delta_valid_from_pos"] == -1]
+    after = [v for v in got if v["_pg2delta_valid_from_lsn"] > at]
+    assert len(before) + len(copy) + len(after) == len(got)
+    # What was current at the resync ended there, the rest as before.
+    assert sorted(v["id"] for v in before if v["_pg2delta_end_op"] == "R") == sorted(set(range(1, 101)) - {6})
+    assert all(v["_pg2delta_valid_to_lsn"] == at for v in before if v["_pg2delta_end_op"] == "R")
+    assert not any(v["_pg2delta_is_current"] for v in before) and all(v["u"] is None for v in before)
+    # The copy: one version per row, with the added column's values; the one update after it ends one.
+    assert sorted(v["id"] for v in copy) == sorted(set(range(1, 101)) - {6})
+    assert all(v["u"] is not None for v in copy)
+    assert [(v["id"], v["_pg2delta_end_op"]) for v in copy if not v["_pg2delta_is_current"]] == [(20, "U")]
+    assert [(v["id"], v["a"], v["_pg2delta_is_current"]) for v in after] == [(20, "after", True)]
+    with psycopg.connect(pgdb) as conn:
+        names, pg = pg_rows(conn, DV)
+    assert_same_rows(DV, names, pg, (names, [tuple(v[n] for n in names) for v in got if v["_pg2delta_is_current"]]), "dv")
