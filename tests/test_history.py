@@ -213,7 +213,7 @@ def test_history_refuses_a_spilled_window(pgdb: str, tmp_path: Path) -> None:
         wl.phase(20)
     before = confirmed_lsn(pgdb, slot)
     proc = cli("run", "--config", str(config))
-    assert proc.returncode != 0 and "memory_budget" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 78 and "memory_budget" in proc.stderr, proc.stderr[-2000:]
     assert confirmed_lsn(pgdb, slot) == before
     assert not any((lake / s.schema / s.name).exists() for s in TABLES)
 
