@@ -278,13 +278,17 @@ def test_added_column_and_resync(pgdb: str, tmp_path: Path) -> None:
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("UPDATE dv SET n = n + 1000 WHERE id <= 5")
         conn.execute("DELETE FROM dv WHERE id = 6")
+        conn.execute("ALTER TABLE dv ADD COLUMN d int DEFAULT 5")
         conn.execute("ALTER TABLE dv ADD COLUMN c int")
         conn.execute("UPDATE dv SET c = 7 WHERE id = 1")
     ok("run")
+    assert_lake_matches(pgdb, lake, [DV])
     added = _history(lake, DV)
     assert len(added) == 100 + 5 + 1
     assert [v["c"] for v in added if v["id"] == 1 and v["_pg2delta_is_current"]] == [7]
     assert all(v["c"] is None for v in added if v["id"] != 1 or not v["_pg2delta_is_current"])
+    # PostgreSQL's value for rows written before the ADD COLUMN ... DEFAULT, in every version as in the table.
+    assert {v["d"] for v in added} == {5}
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("ALTER TABLE dv ADD COLUMN u text DEFAULT gen_random_uuid()::text")
         conn.execute("UPDATE dv SET n = -n WHERE id <= 10")

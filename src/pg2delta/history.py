@@ -255,8 +255,13 @@ class HistoryWriter:
         columns: Sequence[tuple[str, pa.DataType]],
         *,
         nullable_keys: bool,
+        fill: pa.Table | None = None,
     ) -> bool:
-        """One window's MERGE into the history at ``uri`` (see :func:`window_versions`); False: nothing to do."""
+        """One window's MERGE into the history at ``uri`` (see :func:`window_versions`); False: nothing to do.
+
+        ``fill``: columns added with a default PostgreSQL keeps, set in every version already in the
+        history (as in the table's rows; the caller passes it only while the history holds nothing
+        of the window, so a replay never sets it over the window's own versions)."""
         rows, first = versions
         exists = self.lake.delta_version(uri) is not None
         if rows is None and (first is None or not exists):
@@ -267,8 +272,9 @@ class HistoryWriter:
         if types:
             casts = {c: spark_type(t) for c, t in columns if c in types and widens(types[c], spark_type(t))}
             casts = {c: t for c, t in casts.items() if types[c] != t}
-            if casts:  # a column the table widened: the history follows (one rewrite, before the MERGE)
-                engine.rewrite(uri, casts)
+            if casts or fill is not None:  # the history follows the table (one rewrite, before the MERGE)
+                engine.rewrite(uri, casts, fill=fill)
+                types = engine.table_types(uri)
         staged = self.lake.stage(source, f"{run_id}/history-{uuid.uuid4().hex[:8]}")
         try:
             engine.ensure_table(uri, staged, names, set(types) if types else None)

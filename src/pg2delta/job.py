@@ -573,7 +573,11 @@ class Job:
                     applied.delta_version if applied else None, nullable_keys=nullable_keys, optional=kept,
                 )
         versions = window_versions(changes, truncates, key_names, [n for n, _ in columns])
-        self.history.write(self.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys)
+        fresh = high is None or high < applied_lsn  # nothing of this window in the history yet
+        fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl is not None and pl.fill_table and pl.fills else None
+        self.history.write(
+            self.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill if fresh else None
+        )
 
     def _read(
         self,
