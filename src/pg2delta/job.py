@@ -495,8 +495,7 @@ class Job:
         )
         fault_point("after_changelog")
         # The history next, before the tables' MERGEs: a replay takes only changes past its end (history.py).
-        for tgt in ordered:
-            self._write_history(run_id, tgt, plans[(tgt.schema, tgt.table)], applied.get(tgt.owner), end)
+        self._map_tables(ordered, lambda t: self._write_history(run_id, t, plans[(t.schema, t.table)], applied.get(t.owner), end))
         fault_point("after_history")
         window.tables.extend(
             self._apply_tables(
@@ -686,7 +685,8 @@ class Job:
 
     def _map_tables(self, targets: Sequence[_Target], fn: Callable[[_Target], Any]) -> list[Any]:
         """``fn`` of every target, up to ``window.parallel_tables`` at once, in ``targets``' order;
-        the first failure in that order is raised once all have finished (nothing is written here)."""
+        the first failure in that order is raised once all have finished (the plans, which write
+        nothing, and the histories, each idempotent on its own)."""
         workers = min(self.config.window.parallel_tables, len(targets))
         if workers <= 1:
             return [fn(t) for t in targets]
