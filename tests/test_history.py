@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from changelog_support import assert_changelog_matches, changelog_rows, setup_source
+from pg2delta.changes import TruncateEvent
 from pg2delta.config import load
+from pg2delta.history import window_versions
 from pg2delta.job import FAULT_ENV, run
 from workload import (
     ACCT,
@@ -34,8 +37,6 @@ from workload import (
     confirmed_lsn,
     pg_rows,
 )
-
-pytestmark = pytest.mark.e2e
 
 META = (
     "_pg2delta_valid_from_lsn", "_pg2delta_valid_from_pos", "_pg2delta_valid_from",
@@ -170,6 +171,7 @@ def _truncate_then_insert(dsn: str) -> None:
         conn.execute("INSERT INTO shop.pair (region, n, qty) VALUES ('x', 1, 1)")
 
 
+@pytest.mark.e2e
 def test_history_equals_the_versions(pgdb: str, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     slot, pub = setup_source(pgdb)
@@ -205,6 +207,7 @@ def test_history_equals_the_versions(pgdb: str, tmp_path: Path) -> None:
     assert [v["_pg2delta_end_op"] for v in moved][:3] == ["U", "D", "U"] and moved[3]["_pg2delta_end_op"] in (None, "T")
 
 
+@pytest.mark.e2e
 def test_history_refuses_a_spilled_window(pgdb: str, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     slot, pub = setup_source(pgdb)
@@ -221,6 +224,7 @@ def test_history_refuses_a_spilled_window(pgdb: str, tmp_path: Path) -> None:
 POINTS = ["after_changelog", "after_history", "between_tables", "before_advance"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("point", POINTS)
 def test_crash_then_rerun_gives_the_same_history(pgdb: str, tmp_path: Path, point: str) -> None:
     """Two lakes from two slots created together: one run killed at ``point`` then run again, one
@@ -257,6 +261,7 @@ def test_crash_then_rerun_gives_the_same_history(pgdb: str, tmp_path: Path, poin
 DV = TableSpec("public", "dv", ("id",))
 
 
+@pytest.mark.e2e
 def test_added_column_and_resync(pgdb: str, tmp_path: Path) -> None:
     """A column added in the source appears in the history (older versions NULL); ``pg2delta resync``
     ends every current version (``R``, at the copy's LSN) and opens one per copied row."""
@@ -321,3 +326,60 @@ def test_added_column_and_resync(pgdb: str, tmp_path: Path) -> None:
     with psycopg.connect(pgdb) as conn:
         names, pg = pg_rows(conn, DV)
     assert_same_rows(DV, names, pg, (names, [tuple(v[n] for n in names) for v in got if v["_pg2delta_is_current"]]), "dv")
+
+
+# --- the window's versions, without a server -----------------------------------------------------
+
+
+def _changes(rows: list[tuple[int, int, str, int, str | None]]) -> pa.Table:
+    """(lsn, pos, op, id, v) rows as a window's changes (commit time = lsn)."""
+    return pa.table({
+        "id": pa.array([r[3] for r in rows], pa.int32()),
+        "v": pa.array([r[4] for r in rows], pa.string()),
+        "_pg2delta_lsn": pa.array([r[0] for r in rows], pa.int64()),
+        "_pg2delta_pos": pa.array([r[1] for r in rows], pa.int64()),
+        "_pg2delta_op": pa.array([r[2] for r in rows], pa.string()),
+        "_pg2delta_commit_ts": pa.array([r[0] for r in rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+    })
+
+
+def _by_action(table: pa.Table | None) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    assert table is not None
+    rows = table.to_pylist()
+    opened = [(r["id"], r["v"], r["_pg2delta_valid_from_lsn"], r["_pg2delta_valid_to_lsn"], r["_pg2delta_end_op"],
+               r["_pg2delta_is_current"]) for r in rows if r["__pg2delta_action"] == "open"]
+    closed = [(r["id"], r["_pg2delta_valid_to_lsn"], r["_pg2delta_end_op"]) for r in rows if r["__pg2delta_action"] == "close"]
+    return opened, closed
+
+
+def test_versions_of_one_window() -> None:
+    changes = _changes([
+        (10, 1, "U", 1, "a"), (10, 3, "U", 1, "b"),  # two versions in one transaction; the first ends the lake's
+        (20, 1, "D", 2, None), (30, 1, "I", 2, "again"),  # delete, then the key inserted again
+        (40, 2, "D", 3, None), (40, 3, "U", 4, "moved"),  # key change 3 -> 4
+        (50, 1, "D", 5, None),  # a key the window never opened: ends the lake's version only
+    ])
+    opened, closed = _by_action(window_versions(changes, [], ["id"], ["id", "v"])[0])
+    assert opened == [
+        (1, "a", 10, 10, "U", False), (1, "b", 10, None, None, True),
+        (2, "again", 30, None, None, True), (4, "moved", 40, None, None, True),
+    ]
+    assert closed == [(1, 10, "U"), (2, 20, "D"), (3, 40, "D"), (4, 40, "U"), (5, 50, "D")]
+
+
+def test_versions_around_a_truncate() -> None:
+    changes = _changes([(10, 1, "U", 1, "a"), (30, 1, "I", 1, "new"), (30, 2, "I", 2, "x")])
+    truncate = TruncateEvent(20, 1, (), 0, 7, 20)
+    rows, first = window_versions(changes, [truncate], ["id"], ["id", "v"])
+    opened, closed = _by_action(rows)
+    # The update ends the lake's version of 1; the truncate ends the update's and every other (MERGE).
+    assert opened == [(1, "a", 10, 20, "T", False), (1, "new", 30, None, None, True), (2, "x", 30, None, None, True)]
+    assert closed == [(1, 10, "U")] and first is truncate
+    # Nothing but a truncate: no rows, the MERGE ends every current version.
+    assert window_versions(None, [truncate], ["id"], []) == (None, truncate)
+
+
+def test_versions_without_a_key() -> None:
+    changes = _changes([(10, 1, "I", 1, "a"), (10, 2, "I", 1, "a")])
+    opened, closed = _by_action(window_versions(changes, [], [], ["id", "v"])[0])
+    assert [o[5] for o in opened] == [True, True] and not closed  # the same values twice: two rows

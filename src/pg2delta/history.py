@@ -118,7 +118,7 @@ def window_versions(
     poss = data.column(POS_COL).to_pylist() if n else []
     ops = data.column(OP_COL).to_pylist() if n else []
     tss = data.column(TS_COL).cast(pa.int64()).to_pylist() if n else []
-    if key_names:
+    if key_names and n:
         key_of = list(zip(*(data.column(k).to_pylist() for k in key_names), strict=True))
     else:
         key_of = list(zip(lsns, poss, strict=True))
