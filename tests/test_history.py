@@ -172,6 +172,7 @@ def _truncate_then_insert(dsn: str) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.classic
 def test_history_equals_the_versions(pgdb: str, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     slot, pub = setup_source(pgdb)
@@ -224,8 +225,9 @@ def test_history_refuses_a_spilled_window(pgdb: str, tmp_path: Path) -> None:
 POINTS = ["after_changelog", "after_history", "between_tables", "before_advance"]
 
 
+# On Apache Spark too where the history has just committed and the table not yet.
 @pytest.mark.e2e
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("point", [pytest.param(p, marks=pytest.mark.classic) if p == "after_history" else p for p in POINTS])
 def test_crash_then_rerun_gives_the_same_history(pgdb: str, tmp_path: Path, point: str) -> None:
     """Two lakes from two slots created together: one run killed at ``point`` then run again, one
     never killed; their histories are identical, and both equal the versions the changelog implies."""
