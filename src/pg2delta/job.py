@@ -495,7 +495,8 @@ class Job:
         )
         fault_point("after_changelog")
         # The history next, before the tables' MERGEs: a replay takes only changes past its end (history.py).
-        self._map_tables(ordered, lambda t: self._write_history(run_id, t, plans[(t.schema, t.table)], applied.get(t.owner), end))
+        kept = [t for t in ordered if self.history.enabled(t.schema, t.table)]
+        self._map_tables(kept, lambda t: self._write_history(run_id, t, plans[(t.schema, t.table)], applied.get(t.owner), end))
         fault_point("after_history")
         window.tables.extend(
             self._apply_tables(
