@@ -264,6 +264,7 @@ DV = TableSpec("public", "dv", ("id",))
 
 
 @pytest.mark.e2e
+@pytest.mark.classic
 def test_added_column_and_resync(pgdb: str, tmp_path: Path) -> None:
     """A column added in the source appears in the history (older versions NULL); ``pg2delta resync``
     ends every current version (``R``, at the copy's LSN) and opens one per copied row."""
