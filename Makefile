@@ -18,7 +18,8 @@ SPARK35_CONF := $(SPARK35_CACHE)/conf
 # The classic engine's tests (marker `classic`): the job end to end, crashes between and after the
 # tables' commits (concurrent tables, Delta's idempotent-write ids), the type matrix, schema changes
 # and defaults (and crashes in them), resync, bootstrap killed and resumed, and spark-submit of
-# bootstrap, run and backfill with a changelog; each reads the lake back with delta-rs. A classic
+# bootstrap, run and backfill with a changelog, the SCD2 history (and a crash right after its
+# commit); each reads the lake back with delta-rs. A classic
 # MERGE costs about a second in a warm JVM and five in a new one (every CLI run a test starts), so
 # this is a cut across every feature rather than the whole suite again.
 SPARK_TESTS ?= -m classic

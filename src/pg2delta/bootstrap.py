@@ -671,6 +671,8 @@ class Copier:
         uri = lake.table_uri(rel.namespace, rel.name)
         self.job.engine.replace_table(uri, lake.table_uri(stage_rel))
         version = lake.delta_version(uri)
+        # The history (history = "scd2") ends its current versions and opens the copy's rows.
+        self.job.history.copied(self.job.engine, rel.namespace, rel.name, lake.table_uri(stage_rel), self.snapshot.consistent_lsn)
         fault_point("copy_after_replace")  # the copy is the table's latest version, the log does not say so yet
         append_log_row(
             self.job, self.run_id, self.snapshot.consistent_lsn, table, rows, version, key=plan.version.key_names

@@ -51,6 +51,7 @@ DROPPED_COLUMN_MODES = ("keep", "drop")
 NARROWING_MODES = ("refuse", "keep")
 ON_UNFOLLOWABLE_MODES = ("stop", "resync")
 DETACHED_PARTITION_MODES = ("stop", "keep")
+HISTORY_MODES = ("none", "scd2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,9 @@ class TableConfig:
     # stops the run (exit 78, nothing applied); "keep" leaves the Delta column at its wider type.
     narrowing: str = "refuse"
     changelog: bool | None = None  # keep a changelog of this table (None: the [lake] changelog default)
+    # "scd2": keep the table's history, a row per version of each key (pg2delta.history); "none":
+    # not; None: the [lake] history default.
+    history: str | None = None
     # A change the lake cannot follow by changes alone (a type change that is not a widening, a
     # column added with values PostgreSQL does not keep, a key change inside a transaction, ...):
     # "stop" the run (exit 78, naming pg2delta resync), or "resync" the table right there.
@@ -102,6 +106,7 @@ class Config:
     window: WindowConfig = field(default_factory=WindowConfig)
     tables: Mapping[str, TableConfig] = field(default_factory=dict)  # "schema.table" -> settings
     changelog: bool = False  # [lake] changelog: the default for tables that do not say
+    history: str = "none"  # [lake] history: the default for tables that do not say
     maintain: MaintainConfig = field(default_factory=MaintainConfig)
 
     def table(self, schema: str, name: str) -> TableConfig:
@@ -111,6 +116,11 @@ class Config:
         """Whether every change of this table is also appended to its changelog (see ``changelog.py``)."""
         own = self.table(schema, name).changelog
         return self.changelog if own is None else own
+
+    def history_of(self, schema: str, name: str) -> bool:
+        """Whether the table's SCD2 history is kept (see ``history.py``)."""
+        own = self.table(schema, name).history
+        return (self.history if own is None else own) == "scd2"
 
 
 _ENV: dict[str, tuple[str, str, type]] = {
@@ -203,14 +213,17 @@ def load(
 
     source = SourceConfig(**_take(sections["source"], "source", SourceConfig, "source"))
     lake = sections["lake"]
-    if set(lake) - {"root", "changelog"}:
-        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root', 'changelog'})}")
+    if set(lake) - {"root", "changelog", "history"}:
+        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root', 'changelog', 'history'})}")
     lake_root = lake.get("root", "")
     if not isinstance(lake_root, str):
         raise ConfigError("lake.root must be a string")
     changelog_default = lake.get("changelog", False)
     if not isinstance(changelog_default, bool):
         raise ConfigError(f"lake.changelog must be true or false, not {changelog_default!r}")
+    history_default = lake.get("history", "none")
+    if history_default not in HISTORY_MODES:
+        raise ConfigError(f"lake.history must be one of {', '.join(HISTORY_MODES)}, not {history_default!r}")
     eng = dict(sections["engine"])
     spark_conf = eng.pop("spark_conf", {})
     if not isinstance(spark_conf, dict) or not all(isinstance(v, str) for v in spark_conf.values()):
@@ -232,7 +245,7 @@ def load(
 
     config = Config(
         source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default,
-        maintain=maintain,
+        maintain=maintain, history=history_default,
     )
     validate(config, need_source=need_source)
     return config
@@ -253,7 +266,7 @@ def _table_config(name: str, settings: object) -> TableConfig:
     """One ``[tables."schema.table"]`` section."""
     if "." not in name or not isinstance(settings, dict):
         raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
-    known_settings = {"key", "changelog", *_TABLE_MODES}
+    known_settings = {"key", "changelog", "history", *_TABLE_MODES}
     unknown_settings = set(settings) - known_settings
     if unknown_settings:
         raise ConfigError(
@@ -265,13 +278,16 @@ def _table_config(name: str, settings: object) -> TableConfig:
     changelog = settings.get("changelog")
     if changelog is not None and not isinstance(changelog, bool):
         raise ConfigError(f"[tables.{name!r}] changelog must be true or false, not {changelog!r}")
+    history = settings.get("history")  # None: the [lake] history default
+    if history is not None and history not in HISTORY_MODES:
+        raise ConfigError(f"[tables.{name!r}]: history must be one of {', '.join(HISTORY_MODES)}, not {history!r}")
     modes: dict[str, str] = {}
     for setting, allowed in _TABLE_MODES.items():
         value = settings.get(setting, allowed[0])
         if value not in allowed:
             raise ConfigError(f"[tables.{name!r}]: {setting} must be one of {', '.join(allowed)}, not {value!r}")
         modes[setting] = value
-    return TableConfig(key=tuple(key), changelog=changelog, **modes)
+    return TableConfig(key=tuple(key), changelog=changelog, history=history, **modes)
 
 
 def validate(config: Config, *, need_source: bool = True) -> None:

@@ -874,6 +874,47 @@ class Engine:
         value = rows[0]["m"] if rows else None
         return None if value is None else int(value)
 
+    def history_high(self, uri: str, pairs: Sequence[tuple[str, str]]) -> int | None:
+        """The largest of the ``(lsn, pos)`` column pairs' LSNs over rows whose position is not negative
+        (an SCD2 history's window-written bounds, see history.py; None: empty or missing)."""
+        from pg2delta.merge import quote
+
+        if self.lake.delta_version(uri) is None:
+            return None
+        parts = ", ".join(
+            f"max(CASE WHEN {quote(pos)} >= 0 THEN {quote(lsn)} END) AS m{i}" for i, (lsn, pos) in enumerate(pairs)
+        )
+        rows = self._sql(f"SELECT {parts} FROM {self.target(uri)}", f"reading the high-water LSN of {uri}")
+        values = [int(v) for v in (rows[0] if rows else []) if v is not None]
+        return max(values) if values else None
+
+    def merge_from_copy(
+        self, uri: str, staged_dir: str, extra: Sequence[str], statement_for: Any, *, internal: Collection[str] = ()
+    ) -> None:
+        """MERGE the rows of the Parquet files under ``staged_dir`` (a table's copy), with the
+        ``extra`` SQL expressions as further columns, into ``uri`` (created, or widened with the
+        columns it lacks, first; ``internal`` columns of the source are not the table's):
+        ``statement_for(target, source_view, columns)`` builds the statement."""
+        view = f"pg2delta_copy_{uuid.uuid4().hex[:12]}"
+        try:
+            df = self.spark.read.option("mergeSchema", "true").parquet(staged_dir).selectExpr("*", *extra)
+            columns = [c for c in df.columns if c not in internal]
+            empty = df.select(*[df[c] for c in columns]).limit(0)
+            if self.lake.delta_version(uri) is None:
+                empty.write.format("delta").mode("append").save(uri)
+            elif set(columns) - set(self.spark.read.format("delta").load(uri).columns):
+                empty.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+            df.createOrReplaceTempView(view)
+        except Exception as exc:
+            raise LakeError(f"cannot stage the copy for {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        try:
+            self._sql(statement_for(self.target(uri), view, columns), f"MERGE into {uri}")
+        finally:
+            try:
+                self.spark.catalog.dropTempView(view)
+            except Exception:
+                log.debug("could not drop temp view %s", view)
+
     def read_arrow(self, uri: str, where: str) -> pa.Table:
         """The rows of the Delta table at ``uri`` matching the SQL condition ``where``, as Arrow.
 

@@ -52,9 +52,10 @@ from pg2delta.changes import (
 )
 from pg2delta.config import Config
 from pg2delta.engine import Engine, Lake, Txn
-from pg2delta.errors import DataError, DecodeError, SchemaError
+from pg2delta.errors import ConfigError, DataError, DecodeError, SchemaError
+from pg2delta.history import HistoryWriter, window_versions
 from pg2delta.lsn import format_lsn
-from pg2delta.merge import Reduced, merge_statement, reduce_changes
+from pg2delta.merge import Reduced, fill_toast_in_order, merge_statement, reduce_changes
 from pg2delta.progress import Progress, percent
 from pg2delta.schema import Plan, Shape, conform, conform_batches, plan, shape_cut, shape_of
 from pg2delta.slot import SlotSource, WindowRead, connect
@@ -276,6 +277,7 @@ class Job:
         # (the lake itself does not change); None in a run.
         self.planned_types: dict[str, dict[str, str]] | None = None
         self.changelog = ChangelogWriter(config, self.lake)
+        self.history = HistoryWriter(config, self.lake)
 
     @property
     def engine(self) -> Engine:
@@ -520,6 +522,7 @@ class Job:
             if isinstance(p, SchemaError):  # on_unfollowable = "resync": nothing written yet
                 self._resync_in_run(src, tgt, p, applied)
         plans = {(t.schema, t.table): (None if isinstance(p, SchemaError) else p) for t, p in zip(ordered, planned, strict=True)}
+        self._check_history_spill(ordered)
         # The changelog next: a crash before the tables' MERGEs replays the window, and the
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
@@ -527,6 +530,10 @@ class Job:
             self.engine, run_id, start, end, [(tw.latest, tw.batches, tw.truncates) for tw in relations]
         )
         fault_point("after_changelog")
+        # The history next, before the tables' MERGEs: a replay takes only changes past its end (history.py).
+        kept = [t for t in ordered if self.history.enabled(t.schema, t.table)]
+        self._map_tables(kept, lambda t: self._write_history(run_id, t, plans[(t.schema, t.table)], applied.get(t.owner), end))
+        fault_point("after_history")
         window.tables.extend(
             self._apply_tables(
                 ordered,
@@ -565,6 +572,48 @@ class Job:
             format_lsn(start), format_lsn(end), read.rows, transactions, len(window.tables), window.seconds,
         )
         return window
+
+    def _check_history_spill(self, targets: Sequence[_Target]) -> None:
+        """The history of a window spilled past ``window.memory_budget`` is not kept: refused before
+        anything of the window is written (the history is computed on the driver, change by change)."""
+        for tgt in targets:
+            if self.history.enabled(tgt.schema, tgt.table) and any(b.spilled for tw in tgt.parts for b in tw.batches):
+                raise ConfigError(
+                    f"the window's changes of {tgt.schema}.{tgt.table} passed window.memory_budget and were spilled, "
+                    f"and its history (history = \"scd2\") is computed in memory: raise window.memory_budget or lower "
+                    "window.max_changes / window.max_bytes so that a window fits; nothing of this window was applied"
+                )
+
+    def _write_history(self, run_id: str, tgt: _Target, pl: Plan | None, applied: Applied | None, end: int) -> None:
+        """The window's versions of ``tgt`` into its history (pg2delta.history), past the history's end."""
+        schema, name = tgt.schema, tgt.table
+        applied_lsn = applied.end_lsn if applied else 0
+        if not self.history.enabled(schema, name) or applied_lsn >= end or (applied is None and self._bootstrapped):
+            return
+        uri = self.history.uri(schema, name)
+        high = self.history.high(self.engine, uri)
+        since = applied_lsn if high is None else max(applied_lsn, high + 1)
+        truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= since]
+        changes, kept = conform(_live(tgt, applied_lsn), pl) if pl is not None else (None, set())
+        key_names = list(pl.key) if pl is not None else []
+        columns = [(n, t) for n, t in pl.columns if n not in META_NAMES] if pl is not None else []
+        nullable_keys = bool(self.config.table(schema, name).key) or any(
+            bool(self.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
+        )
+        if changes is not None:
+            lsn = changes.column(LSN_COL)
+            changes = changes.filter(pc.and_(pc.not_equal(changes.column(OP_COL), BEFORE_OP), pc.greater_equal(lsn, since)))
+            if changes.num_rows and key_names:
+                changes = self._fill_lookups(
+                    self.lake.table_uri(schema, name), fill_toast_in_order(changes, key_names), key_names,
+                    applied.delta_version if applied else None, nullable_keys=nullable_keys, optional=kept,
+                )
+        versions = window_versions(changes, truncates, key_names, [n for n, _ in columns])
+        fresh = high is None or high < applied_lsn  # nothing of this window in the history yet
+        fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl is not None and pl.fill_table and pl.fills else None
+        self.history.write(
+            self.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill if fresh else None
+        )
 
     def _read(
         self,
@@ -673,7 +722,8 @@ class Job:
 
     def _map_tables(self, targets: Sequence[_Target], fn: Callable[[_Target], Any]) -> list[Any]:
         """``fn`` of every target, up to ``window.parallel_tables`` at once, in ``targets``' order;
-        the first failure in that order is raised once all have finished (nothing is written here)."""
+        the first failure in that order is raised once all have finished (the plans, which write
+        nothing, and the histories, each idempotent on its own)."""
         workers = min(self.config.window.parallel_tables, len(targets))
         if workers <= 1:
             return [fn(t) for t in targets]

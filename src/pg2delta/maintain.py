@@ -1,8 +1,8 @@
 """``pg2delta maintain``: what running every few minutes for a year does to a lake, undone.
 
 Every window adds at least one data file and one commit to each table it touches, to the applied
-log and to the changelogs. For every Delta table of the lake (the tables the applied log names, the
-applied log itself, each changelog and the changelog log), maintenance
+log and to the changelogs. For every Delta table of the lake (the tables the applied log names and
+their SCD2 histories, the applied log itself, each changelog and the changelog log), maintenance
 
 1. deletes changelog rows committed longer ago than ``[maintain] changelog_retention`` (if set);
 2. compacts the small files into large ones, in one commit that changes no row (Delta's
@@ -37,6 +37,7 @@ from pg2delta.changes import TS_COL
 from pg2delta.config import Config, duration_seconds
 from pg2delta.engine import Engine, Lake
 from pg2delta.errors import LakeError
+from pg2delta.history import history_table
 from pg2delta.job import LOG_TABLE, Job, fault_point
 from pg2delta.merge import quote
 from pg2delta.slot import SlotSource
@@ -148,6 +149,9 @@ def _delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
         names = set(zip(applied.column("schema_name").to_pylist(), applied.column("table_name").to_pylist(), strict=True))
     for schema, table in sorted(n for n in names if n[0] is not None and n[1] is not None):
         out.append((f"{schema}.{table}", lake.table_uri(schema, table), False))
+        history = lake.table_uri(schema, history_table(table))
+        if lake.delta_version(history) is not None:  # its SCD2 history (pg2delta.history)
+            out.append((f"{schema}.{history_table(table)}", history, False))
     for schema in _dirs(lake, CHANGELOG_ROOT):
         for table in _dirs(lake, f"{CHANGELOG_ROOT}/{schema}"):
             out.append((f"{CHANGELOG_ROOT}/{schema}/{table}", lake.table_uri(CHANGELOG_ROOT, schema, table), True))

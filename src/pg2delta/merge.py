@@ -74,6 +74,17 @@ def reduce_changes(changes: pa.Table, key_names: Sequence[str]) -> Reduced:
     return Reduced(final, tuple(lookups), by_op.get("I", 0), by_op.get("U", 0), by_op.get("D", 0))
 
 
+def fill_toast_in_order(changes: pa.Table, key_names: Sequence[str]) -> Reduced:
+    """Every row of ``changes`` (commit order) with its unchanged-TOAST columns filled from the
+    window's earlier rows, as :func:`reduce_changes` fills final rows; what the window cannot tell
+    is in the lookups. For the history (pg2delta.history), which keeps every version."""
+    n = changes.num_rows
+    if n == 0 or changes.column(TOAST_COL).null_count == n:
+        return Reduced(changes, (), 0, 0, 0)
+    filled, lookups = _resolve_toast(changes, changes, np.arange(n, dtype=np.int64), key_names)
+    return Reduced(filled, tuple(lookups), 0, 0, 0)
+
+
 def _resolve_toast(
     changes: pa.Table, final: pa.Table, keep: np.ndarray, key_names: Sequence[str]
 ) -> tuple[pa.Table, list[Lookup]]:
