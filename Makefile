@@ -20,7 +20,7 @@ SPARK35_CONF := $(SPARK35_CACHE)/conf
 # and defaults (and crashes in them), resync, bootstrap killed and resumed, and spark-submit of
 # bootstrap, run and backfill with a changelog, the SCD2 history (and a crash right after its
 # commit); each reads the lake back with delta-rs. A classic
-# MERGE costs about a second in a warm JVM and five in a new one (every CLI run a test starts), so
+# MERGE costs about a second in a warm JVM and five in a new one (a CLI run in a child process), so
 # this is a cut across every feature rather than the whole suite again.
 SPARK_TESTS ?= -m classic
 # The Spark 4 line: the full pyspark 4.0 with delta-spark 4.0 (Scala 2.13 jars), numpy 2, the newest pyarrow.
