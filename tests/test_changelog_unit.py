@@ -43,7 +43,7 @@ def test_changelog_default_and_per_table(tmp_path: Path) -> None:
     [
         ('[lake]\nroot = "/l"\nchangelog = "yes"\n', "true or false"),
         ('[lake]\nroot = "/l"\n[tables."a.b"]\nchangelog = 1\n', "true or false"),
-        ('[lake]\nroot = "/l"\n[tables."a.b"]\nhistory = true\n', "unknown setting(s) ['history'] (known: changelog,"),
+        ('[lake]\nroot = "/l"\n[tables."a.b"]\naudit = true\n', "unknown setting(s) ['audit'] (known: changelog,"),
     ],
 )
 def test_bad_changelog_settings(tmp_path: Path, text: str, fragment: str) -> None:
