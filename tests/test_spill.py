@@ -13,12 +13,16 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from changelog_support import assert_changelog_matches, changelog_rows, setup_source, write_config
+from engines import SharedEngine
 from pg2delta.config import load
+from pg2delta.engine import EngineConfig, Lake
 from pg2delta.job import FAULT_ENV, run
+from pg2delta.merge import merge_statement
 from workload import ACCT, TABLES, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema, lake_rows
 
 pytestmark = pytest.mark.e2e
@@ -125,3 +129,25 @@ def test_kill_while_spilling_then_rerun(pgdb: str, tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr[-2000:]
     assert confirmed_lsn(pgdb, slot) != before
     assert_lake_matches(pgdb, lake)
+
+
+def test_engine_reduce_with_no_final_row_to_resolve(tmp_path: Path, shared_engine: SharedEngine) -> None:
+    """Unchanged TOAST in a spilled window that no final row needs (the key updated again with its
+    value, no key change): the chain of rows to resolve is empty, which pysail writes as no file at
+    all; the reduce goes on and merges the final row."""
+    lake = Lake(str(tmp_path / "lake"))
+    uri = lake.table_uri("public", "t")
+    write_deltalake(uri, pa.table({"id": pa.array([1, 2], pa.int32()), "body": ["lake 1", "lake 2"]}))
+    lake.stage(pa.table({
+        "id": pa.array([1, 1, 2], pa.int32()), "body": [None, "new", None],
+        "_pg2delta_lsn": pa.array([10, 20, 30], pa.int64()), "_pg2delta_pos": pa.array([1, 1, 1], pa.int64()),
+        "_pg2delta_op": ["U", "U", "D"], "_pg2delta_toast": pa.array([["body"], None, None], pa.list_(pa.string())),
+    }), "changes/part-000000")
+    engine = shared_engine.start(EngineConfig(), lake)
+    merged = engine.merge_reduced(
+        uri, lake.staging_uri("changes"), lambda t, v: merge_statement(t, v, ["id"], ["id", "body"], truncate=False),
+        work="reduce", key_names=["id"], data_columns=["id", "body"], toast_columns=("body",),
+        lookup_version=0, nullable_keys=False,
+    )
+    assert merged == 2
+    assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": 1, "body": "new"}]

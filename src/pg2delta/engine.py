@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pg2delta.errors import ConfigError, LakeError
+from pg2delta.errors import ConfigError, DataError, LakeError
 
 log = logging.getLogger(__name__)
 
@@ -567,57 +567,12 @@ class Engine:
         earlier changes of the row, else from the table at ``lookup_version``. ``work``: a name in the
         staging area for the intermediate results (removed here).
         """
-        from pg2delta import merge as m
-        from pg2delta.errors import DataError
-
-        views: list[str] = []
-
-        def view(df: Any) -> str:
-            name = f"pg2delta_{uuid.uuid4().hex[:12]}"
-            df.createOrReplaceTempView(name)
-            views.append(name)
-            return name
-
-        def materialized(df: Any, part: str) -> str:
-            # Written out and read back: the next step starts from files, not from a growing plan.
-            target = self.lake.staging_uri(f"{work}/{part}")
-            df.write.mode("overwrite").parquet(target)
-            return view(self.spark.read.parquet(target))
-
+        steps = _Steps(self, work)
         try:
-            changes = view(self.spark.read.parquet(changes_dir))
-            ordered = view(self.spark.sql(m.ordered_changes_sql(changes, key_names, toast_columns)))
-            chain = lake = None
-            if toast_columns:
-                chain = materialized(self.spark.sql(m.toast_chain_sql(ordered, key_names, toast_columns)), "chain-0")
-                step = 0
-                while self.spark.sql(f"SELECT 1 FROM {chain} WHERE {m.unresolved_sql(chain, toast_columns)} LIMIT 1").collect():
-                    step += 1
-                    if step > 64:
-                        raise LakeError(f"unchanged TOAST of {uri}: the chain of key changes did not resolve in 64 steps")
-                    chain = materialized(self.spark.sql(m.resolve_step_sql(chain, toast_columns)), f"chain-{step}")
-                if (lookup_version is None or lookup_version >= 0) and self.lake.delta_version(uri) is not None:
-                    table = self._read_version(uri, lookup_version)
-                    present = set(table.columns)
-                    cols = [
-                        m.quote(c) if c in present else f"NULL AS {m.quote(c)}"
-                        for c in dict.fromkeys([*key_names, *toast_columns])
-                    ]
-                    lake = view(table.selectExpr(*cols, f"true AS {m.PRESENT}"))
-            final_sql = m.final_source_sql(
-                ordered, chain, lake, key_names, data_columns, toast_columns,
-                nullable_keys=nullable_keys, optional=optional,
+            final = steps.filled(
+                uri, changes_dir, key_names=key_names, data_columns=data_columns, toast_columns=toast_columns,
+                lookup_version=lookup_version, nullable_keys=nullable_keys, optional=optional, every_row=False,
             )
-            final = materialized(self.spark.sql(final_sql), "final")
-            log.debug("%s: the changes reduced to one row per key (staged)", uri)
-            if chain is not None:
-                lost = self.spark.sql(f"SELECT {m.LAKE_KEY} FROM {final} WHERE {m.MISSING} LIMIT 1").collect()
-                if lost:
-                    raise DataError(
-                        f"cannot recover an unchanged TOAST value in {uri} (row {lost[0][0].asDict()}): the row is "
-                        "neither in this window nor in the lake; run pg2delta bootstrap for this table "
-                        "or set REPLICA IDENTITY FULL on it"
-                    )
             merged = int(self.spark.sql(f"SELECT count(*) AS n FROM {final}").collect()[0]["n"])
             log.debug("%s: %d rows to merge", uri, merged)
             with self._txn(txn):
@@ -628,12 +583,51 @@ class Engine:
         except Exception as exc:
             raise LakeError(f"cannot reduce the staged changes of {uri}: {' '.join(str(exc).split())[:500]}") from exc
         finally:
-            for name in views:
-                try:
-                    self.spark.catalog.dropTempView(name)
-                except Exception:
-                    log.debug("could not drop temp view %s", name)
-            self.lake.unstage_dir(work)
+            steps.close()
+
+    def stage_filled(
+        self,
+        uri: str,
+        changes_dir: str,
+        then: Sequence[Any],
+        summary: Any,
+        *,
+        out: str,
+        work: str,
+        key_names: Sequence[str],
+        data_columns: Sequence[str],
+        toast_columns: Sequence[str],
+        lookup_version: int | None,
+        nullable_keys: bool,
+        optional: Collection[str] = (),
+        truncates: Sequence[tuple[int, int]] = (),
+    ) -> tuple[str, dict[str, Any]]:
+        """Every staged change under ``changes_dir`` (a spilled window of the table at ``uri``) with its
+        unchanged TOAST filled in the engine, as :meth:`merge_reduced` fills the final rows, then each
+        of the SQL builders ``then`` (``view -> statement``) applied in turn, every result written to
+        Parquet and read back; the last one is written to the staging area's ``out``. Returns its URI
+        and the first row of ``summary(view of it)`` (a small aggregate). ``work`` as in :meth:`merge_reduced`;
+        ``truncates``: (commit LSN, position) of the truncates among the changes (see
+        :func:`pg2delta.merge.ordered_changes_sql`)."""
+        steps = _Steps(self, work)
+        try:
+            current = steps.filled(
+                uri, changes_dir, key_names=key_names, data_columns=data_columns, toast_columns=toast_columns,
+                lookup_version=lookup_version, nullable_keys=nullable_keys, optional=optional, every_row=True,
+                truncates=truncates,
+            )
+            target = self.lake.staging_uri(out)
+            for n, build in enumerate(then):
+                last = n == len(then) - 1
+                current = steps.materialized(self.spark.sql(build(current)), f"then-{n}", target=target if last else None)
+            rows = self.spark.sql(summary(current)).collect()
+            return target, (rows[0].asDict() if rows else {})
+        except (LakeError, DataError):
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot compute from the staged changes of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            steps.close()
 
     # --- maintenance (see maintain.py) ----------------------------------------------------------
 
@@ -960,3 +954,96 @@ class Engine:
             raise LakeError(
                 f"cannot copy {source} at version {version} to {target}: {' '.join(str(exc).split())[:500]}"
             ) from exc
+
+
+class _Steps:
+    """The temporary views and intermediate Parquet results of a computation over staged changes
+    (:meth:`Engine.merge_reduced`, :meth:`Engine.stage_filled`); :meth:`close` drops and removes them."""
+
+    def __init__(self, engine: Engine, work: str) -> None:
+        self.engine = engine
+        self.work = work
+        self.views: list[str] = []
+
+    def view(self, df: Any) -> str:
+        name = f"pg2delta_{uuid.uuid4().hex[:12]}"
+        df.createOrReplaceTempView(name)
+        self.views.append(name)
+        return name
+
+    def materialized(self, df: Any, part: str, *, target: str | None = None) -> str:
+        # Written out and read back: the next step starts from files, not from a growing plan.
+        lake = self.engine.lake
+        target = target or lake.staging_uri(f"{self.work}/{part}")
+        df.write.mode("overwrite").parquet(target)
+        if lake.fs.get_file_info(lake._local(target)).type == pafs.FileType.NotFound:
+            # pysail writes nothing at all for an empty result (Apache Spark a file with the schema):
+            # the plan itself then, which yields no rows either.
+            return self.view(df)
+        return self.view(self.engine.spark.read.parquet(target))
+
+    def filled(
+        self,
+        uri: str,
+        changes_dir: str,
+        *,
+        key_names: Sequence[str],
+        data_columns: Sequence[str],
+        toast_columns: Sequence[str],
+        lookup_version: int | None,
+        nullable_keys: bool,
+        optional: Collection[str],
+        every_row: bool,
+        truncates: Sequence[tuple[int, int]] = (),
+    ) -> str:
+        """The view of the staged changes' final rows per key (``every_row``: of every change), their
+        unchanged TOAST filled from earlier changes of the row, else from the table at ``lookup_version``;
+        :class:`DataError` when neither has a value."""
+        from pg2delta import merge as m
+
+        engine, spark = self.engine, self.engine.spark
+        changes = self.view(spark.read.parquet(changes_dir))
+        ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, toast_columns, truncates)))
+        chain = lake = None
+        if toast_columns:
+            chain = self.materialized(
+                spark.sql(m.toast_chain_sql(ordered, key_names, toast_columns, every_row=every_row)), "chain-0"
+            )
+            step = 0
+            while spark.sql(f"SELECT 1 FROM {chain} WHERE {m.unresolved_sql(chain, toast_columns)} LIMIT 1").collect():
+                step += 1
+                if step > 64:
+                    raise LakeError(f"unchanged TOAST of {uri}: the chain of key changes did not resolve in 64 steps")
+                chain = self.materialized(spark.sql(m.resolve_step_sql(chain, toast_columns)), f"chain-{step}")
+            if (lookup_version is None or lookup_version >= 0) and engine.lake.delta_version(uri) is not None:
+                table = engine.read_version(uri, lookup_version)
+                present = set(table.columns)
+                cols = [
+                    m.quote(c) if c in present else f"NULL AS {m.quote(c)}"
+                    for c in dict.fromkeys([*key_names, *toast_columns])
+                ]
+                lake = self.view(table.selectExpr(*cols, f"true AS {m.PRESENT}"))
+        final_sql = m.final_source_sql(
+            ordered, chain, lake, key_names, data_columns, toast_columns,
+            nullable_keys=nullable_keys, optional=optional, every_row=every_row,
+        )
+        final = self.materialized(spark.sql(final_sql), "final")
+        log.debug("%s: the staged changes with their unchanged TOAST filled", uri)
+        if chain is not None:
+            lost = spark.sql(f"SELECT {m.LAKE_KEY} FROM {final} WHERE {m.MISSING} LIMIT 1").collect()
+            if lost:
+                raise DataError(
+                    f"cannot recover an unchanged TOAST value in {uri} (row {lost[0][0].asDict()}): the row is "
+                    "neither in this window nor in the lake; run pg2delta bootstrap for this table "
+                    "or set REPLICA IDENTITY FULL on it"
+                )
+        return final
+
+    def close(self) -> None:
+        spark = self.engine.spark
+        for name in self.views:
+            try:
+                spark.catalog.dropTempView(name)
+            except Exception:
+                log.debug("could not drop temp view %s", name)
+        self.engine.lake.unstage_dir(self.work)

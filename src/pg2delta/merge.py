@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pg2delta.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL
+from pg2delta.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL, TS_COL
 
 _INDEX = "__pg2delta_index"
 
@@ -210,7 +210,7 @@ def merge_statement(
 # (rows of any order; commit LSN and position order them):
 #
 # * a key's rows fall into segments, each ending at a delete of the key (``__seg`` counts the
-#   deletes before a row); the final row is the key's last one;
+#   deletes before a row) or at a truncate; the final row is the key's last one;
 # * an unchanged-TOAST column of a final row takes the latest value its segment sent before, as
 #   ``named_struct('v', c)`` so that a NULL value differs from "not found";
 # * a segment that begins with the new-key half of a primary-key change (an update whose old-key
@@ -221,6 +221,7 @@ def merge_statement(
 #   (``__lk``), as the in-memory reduce's lookups do.
 
 SEG = "__pg2delta_seg"
+EPOCH = "__pg2delta_epoch"  # truncates before the row
 RN = "__pg2delta_rn"
 ORIGIN = "__pg2delta_origin"
 PTR = "__pg2delta_ptr"
@@ -239,16 +240,29 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def ordered_changes_sql(changes: str, key_names: Sequence[str], toast_columns: Sequence[str]) -> str:
+def ordered_changes_sql(
+    changes: str, key_names: Sequence[str], toast_columns: Sequence[str], truncates: Sequence[tuple[int, int]] = ()
+) -> str:
     """Every staged change with its segment, the values its segment sent for each unchanged-TOAST
-    column up to it, its segment's first row and its rank from the key's last row (1: final)."""
+    column up to it, its segment's first row and its rank from the key's last row (1: final).
+
+    ``truncates`` (commit LSN, position) inside the changes (the history's, which keeps the changes
+    before a truncate) end every key's segment too: a key gone in a truncate can come back by a key
+    change, whose values are the old key's."""
     lsn, pos, op, toast = quote(LSN_COL), quote(POS_COL), quote(OP_COL), quote(TOAST_COL)
     by_key = ", ".join(quote(k) for k in key_names)
+    epoch = ""
+    if truncates:
+        cases = " ".join(
+            f"WHEN {lsn} < {int(t_lsn)} OR ({lsn} = {int(t_lsn)} AND {pos} < {int(t_pos)}) THEN {n}"
+            for n, (t_lsn, t_pos) in enumerate(sorted(set(truncates)))
+        )
+        epoch = f"CASE {cases} ELSE {len(set(truncates))} END AS {EPOCH}, "
     seg = (
-        f"SELECT *, coalesce(sum(CASE WHEN {op} = 'D' THEN 1 ELSE 0 END) OVER (PARTITION BY {by_key} "
+        f"SELECT *, {epoch}coalesce(sum(CASE WHEN {op} = 'D' THEN 1 ELSE 0 END) OVER (PARTITION BY {by_key} "
         f"ORDER BY {lsn}, {pos} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS {SEG} FROM {changes}"
     )
-    in_seg = f"PARTITION BY {by_key}, {SEG} ORDER BY {lsn}, {pos}"
+    in_seg = f"PARTITION BY {by_key}, {f'{EPOCH}, ' if truncates else ''}{SEG} ORDER BY {lsn}, {pos}"
     values = [
         f"last(CASE WHEN {op} <> 'D' AND NOT coalesce(array_contains({toast}, {_sql_string(c)}), false) "
         f"THEN named_struct('v', {quote(c)}) END, true) OVER ({in_seg} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
@@ -264,18 +278,22 @@ def ordered_changes_sql(changes: str, key_names: Sequence[str], toast_columns: S
     return f"SELECT *, {', '.join(values)} FROM ({seg}) AS s"
 
 
-def toast_chain_sql(ordered: str, key_names: Sequence[str], toast_columns: Sequence[str]) -> str:
-    """The rows whose values must be resolved (final rows with unchanged TOAST, and the old-key
-    deletes of key changes), with a pointer to the delete that continues their segment."""
+def toast_chain_sql(
+    ordered: str, key_names: Sequence[str], toast_columns: Sequence[str], *, every_row: bool = False
+) -> str:
+    """The rows whose values must be resolved (final rows with unchanged TOAST, ``every_row``: every
+    row with unchanged TOAST; and the old-key deletes of key changes), with a pointer to the delete
+    that continues their segment."""
     lsn, pos, op, toast = quote(LSN_COL), quote(POS_COL), quote(OP_COL), quote(TOAST_COL)
     lake_key = ", ".join(f"{_sql_string(k)}, v.{quote(k)}" for k in key_names)
     vals = ", ".join(f"v.{_v(i)}" for i in range(len(toast_columns)))
     deletes = f"SELECT {lsn}, {pos} FROM {ordered} WHERE {op} = 'D' AND {pos} % 2 = 0"
+    final_only = "" if every_row else f"v.{RN} = 1 AND "
     return (
         f"SELECT v.{lsn} AS {AT_LSN}, v.{pos} AS {AT_POS}, {vals}, named_struct({lake_key}) AS {LAKE_KEY}, "
         f"CASE WHEN d.{lsn} IS NOT NULL THEN named_struct('lsn', d.{lsn}, 'pos', d.{pos}) END AS {PTR} "
         f"FROM {ordered} AS v LEFT JOIN ({deletes}) AS d ON d.{lsn} = v.{ORIGIN}.lsn AND d.{pos} = v.{ORIGIN}.pos - 1 "
-        f"WHERE (v.{RN} = 1 AND v.{toast} IS NOT NULL) OR (v.{op} = 'D' AND v.{pos} % 2 = 0)"
+        f"WHERE ({final_only}v.{toast} IS NOT NULL) OR (v.{op} = 'D' AND v.{pos} % 2 = 0)"
     )
 
 
@@ -310,11 +328,14 @@ def final_source_sql(
     *,
     nullable_keys: bool,
     optional: Collection[str] = (),
+    every_row: bool = False,
 ) -> str:
     """The reduced source of the MERGE: the final row per key, unchanged TOAST filled, and the op.
 
     With unchanged TOAST, ``MISSING`` marks final rows whose value is neither in the window nor in
     the lake (``optional`` columns excepted: NULL then), and ``LAKE_KEY`` says where it was looked for.
+    ``every_row``: every change rather than the final ones (the chain built likewise), with its commit
+    LSN, position and commit time: what the history (pg2delta.history) makes its versions of.
     """
     toast = quote(TOAST_COL)
     idx = {c: i for i, c in enumerate(toast_columns)}
@@ -329,7 +350,8 @@ def final_source_sql(
             )
         else:
             cols.append(f"f.{quote(c)}")
-    select = ", ".join([*cols, f"f.{quote(OP_COL)}"])
+    meta = (LSN_COL, POS_COL, OP_COL, TS_COL) if every_row else (OP_COL,)
+    select = ", ".join([*cols, *(f"f.{quote(c)}" for c in meta)])
     sql = f"SELECT {select}"
     if chain is not None:
         missing = [
@@ -337,7 +359,7 @@ def final_source_sql(
         ] or ["false"]
         absent = f"l.{PRESENT} IS NULL" if lake is not None else "true"
         sql += f", coalesce(({' OR '.join(missing)}) AND {absent}, false) AS {MISSING}, r.{LAKE_KEY} AS {LAKE_KEY}"
-    sql += f" FROM (SELECT * FROM {ordered} WHERE {RN} = 1) AS f"
+    sql += f" FROM {ordered} AS f" if every_row else f" FROM (SELECT * FROM {ordered} WHERE {RN} = 1) AS f"
     if chain is not None:
         sql += f" LEFT JOIN {chain} AS r ON r.{AT_LSN} = f.{quote(LSN_COL)} AND r.{AT_POS} = f.{quote(POS_COL)}"
         if lake is not None:
