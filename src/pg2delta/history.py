@@ -219,10 +219,134 @@ def history_statement(
     return stmt
 
 
+# --- a spilled window's versions, computed by the engine ---------------------------------------
+#
+# The same rows as :func:`window_versions`, as Spark SQL over the window's staged changes (every
+# change with its unchanged TOAST filled, see :meth:`pg2delta.engine.Engine.stage_filled`), so that
+# a window spilled past ``window.memory_budget`` is never gathered on the driver:
+#
+# * each insert or update opens a version; it ends at the key's next change (``lead`` over the key
+#   ordered by commit LSN and position, its op the end's) or at the first truncate after it,
+#   whichever comes first; neither: current;
+# * the key's first change in the window, an update or a delete before the window's first truncate,
+#   also ends the version current before the window (a 'close' row, matched in the MERGE).
+#
+# A table without a key has a version per change (each its own "key": commit LSN and position).
+# The truncates are few and on the driver already: the first one after a change is a CASE over them.
+
+NEXT_LSN = "__pg2delta_next_lsn"
+NEXT_POS = "__pg2delta_next_pos"
+NEXT_TS = "__pg2delta_next_ts"
+NEXT_OP = "__pg2delta_next_op"
+RANK = "__pg2delta_rank"  # 1: the key's first change in the window
+TRUNCATED_AT = "__pg2delta_truncated_at"  # the first truncate after the change (lsn, pos, ts), or NULL
+
+
+def _truncates_in_order(truncates: Sequence[TruncateEvent]) -> list[TruncateEvent]:
+    return sorted({(t.commit_lsn, t.pos): t for t in truncates}.values(), key=lambda t: (t.commit_lsn, t.pos))
+
+
+def _before(lsn: str, pos: str, t: TruncateEvent) -> str:
+    """The SQL condition of a change at ``lsn``, ``pos`` coming before the truncate ``t``."""
+    return f"({lsn} < {int(t.commit_lsn)} OR ({lsn} = {int(t.commit_lsn)} AND {pos} < {int(t.pos)}))"
+
+
+def neighbours_sql(changes: str, key_names: Sequence[str], truncates: Sequence[TruncateEvent], since: int) -> str:
+    """The changes of the view ``changes`` at or after ``since`` (I, U and D), each with the key's next
+    change, its rank among the key's changes, and the first of ``truncates`` after it."""
+    lsn, pos, op, ts = quote(LSN_COL), quote(POS_COL), quote(OP_COL), quote(TS_COL)
+    by_key = ", ".join(quote(k) for k in key_names) if key_names else f"{lsn}, {pos}"
+    over = f"OVER (PARTITION BY {by_key} ORDER BY {lsn}, {pos})"
+    cols = [
+        f"lead({lsn}) {over} AS {NEXT_LSN}", f"lead({pos}) {over} AS {NEXT_POS}",
+        f"lead({ts}) {over} AS {NEXT_TS}", f"lead({op}) {over} AS {NEXT_OP}", f"row_number() {over} AS {RANK}",
+    ]
+    ordered = _truncates_in_order(truncates)
+    if ordered:
+        cases = " ".join(
+            f"WHEN {_before(lsn, pos, t)} THEN named_struct('lsn', CAST({int(t.commit_lsn)} AS BIGINT), "
+            f"'pos', CAST({int(t.pos)} AS BIGINT), 'ts', {_ts_sql(t.commit_ts)})"
+            for t in ordered
+        )
+        cols.append(f"CASE {cases} END AS {TRUNCATED_AT}")
+    return f"SELECT *, {', '.join(cols)} FROM {changes} WHERE {lsn} >= {int(since)} AND {op} IN ('I', 'U', 'D')"
+
+
+def versions_sql(
+    neighbours: str, key_names: Sequence[str], data_columns: Sequence[str], truncates: Sequence[TruncateEvent]
+) -> str:
+    """The history's source rows (``ACTION`` 'open' and 'close', as :func:`window_versions` makes them)
+    from the view ``neighbours`` (:func:`neighbours_sql`)."""
+    lsn, pos, op, ts = quote(LSN_COL), quote(POS_COL), quote(OP_COL), quote(TS_COL)
+    ordered = _truncates_in_order(truncates)
+    t = TRUNCATED_AT
+    if ordered:
+        by_change = (
+            f"({NEXT_LSN} IS NOT NULL AND ({t} IS NULL OR {NEXT_LSN} < {t}.lsn "
+            f"OR ({NEXT_LSN} = {t}.lsn AND {NEXT_POS} < {t}.pos)))"
+        )
+        by_truncate = f" WHEN {t} IS NOT NULL THEN"
+        current = f"(NOT {by_change} AND {t} IS NULL)"
+    else:
+        by_change, by_truncate, current = f"({NEXT_LSN} IS NOT NULL)", "", f"({NEXT_LSN} IS NULL)"
+
+    def end(of_change: str, of_truncate: str) -> str:
+        tail = f"{by_truncate} {of_truncate}" if ordered else ""
+        return f"CASE WHEN {by_change} THEN {of_change}{tail} END"
+
+    truncate_op = f"'{TRUNCATE_OP}'"
+
+    data = [quote(c) for c in data_columns]
+    opened = [
+        *data, f"{lsn} AS {quote(FROM_LSN)}", f"{pos} AS {quote(FROM_POS)}", f"{ts} AS {quote(VALID_FROM)}",
+        f"{end(NEXT_LSN, f'{t}.lsn')} AS {quote(TO_LSN)}", f"{end(NEXT_POS, f'{t}.pos')} AS {quote(TO_POS)}",
+        f"{end(NEXT_TS, f'{t}.ts')} AS {quote(VALID_TO)}", f"{current} AS {quote(CURRENT)}",
+        f"{end(NEXT_OP, truncate_op)} AS {quote(END_OP)}", f"'open' AS {quote(ACTION)}",
+    ]
+    closed = [
+        *(quote(c) if c in key_names else f"CASE WHEN 1 = 0 THEN {quote(c)} END AS {quote(c)}" for c in data_columns),
+        f"CAST(NULL AS BIGINT) AS {quote(FROM_LSN)}", f"CAST(NULL AS BIGINT) AS {quote(FROM_POS)}",
+        f"{_ts_sql(None)} AS {quote(VALID_FROM)}", f"{lsn} AS {quote(TO_LSN)}", f"{pos} AS {quote(TO_POS)}",
+        f"{ts} AS {quote(VALID_TO)}", f"false AS {quote(CURRENT)}", f"{op} AS {quote(END_OP)}", f"'close' AS {quote(ACTION)}",
+    ]
+    first = f" AND {_before(lsn, pos, ordered[0])}" if ordered else ""
+    return (
+        f"SELECT {', '.join(opened)} FROM {neighbours} WHERE {op} IN ('I', 'U') "
+        f"UNION ALL SELECT {', '.join(closed)} FROM {neighbours} WHERE {RANK} = 1 AND {op} IN ('U', 'D'){first}"
+    )
+
+
+def versions_summary_sql(versions: str) -> str:
+    """How many versions the window opens, how many current before it it ends, and its largest LSNs."""
+    act = quote(ACTION)
+    return (
+        f"SELECT sum(CASE WHEN {act} = 'open' THEN 1 ELSE 0 END) AS opened, "
+        f"sum(CASE WHEN {act} = 'close' THEN 1 ELSE 0 END) AS closed, "
+        f"max({quote(FROM_LSN)}) AS high_from, max({quote(TO_LSN)}) AS high_to FROM {versions}"
+    )
+
+
 def _empty_source(columns: Sequence[tuple[str, pa.DataType]]) -> pa.Table:
     """A source without rows (a window that only truncates): the MERGE then only ends versions."""
     fields = [pa.field(n, t) for n, t in columns] + list(HISTORY_META) + [pa.field(ACTION, pa.string())]
     return pa.schema(fields).empty_table()
+
+
+@dataclass(frozen=True)
+class StagedWindow:
+    """A spilled window's changes of one table for its history: Parquet files under ``uri`` (conformed
+    to the plan, every change since the table's applied LSN, before and after its truncates), its
+    truncates since then too, and where unchanged TOAST the window does not hold is read (the table
+    at ``table_uri`` as of ``lookup_version``; ``optional`` columns NULL when it has no row)."""
+
+    uri: str
+    rows: int
+    since: int  # the history takes the changes at or after it (those before only lend TOAST values)
+    truncates: tuple[TruncateEvent, ...]
+    toast_columns: tuple[str, ...]
+    table_uri: str
+    lookup_version: int | None
+    optional: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -263,37 +387,97 @@ class HistoryWriter:
         history (as in the table's rows; the caller passes it only while the history holds nothing
         of the window, so a replay never sets it over the window's own versions)."""
         rows, first = versions
-        exists = self.lake.delta_version(uri) is not None
-        if rows is None and (first is None or not exists):
+        if rows is None and (first is None or self.lake.delta_version(uri) is None):
             return False
-        source = rows if rows is not None else _empty_source(columns)
+        staged = self.lake.stage(rows if rows is not None else _empty_source(columns), f"{run_id}/history-{uuid.uuid4().hex[:8]}")
+        try:
+            self._merge(engine, uri, staged, key_names, columns, first, nullable_keys=nullable_keys, fill=fill)
+        finally:
+            self.lake.unstage(staged)
+        opened = 0 if rows is None else int(pc.sum(pc.equal(rows.column(ACTION), "open")).as_py() or 0)
+        closed = 0 if rows is None else int(pc.sum(pc.equal(rows.column(ACTION), "close")).as_py() or 0)
+        self._written(uri, high_water(rows, first), opened, closed, first, "")
+        return True
+
+    def write_staged(
+        self,
+        engine: Engine,
+        uri: str,
+        run_id: str,
+        changes: StagedWindow,
+        key_names: Sequence[str],
+        columns: Sequence[tuple[str, pa.DataType]],
+        *,
+        nullable_keys: bool,
+        fill: pa.Table | None = None,
+    ) -> bool:
+        """:meth:`write` of a window spilled past ``window.memory_budget``: its versions computed by the
+        engine from the staged changes (:func:`neighbours_sql`, :func:`versions_sql`), never gathered on
+        the driver; the same rows, and the same one MERGE."""
+        truncates = _truncates_in_order([t for t in changes.truncates if t.commit_lsn >= changes.since])
+        first = truncates[0] if truncates else None
+        names = [n for n, _ in columns]
+        work = f"{run_id}/history-{uuid.uuid4().hex[:8]}"
+        try:
+            staged, summary = engine.stage_filled(
+                changes.table_uri, changes.uri,
+                [
+                    lambda view: neighbours_sql(view, key_names, truncates, changes.since),
+                    lambda view: versions_sql(view, key_names, names, truncates),
+                ],
+                versions_summary_sql,
+                out=f"{work}/versions", work=f"{work}/fill",
+                key_names=key_names or [LSN_COL, POS_COL], data_columns=names,
+                toast_columns=changes.toast_columns if key_names else (),
+                lookup_version=changes.lookup_version, nullable_keys=nullable_keys, optional=changes.optional,
+                truncates=[(t.commit_lsn, t.pos) for t in changes.truncates],
+            )
+            opened, closed = int(summary.get("opened") or 0), int(summary.get("closed") or 0)
+            if not opened and not closed:  # nothing but truncates, if anything: as in memory
+                return self.write(engine, uri, run_id, (None, first), key_names, columns, nullable_keys=nullable_keys, fill=fill)
+            self._merge(engine, uri, staged, key_names, columns, first, nullable_keys=nullable_keys, fill=fill)
+        finally:
+            self.lake.unstage_dir(work)
+        highs = [int(v) for v in (summary.get("high_from"), summary.get("high_to")) if v is not None]
+        high = max([*highs, *([first.commit_lsn] if first is not None else [])], default=None)
+        self._written(uri, high, opened, closed, first, f" (computed by the engine from {changes.rows} staged changes)")
+        return True
+
+    def _merge(
+        self,
+        engine: Engine,
+        uri: str,
+        staged: str,
+        key_names: Sequence[str],
+        columns: Sequence[tuple[str, pa.DataType]],
+        first: TruncateEvent | None,
+        *,
+        nullable_keys: bool,
+        fill: pa.Table | None,
+    ) -> None:
+        """The window's one MERGE of the staged source rows into the history (created, widened or
+        filled first, each its own idempotent commit)."""
         names = [*(n for n, _ in columns), *HISTORY_META_NAMES]
-        types = engine.table_types(uri) if exists else None
+        types = engine.table_types(uri) if self.lake.delta_version(uri) is not None else None
         if types:
             casts = {c: spark_type(t) for c, t in columns if c in types and widens(types[c], spark_type(t))}
             casts = {c: t for c, t in casts.items() if types[c] != t}
             if casts or fill is not None:  # the history follows the table (one rewrite, before the MERGE)
                 engine.rewrite(uri, casts, fill=fill)
                 types = engine.table_types(uri)
-        staged = self.lake.stage(source, f"{run_id}/history-{uuid.uuid4().hex[:8]}")
-        try:
-            engine.ensure_table(uri, staged, names, set(types) if types else None)
-            close_all = None if first is None else close_all_sql(first.commit_lsn, first.pos, first.commit_ts, TRUNCATE_OP)
-            engine.merge(
-                uri, staged,
-                lambda t, s: history_statement(t, s, key_names, names, close_all=close_all, nullable_keys=nullable_keys),
-            )
-        finally:
-            self.lake.unstage(staged)
-        high = high_water(rows, first)
+        engine.ensure_table(uri, staged, names, set(types) if types else None)
+        close_all = None if first is None else close_all_sql(first.commit_lsn, first.pos, first.commit_ts, TRUNCATE_OP)
+        engine.merge(
+            uri, staged,
+            lambda t, s: history_statement(t, s, key_names, names, close_all=close_all, nullable_keys=nullable_keys),
+        )
+
+    def _written(self, uri: str, high: int | None, opened: int, closed: int, first: TruncateEvent | None, how: str) -> None:
         if high is not None:
             before = self._high.get(uri)
             self._high[uri] = high if before is None else max(before, high)
-        log.info("history %s: %d versions opened, %d ended before the window%s", uri,
-                 0 if rows is None else int(pc.sum(pc.equal(rows.column(ACTION), "open")).as_py() or 0),
-                 0 if rows is None else int(pc.sum(pc.equal(rows.column(ACTION), "close")).as_py() or 0),
-                 ", truncated" if first is not None else "")
-        return True
+        log.info("history %s: %d versions opened, %d ended before the window%s%s", uri, opened, closed,
+                 ", truncated" if first is not None else "", how)
 
     def copied(self, engine: Engine, schema: str, name: str, staged_dir: str, lsn: int) -> None:
         """A copy of the table as of ``lsn`` (bootstrap, resync): every current version ends (``R``)

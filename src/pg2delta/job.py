@@ -52,8 +52,8 @@ from pg2delta.changes import (
 )
 from pg2delta.config import Config
 from pg2delta.engine import Engine, Lake, Txn
-from pg2delta.errors import ConfigError, DataError, DecodeError, SchemaError
-from pg2delta.history import HistoryWriter, window_versions
+from pg2delta.errors import DataError, DecodeError, SchemaError
+from pg2delta.history import HistoryWriter, StagedWindow, window_versions
 from pg2delta.lsn import format_lsn
 from pg2delta.merge import Reduced, fill_toast_in_order, merge_statement, reduce_changes
 from pg2delta.progress import Progress, percent
@@ -522,7 +522,6 @@ class Job:
             if isinstance(p, SchemaError):  # on_unfollowable = "resync": nothing written yet
                 self._resync_in_run(src, tgt, p, applied)
         plans = {(t.schema, t.table): (None if isinstance(p, SchemaError) else p) for t, p in zip(ordered, planned, strict=True)}
-        self._check_history_spill(ordered)
         # The changelog next: a crash before the tables' MERGEs replays the window, and the
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(tables.values(), key=lambda t: t.latest.qualified_name)
@@ -573,19 +572,13 @@ class Job:
         )
         return window
 
-    def _check_history_spill(self, targets: Sequence[_Target]) -> None:
-        """The history of a window spilled past ``window.memory_budget`` is not kept: refused before
-        anything of the window is written (the history is computed on the driver, change by change)."""
-        for tgt in targets:
-            if self.history.enabled(tgt.schema, tgt.table) and any(b.spilled for tw in tgt.parts for b in tw.batches):
-                raise ConfigError(
-                    f"the window's changes of {tgt.schema}.{tgt.table} passed window.memory_budget and were spilled, "
-                    f"and its history (history = \"scd2\") is computed in memory: raise window.memory_budget or lower "
-                    "window.max_changes / window.max_bytes so that a window fits; nothing of this window was applied"
-                )
-
     def _write_history(self, run_id: str, tgt: _Target, pl: Plan | None, applied: Applied | None, end: int) -> None:
-        """The window's versions of ``tgt`` into its history (pg2delta.history), past the history's end."""
+        """The window's versions of ``tgt`` into its history (pg2delta.history), past the history's end.
+
+        Unchanged TOAST is filled from every change of the window since the table's applied LSN (a
+        replay that takes only the changes past the history's end still finds the values the changes
+        before it sent), else from the table as the last logged window left it. A window spilled past
+        ``window.memory_budget`` has its versions computed by the engine from staged files."""
         schema, name = tgt.schema, tgt.table
         applied_lsn = applied.end_lsn if applied else 0
         if not self.history.enabled(schema, name) or applied_lsn >= end or (applied is None and self._bootstrapped):
@@ -594,26 +587,48 @@ class Job:
         high = self.history.high(self.engine, uri)
         since = applied_lsn if high is None else max(applied_lsn, high + 1)
         truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= since]
-        changes, kept = conform(_live(tgt, applied_lsn), pl) if pl is not None else (None, set())
         key_names = list(pl.key) if pl is not None else []
         columns = [(n, t) for n, t in pl.columns if n not in META_NAMES] if pl is not None else []
         nullable_keys = bool(self.config.table(schema, name).key) or any(
             bool(self.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
         )
-        if changes is not None:
-            lsn = changes.column(LSN_COL)
-            changes = changes.filter(pc.and_(pc.not_equal(changes.column(OP_COL), BEFORE_OP), pc.greater_equal(lsn, since)))
-            if changes.num_rows and key_names:
-                changes = self._fill_lookups(
-                    self.lake.table_uri(schema, name), fill_toast_in_order(changes, key_names), key_names,
-                    applied.delta_version if applied else None, nullable_keys=nullable_keys, optional=kept,
-                )
-        versions = window_versions(changes, truncates, key_names, [n for n, _ in columns])
         fresh = high is None or high < applied_lsn  # nothing of this window in the history yet
         fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl is not None and pl.fill_table and pl.fills else None
-        self.history.write(
-            self.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill if fresh else None
-        )
+        fill = fill if fresh else None
+        table_uri = self.lake.table_uri(schema, name)
+        lookup_version = applied.delta_version if applied else None
+        if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
+            staging = f"{run_id}/{schema}.{name}.history.{uuid.uuid4().hex[:8]}"
+            try:
+                staged, kept = self._stage_changes(tgt, pl, applied_lsn, staging, whole=True)
+                if staged.rows and staged.uri is not None:
+                    window = StagedWindow(
+                        staged.uri, staged.rows, since,
+                        tuple(t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn),
+                        staged.toast_columns, table_uri,
+                        lookup_version, frozenset(kept),
+                    )
+                    self.history.write_staged(
+                        self.engine, uri, run_id, window, key_names, columns, nullable_keys=nullable_keys, fill=fill
+                    )
+                    return
+            finally:
+                self.lake.unstage_dir(staging)
+            changes: pa.Table | None = None
+        else:
+            changes, kept = conform(_live(tgt, applied_lsn), pl) if pl is not None else (None, set())
+        if changes is not None:
+            changes = changes.filter(pc.and_(
+                pc.not_equal(changes.column(OP_COL), BEFORE_OP), pc.greater_equal(changes.column(LSN_COL), applied_lsn)
+            ))
+            if changes.num_rows and key_names:
+                changes = self._fill_lookups(
+                    table_uri, fill_toast_in_order(changes, key_names), key_names, lookup_version,
+                    nullable_keys=nullable_keys, optional=kept,
+                )
+            changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), since))
+        versions = window_versions(changes, truncates, key_names, [n for n, _ in columns])
+        self.history.write(self.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill)
 
     def _read(
         self,
@@ -1111,13 +1126,14 @@ class Job:
         return changes, truncates, kept_by_update
 
     def _stage_changes(
-        self, tgt: _Target, pl: Plan, applied_lsn: int, name: str | None
+        self, tgt: _Target, pl: Plan, applied_lsn: int, name: str | None, *, whole: bool = False
     ) -> tuple[StagedChanges, set[str]]:
         """:meth:`_table_changes` for a window with spilled batches: conformed and filtered batch by
         batch into Parquet files under the staging area's ``name`` (None: only counted, for
-        ``pg2delta plan``), never gathered on the driver. Returns them and the columns kept by updates."""
+        ``pg2delta plan``), never gathered on the driver. Returns them and the columns kept by updates.
+        ``whole``: the changes before the window's last truncate too (for the history)."""
         truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
-        last = max(truncates, key=lambda t: (t.commit_lsn, t.pos)) if truncates else None
+        last = max(truncates, key=lambda t: (t.commit_lsn, t.pos)) if truncates and not whole else None
         kept_by_update: set[str] = set()
         staged = StagedChanges(name, self.lake.staging_uri(name) if name is not None else None)
         toast: set[str] = set()
