@@ -17,6 +17,9 @@ MERGE. Idempotent like the changelog: windows are applied in commit order and a 
 spans two, so the history holds exactly the transactions up to its largest LSN (opened or ended
 at), and a replayed window takes only changes past it. Changes past it that left no trace (a
 delete of a key the history does not hold) leave none again.
+
+A window in memory gets its versions from :func:`window_versions`; a window spilled past
+``window.memory_budget`` from the engine (:func:`neighbours_sql`, :func:`versions_sql`), the same rows.
 """
 
 from __future__ import annotations
