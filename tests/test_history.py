@@ -8,6 +8,9 @@ The current versions must equal the PostgreSQL table.
 
 from __future__ import annotations
 
+import json
+import logging
+import random
 import signal
 import uuid
 from pathlib import Path
@@ -15,14 +18,18 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from changelog_support import assert_changelog_matches, changelog_rows, setup_source
 from pg2delta.changes import TruncateEvent
 from pg2delta.config import load
-from pg2delta.history import window_versions
+from pg2delta.engine import EngineConfig, Lake
+from pg2delta.history import neighbours_sql, versions_sql, versions_summary_sql, window_versions
 from pg2delta.job import FAULT_ENV, run
+from pg2delta.merge import fill_toast_in_order
 from workload import (
     ACCT,
     EVENTS,
@@ -35,6 +42,7 @@ from workload import (
     assert_same_rows,
     cli,
     confirmed_lsn,
+    lsn_int,
     pg_rows,
 )
 
@@ -208,18 +216,87 @@ def test_history_equals_the_versions(pgdb: str, tmp_path: Path) -> None:
     assert [v["_pg2delta_end_op"] for v in moved][:3] == ["U", "D", "U"] and moved[3]["_pg2delta_end_op"] in (None, "T")
 
 
+SPILL = "memory_budget = 1\nsplit_rows = 7\n"  # every decoded chunk spills, transactions in parts of 7 rows
+
+
+def _two_lakes(dsn: str, tmp_path: Path, *, spilled: str, other: str) -> tuple[str, Path, Path, Path, Path]:
+    """A source, two slots created together, and a config for each (the first spills every window):
+    the same changes applied twice. Returns the first slot, the two lakes and the two configs."""
+    slot, pub = setup_source(dsn)
+    second = f"slot_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (second,))
+    lake_a, lake_b = tmp_path / spilled, tmp_path / other
+    conf_a = _config(tmp_path / "a.toml", dsn, slot, pub, lake_a, max_changes=40, extra=SPILL)
+    conf_b = _config(tmp_path / "b.toml", dsn, second, pub, lake_b, max_changes=40)
+    return slot, lake_a, lake_b, conf_a, conf_b
+
+
+def _assert_same_histories(dsn: str, lake_a: Path, lake_b: Path, what: str) -> dict[str, dict[str, int]]:
+    """Both lakes equal PostgreSQL, their histories equal the changelog's versions and each other, row for row."""
+    counts = {}
+    for lake in (lake_a, lake_b):
+        assert_lake_matches(dsn, lake, context=what)
+        counts = {spec.qualified: assert_history_matches(dsn, lake, spec) for spec in TABLES}
+    for spec in TABLES:
+        a, b = _order(_history(lake_a, spec)), _order(_history(lake_b, spec))
+        assert a and a == b, f"{spec.qualified}: {what}: the histories differ"
+    return counts
+
+
 @pytest.mark.e2e
-def test_history_refuses_a_spilled_window(pgdb: str, tmp_path: Path) -> None:
-    lake = tmp_path / "lake"
-    slot, pub = setup_source(pgdb)
-    config = _config(tmp_path / "c.toml", pgdb, slot, pub, lake, max_changes=100000, extra="memory_budget = 1\n")
-    with Workload(pgdb, 77) as wl:
-        wl.phase(20)
+def test_spilled_history_equals_in_memory(pgdb: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Windows spilled past window.memory_budget get the history the in-memory path gives: key
+    changes, deletes and re-inserts, several changes of a key in one transaction, unchanged TOAST
+    (across a key change too), a truncate in the middle of a window with changes on both sides."""
+    _, spilled_lake, memory_lake, spilled, memory = _two_lakes(pgdb, tmp_path, spilled="spilled", other="memory")
+    reports = []
+    with Workload(pgdb, 4242) as wl:
+        wl.phase(50)
+        _explicit_changes(pgdb)
+        wl.phase(30)
+    _truncate_then_insert(pgdb)
+    with caplog.at_level(logging.INFO, logger="pg2delta.history"):
+        reports.append(run(load(spilled, env={})))
+    engine_side = [r for r in caplog.records if "computed by the engine" in r.getMessage()]
+    reports.append(run(load(memory, env={})))
+    assert sum(w.spilled_rows for w in reports[0].windows) > 0, "the small budget spilled nothing"
+    assert len(engine_side) >= len(TABLES), "the spilled windows' versions were not computed by the engine"
+    assert not any(w.spilled_rows for w in reports[1].windows)
+    assert len(reports[0].windows) > 1
+    counts = _assert_same_histories(pgdb, spilled_lake, memory_lake, "spilled and in memory")
+    assert counts[ACCT.qualified].get("U") and counts[ACCT.qualified].get("D"), counts
+    assert counts[FULLID.qualified].get("T") and counts[FULLID.qualified].get("current"), counts
+    # The TOASTed body, sent once, is in every version across the key change, in the spilled lake too.
+    moved = _order([v for v in _history(spilled_lake, ACCT) if v["id"] in (800001, 800002)])
+    assert [v["id"] for v in moved] == [800001, 800001, 800002, 800002]
+    assert len({v["body"] for v in moved}) == 1 and len(moved[0]["body"] or "") == 12800
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("point", ["after_spill", "after_history"])
+def test_crash_in_a_spilled_window_then_rerun(pgdb: str, tmp_path: Path, point: str) -> None:
+    """A run killed at ``point`` in a spilled window, then run again: the history equals an uncrashed
+    in-memory lake's (each window still one commit to it, nothing twice, nothing lost)."""
+    slot, crashed_lake, clean_lake, crashed, clean = _two_lakes(pgdb, tmp_path, spilled="crashed", other="clean")
+    with Workload(pgdb, 5150 + len(point)) as wl:
+        wl.phase(40)
+        run(load(crashed, env={}))
+        wl.phase(40)
+    _explicit_changes(pgdb)
+    _truncate_then_insert(pgdb)
     before = confirmed_lsn(pgdb, slot)
-    proc = cli("run", "--config", str(config))
-    assert proc.returncode == 78 and "memory_budget" in proc.stderr, proc.stderr[-2000:]
-    assert confirmed_lsn(pgdb, slot) == before
-    assert not any((lake / s.schema / s.name).exists() for s in TABLES)
+    proc = cli("run", "--config", str(crashed), env={FAULT_ENV: point})
+    assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
+    assert confirmed_lsn(pgdb, slot) == before, f"the slot moved although the run died at {point}"
+    history = _history(crashed_lake, FULLID)
+    if point == "after_history":  # the window's versions committed, the tables' MERGEs not
+        assert any(v["_pg2delta_valid_from_lsn"] > lsn_int(before) for v in history if v["_pg2delta_valid_from_pos"] >= 0)
+    again = cli("run", "--config", str(crashed), "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["spilled_rows"] > 0
+    run(load(clean, env={}))
+    _assert_same_histories(pgdb, crashed_lake, clean_lake, f"crash at {point}")
 
 
 POINTS = ["after_changelog", "after_history", "between_tables", "before_advance"]
@@ -386,3 +463,119 @@ def test_versions_without_a_key() -> None:
     changes = _changes([(10, 1, "I", 1, "a"), (10, 2, "I", 1, "a")])
     opened, closed = _by_action(window_versions(changes, [], [], ["id", "v"])[0])
     assert [o[5] for o in opened] == [True, True] and not closed  # the same values twice: two rows
+
+
+# --- a spilled window's versions by the engine, against the in-memory ones ------------------------
+
+_KEYS = range(1, 10)
+
+
+def _random_window(seed: int) -> tuple[pa.Table, list[TruncateEvent], dict[int, dict[str, Any]]]:
+    """A window of random transactions on keys 1..9 (inserts, updates, some with the body sent as
+    unchanged TOAST, key changes, deletes, truncates) and the lake's rows before it."""
+    rng = random.Random(seed)
+    lake = {k: {"id": k, "v": f"lake{k}", "body": f"lake body {k}"} for k in rng.sample(list(_KEYS), 4)}
+    live = {k: dict(r) for k, r in lake.items()}
+    rows: list[tuple[int, int, str, dict[str, Any], list[str] | None]] = []
+    truncates: list[TruncateEvent] = []
+    lsn = 1000
+    for _ in range(rng.randint(4, 12)):
+        lsn += rng.randint(1, 50)
+        for i in range(rng.randint(1, 6)):
+            pos, r = 2 * i + 1, rng.random()
+            absent = [k for k in _KEYS if k not in live]
+            if r < 0.07:
+                truncates.append(TruncateEvent(lsn, pos, (), 0, 7, lsn * 1000))
+                live.clear()
+            elif absent and (not live or r < 0.35):
+                k = rng.choice(absent)
+                live[k] = {"id": k, "v": f"i{lsn}.{pos}", "body": f"b{lsn}.{pos}"}
+                rows.append((lsn, pos, "I", dict(live[k]), None))
+            elif r < 0.75:
+                k = rng.choice(sorted(live))
+                old = live.pop(k)
+                toast = rng.random() < 0.6
+                new = rng.choice(absent) if absent and rng.random() < 0.3 else k
+                if new != k:  # PostgreSQL's key change: the old key's delete just before the update
+                    rows.append((lsn, pos - 1, "D", {"id": k, "v": None, "body": None}, None))
+                row = {"id": new, "v": f"u{lsn}.{pos}", "body": None if toast else f"b{lsn}.{pos}"}
+                rows.append((lsn, pos, "U", row, ["body"] if toast else None))
+                live[new] = {**row, "body": old["body"] if toast else row["body"]}
+            else:
+                k = rng.choice(sorted(live))
+                del live[k]
+                rows.append((lsn, pos, "D", {"id": k, "v": None, "body": None}, None))
+    table = pa.table({
+        "id": pa.array([r[3]["id"] for r in rows], pa.int32()),
+        "v": pa.array([r[3]["v"] for r in rows], pa.string()),
+        "body": pa.array([r[3]["body"] for r in rows], pa.string()),
+        "_pg2delta_lsn": pa.array([r[0] for r in rows], pa.int64()),
+        "_pg2delta_pos": pa.array([r[1] for r in rows], pa.int64()),
+        "_pg2delta_op": pa.array([r[2] for r in rows], pa.string()),
+        "_pg2delta_toast": pa.array([r[4] for r in rows], pa.list_(pa.string())),
+        "_pg2delta_commit_ts": pa.array([r[0] * 1000 for r in rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+    })
+    return table, truncates, lake
+
+
+def _in_memory(changes: pa.Table, truncates: list[TruncateEvent], lake: dict[int, dict[str, Any]], since: int) -> pa.Table | None:
+    """What the run computes in memory (job.py ``_write_history``): TOAST filled from the window, then
+    from the lake's rows; the changes from ``since`` on made into versions."""
+    filled = fill_toast_in_order(changes, ["id"])
+    body = filled.table.column("body").to_pylist()
+    for lk in filled.lookups:
+        body[lk.row] = lake[int(str(lk.key[0]))]["body"]
+    table = filled.table.set_column(filled.table.column_names.index("body"), "body", pa.array(body, pa.string()))
+    table = table.filter(pc.greater_equal(table.column("_pg2delta_lsn"), since))
+    return window_versions(table, [t for t in truncates if t.commit_lsn >= since], ["id"], ["id", "v", "body"])[0]
+
+
+def _plain(table: pa.Table | None) -> list[dict[str, Any]]:
+    """Rows with timestamps as microseconds (Parquet from the engine may hold them in another unit)."""
+    if table is None:
+        return []
+    cols = {}
+    for name in table.column_names:
+        col = table.column(name)
+        if pa.types.is_timestamp(col.type):
+            col = col.cast(pa.timestamp("us", tz=col.type.tz)).cast(pa.int64())
+        cols[name] = col
+    return sorted(pa.table(cols).to_pylist(), key=repr)
+
+
+@pytest.mark.e2e
+def test_engine_versions_equal_the_in_memory_ones(tmp_path: Path, shared_engine: Any) -> None:
+    """The versions of random windows computed by the engine (a spilled window's way: Spark SQL over
+    staged changes, unchanged TOAST filled there, the lake's rows read as of a version) equal the
+    in-memory ones row for row, also when a replay takes only the changes past the history's end."""
+    lake = Lake(str(tmp_path / "lake"))
+    engine = shared_engine.start(EngineConfig(), lake)
+    checked = {"current": 0, "U": 0, "D": 0, "T": 0, "toast": 0, "close": 0}
+    for seed in range(12):
+        changes, truncates, before = _random_window(seed)
+        table_uri = lake.table_uri("public", f"t{seed}")
+        write_deltalake(table_uri, pa.Table.from_pylist(list(before.values()), schema=pa.schema(
+            [("id", pa.int32()), ("v", pa.string()), ("body", pa.string())])))
+        lsns = sorted(set(changes.column("_pg2delta_lsn").to_pylist()))
+        for since in (0, lsns[len(lsns) // 2]):
+            work = f"w{seed}-{since}"
+            lake.stage(changes, f"{work}/changes/part-000000")
+            ordered = sorted(truncates, key=lambda t: (t.commit_lsn, t.pos))
+            kept = [t for t in ordered if t.commit_lsn >= since]
+            out, summary = engine.stage_filled(
+                table_uri, lake.staging_uri(f"{work}/changes"),
+                [lambda view, s=since, k=kept: neighbours_sql(view, ["id"], k, s),
+                 lambda view, k=kept: versions_sql(view, ["id"], ["id", "v", "body"], k)],
+                versions_summary_sql, out=f"{work}/out", work=f"{work}/work", key_names=["id"],
+                data_columns=["id", "v", "body"], toast_columns=("body",), lookup_version=0, nullable_keys=False,
+                truncates=[(t.commit_lsn, t.pos) for t in truncates],
+            )
+            got = _plain(pq.read_table(out))
+            want = _plain(_in_memory(changes, truncates, before, since))
+            assert got == want, (seed, since)
+            assert (summary["opened"] or 0) == sum(1 for r in want if r["__pg2delta_action"] == "open")
+            for r in want:
+                checked[r["_pg2delta_end_op"] or "current"] += 1
+                checked["close"] += r["__pg2delta_action"] == "close"
+            checked["toast"] += sum(1 for t in changes.column("_pg2delta_toast").to_pylist() if t)
+    assert all(checked.values()), checked  # every way a version ends, unchanged TOAST and closes were compared
