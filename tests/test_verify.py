@@ -122,7 +122,7 @@ def test_intact_lake_under_concurrent_writes_verifies_clean(pgdb: str, tmp_path:
     assert report["at_lsn"] != report2["at_lsn"]  # each verify pins a point of its own
 
 
-@pytest.mark.classic
+# Embedded only: the narrowing is the engine's SQL of test_every_type_verifies_clean_..., on Apache Spark there.
 def test_corrupted_lake_names_exactly_the_corrupted_keys(pgdb: str, tmp_path: Path) -> None:
     common, lake = _setup(pgdb, tmp_path)
     path = str(lake / "public" / "items")
