@@ -31,6 +31,7 @@ from pg2delta.engine import EngineConfig, Lake
 from pg2delta.history import neighbours_sql, versions_sql, versions_summary_sql, window_versions
 from pg2delta.job import FAULT_ENV, run
 from pg2delta.merge import fill_toast_in_order
+from pg2delta.status import status
 from workload import (
     ACCT,
     EVENTS,
@@ -196,6 +197,12 @@ def test_history_equals_the_versions(pgdb: str, tmp_path: Path) -> None:
     report = run(config)
     assert len(report.windows) > 1
     assert_lake_matches(pgdb, lake, context="with histories")
+    # pg2delta status shows each history's Delta version as delta-rs reads it.
+    shown = {t["table"]: t["history"] for t in status(config)["tables"]}
+    for spec in TABLES:
+        dt = DeltaTable(str(lake / spec.schema / f"{spec.name}__history"))
+        assert shown[spec.qualified]["delta_version"] == dt.version(), shown[spec.qualified]
+        assert shown[spec.qualified]["files"] == len(dt.file_uris()), shown[spec.qualified]
     counts = {spec.qualified: assert_history_matches(pgdb, lake, spec) for spec in TABLES}
     for spec in TABLES:
         assert_changelog_matches(pgdb, lake, spec)

@@ -97,6 +97,7 @@ def test_status_reports_what_postgres_and_delta_say(pgdb: str, tmp_path: Path) -
         assert t["files"] == len(adds["path"]) and t["size_bytes"] == sum(adds["size_bytes"]), t
         cl = DeltaTable(str(lake / "_pg2delta" / "changelog" / spec.schema / spec.name))
         assert t["changelog"]["delta_version"] == cl.version(), t
+        assert t["history"] is None, t  # no history = "scd2" in this config
         # The commit time recorded for the table is that of the newest change its changelog holds.
         commit = max(r["_pg2delta_commit_ts"] for r in changelog_rows(lake, spec))
         assert t["last_commit_ts"] == commit.isoformat().replace("+00:00", "Z"), (t, commit)

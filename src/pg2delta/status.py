@@ -27,6 +27,7 @@ from pg2delta.errors import (
     EXIT_STATUS_UNRESERVED,
     SourceStateError,
 )
+from pg2delta.history import history_table
 from pg2delta.job import LOG_TABLE
 from pg2delta.lsn import format_lsn
 from pg2delta.slot import ServerState, SlotInfo, SlotSource
@@ -135,6 +136,7 @@ def _tables(config: Config, lake: Lake) -> tuple[list[dict[str, Any]], int | Non
                 "files": now["files"] if now else None,
                 "size_bytes": now["size_bytes"] if now else None,
                 "changelog": _delta(lake, lake.table_uri(changelog_path(schema, name))),
+                "history": _delta(lake, lake.table_uri(schema, history_table(name))),
             }
         )
     return tables, log_version, newest_commit
@@ -243,7 +245,7 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
     def table_gauge(metric: str, doc: str, key: str, source: str = "table") -> None:
         g = Gauge(metric, doc, ["slot", "table"], registry=reg)
         for t in report["tables"]:
-            holder = t if source == "table" else t.get("changelog")
+            holder = t if source == "table" else t.get(source)
             if holder is not None and holder.get(key) is not None:
                 g.labels(slot=name, table=t["table"]).set(holder[key])
 
@@ -285,4 +287,8 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
                 "changelog")
     table_gauge("pg2delta_changelog_size_bytes", "Bytes of data files in the table's changelog", "size_bytes",
                 "changelog")
+    table_gauge("pg2delta_history_delta_version", "Latest Delta version of the table's SCD2 history", "delta_version",
+                "history")
+    table_gauge("pg2delta_history_size_bytes", "Bytes of data files in the table's SCD2 history", "size_bytes",
+                "history")
     write_to_textfile(path, reg)
