@@ -42,10 +42,14 @@ from bench_decode import (
     server_copy,
 )
 
+import pg2delta.apply as applymod
 import pg2delta.job as jobmod
+import pg2delta.stage as stagemod
+from pg2delta import applied_log
 from pg2delta import config as cfgmod
 from pg2delta.changes import WindowDecoder
 from pg2delta.engine import Engine, Lake
+from pg2delta.lakeside import Lakeside
 from pg2delta.slot import SlotSource
 
 
@@ -72,19 +76,19 @@ def time_generator(timer: StageTimer, owner: Any, name: str, label: str) -> None
 
 # (label, owner, attribute), in the order they are printed; indented stages are part of the one above.
 STAGES: list[tuple[str, Any, str]] = [
-    ("read applied log", jobmod.Job, "_applied_lsns"),
+    ("read applied log", jobmod, "applied_lsns"),
     ("  engine start", Engine, "start"),
     ("read: peek COPY + framing", SlotSource, "read_window"),
     ("decode: WindowDecoder.feed", WindowDecoder, "feed"),
-    ("apply table (reduce + stage + MERGE)", jobmod.Job, "_apply_table"),
-    ("  reduce_changes", jobmod, "reduce_changes"),
-    ("  fill TOAST lookups", jobmod.Job, "_fill_lookups"),
+    ("apply table (reduce + stage + MERGE)", applymod.TableApplier, "apply"),
+    ("  reduce_changes", stagemod, "reduce_changes"),
+    ("  fill TOAST lookups", applymod, "fill_lookups"),
     ("  stage Parquet", Lake, "stage"),
     ("  ensure_table", Engine, "ensure_table"),
     ("  MERGE", Engine, "merge"),
-    ("append applied log", jobmod.Job, "_log_window"),
+    ("append applied log", applied_log, "append"),
     ("advance slot", SlotSource, "advance"),
-    ("engine stop", jobmod.Job, "close"),
+    ("engine stop", Lakeside, "close"),
 ]
 
 

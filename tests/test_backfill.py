@@ -212,7 +212,7 @@ def test_backfill_follows_added_and_dropped_columns(pgdb: str, tmp_path: Path) -
 def test_backfill_killed_half_way_resumes(pgdb: str, tmp_path: Path) -> None:
     import signal
 
-    from pg2delta.job import FAULT_ENV
+    from pg2delta.faults import FAULT_ENV
 
     config, lake, ends = _history(pgdb, tmp_path, 35)
     start, b = min(r["window_start"] for r in _log(lake)), ends[-1]

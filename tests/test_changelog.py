@@ -20,7 +20,7 @@ from changelog_support import (
     setup_source,
     write_config,
 )
-from pg2delta.job import FAULT_ENV
+from pg2delta.faults import FAULT_ENV
 from workload import ACCT, EVENTS, FULLID, PAIR, TABLES, Workload, assert_lake_matches, cli, confirmed_lsn
 
 pytestmark = pytest.mark.e2e

@@ -29,8 +29,9 @@ from engines import TEST_ENGINE
 from pg2delta.changes import TruncateEvent
 from pg2delta.config import load
 from pg2delta.engine import EngineConfig, Lake
+from pg2delta.faults import FAULT_ENV
 from pg2delta.history import neighbours_sql, versions_sql, versions_summary_sql, window_versions
-from pg2delta.job import FAULT_ENV, run
+from pg2delta.job import run
 from pg2delta.merge import fill_toast_in_order
 from pg2delta.status import status
 from pg2delta.throwaway import ThrowawayPostgres

@@ -20,8 +20,10 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from engines import TEST_ENGINE
+from pg2delta.apply import TableReport
 from pg2delta.config import Config, WindowConfig, load
-from pg2delta.job import FAULT_ENV, Job, TableReport, run
+from pg2delta.faults import FAULT_ENV
+from pg2delta.job import Job, run
 from workload import TableSpec, assert_lake_matches, cli, confirmed_lsn
 
 pytestmark = pytest.mark.e2e

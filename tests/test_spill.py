@@ -21,7 +21,8 @@ from changelog_support import assert_changelog_matches, changelog_rows, setup_so
 from engines import SharedEngine
 from pg2delta.config import load
 from pg2delta.engine import EngineConfig, Lake
-from pg2delta.job import FAULT_ENV, run
+from pg2delta.faults import FAULT_ENV
+from pg2delta.job import run
 from pg2delta.merge import merge_statement
 from workload import ACCT, TABLES, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema, lake_rows
 

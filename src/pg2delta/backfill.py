@@ -2,7 +2,7 @@
 
 ``backfill(config, A, B, tables, into)`` replays, table by table, the changelog rows whose
 commit LSN is in ``[A, B)``, in commit order, through the same reduce and MERGE as the run
-(:meth:`pg2delta.job.Job.merge_changes`), in chunks of about ``window.max_changes`` rows that
+(:func:`pg2delta.apply.merge_changes`), in chunks of about ``window.max_changes`` rows that
 follow the windows the changelog log recorded. No database connection is needed.
 
 Where the changes land, and from which state:
@@ -42,12 +42,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pg2delta.applied_log import LOG_SCHEMA, LOG_TABLE
+from pg2delta.apply import TableReport, merge_changes
 from pg2delta.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
 from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
 from pg2delta.config import Config
 from pg2delta.engine import Engine, Lake
 from pg2delta.errors import ConfigError, LakeError
-from pg2delta.job import LOG_SCHEMA, LOG_TABLE, Job, TableReport, fault_point
+from pg2delta.faults import fault_point
+from pg2delta.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.schema import spark_type, widens
@@ -319,7 +322,7 @@ def _apply(
     target_config = dataclasses.replace(config, lake_root=target_lake.root)
     # The target's engine: staging (changelog slices, MERGE sources) goes under the target lake,
     # so a backfill --into writes nothing into the lake it reads.
-    job = Job(target_config, engine_factory=engine.with_lake)
+    job = Lakeside(target_config, engine_factory=engine.with_lake)
     with _progress(plans, b) as progress:
         for plan in plans:
             _apply_one(config, engine, lake, target_lake, b, plan, into, job, run_id, report, progress)
@@ -348,7 +351,7 @@ def _apply_one(
     b: int,
     plan: _Plan,
     into: str | None,
-    job: Job,
+    job: Lakeside,
     run_id: str,
     report: BackfillReport,
     progress: Progress,
@@ -390,8 +393,8 @@ def _apply_one(
             if unmarked:
                 _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
                 unmarked = False
-            job.merge_changes(
-                tr, run_id, changes, list(key), [c for c in rows.column_names],
+            merge_changes(
+                job, tr, run_id, changes, list(key), [c for c in rows.column_names],
                 nullable_keys=nullable_keys, lookup_version=lookup,
                 reshape=functools.partial(_widen, job.engine, uri, rows.schema),
             )
@@ -435,7 +438,7 @@ def _widen(engine: Engine, uri: str, schema: pa.Schema) -> frozenset[str] | None
     return frozenset(current)
 
 
-def _log(job: Job, run_id: str, plan: _Plan, lo: int, hi: int, tr: TableReport, target_lake: Lake) -> None:
+def _log(job: Lakeside, run_id: str, plan: _Plan, lo: int, hi: int, tr: TableReport, target_lake: Lake) -> None:
     """Record a chunk in the target lake's applied log (the seed as an empty window at its LSN)."""
     now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     row = {

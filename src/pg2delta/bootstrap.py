@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from queue import Empty
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +58,8 @@ from psycopg import pq as libpq
 from psycopg import sql
 
 from pg2delta import pgoutput as po
+from pg2delta.applied_log import LOG_TABLE, utc_now
+from pg2delta.applied_log import append as append_log
 from pg2delta.catalog import PgTypeCatalog
 from pg2delta.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
 from pg2delta.config import Config
@@ -70,13 +72,13 @@ from pg2delta.errors import (
     Pg2DeltaError,
     SourceStateError,
 )
+from pg2delta.faults import fault_point
+from pg2delta.keys import key_resolver
+from pg2delta.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.slot import SlotSource, connect
 from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT
-
-if TYPE_CHECKING:
-    from pg2delta.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -565,7 +567,7 @@ class Copier:
     GIL); the Delta commits and the applied log stay in this process, one table at a time.
     """
 
-    def __init__(self, job: Job, snapshot: Snapshot, run_id: str, *, parallel: int) -> None:
+    def __init__(self, job: Lakeside, snapshot: Snapshot, run_id: str, *, parallel: int) -> None:
         self.job = job
         self.snapshot = snapshot
         self.run_id = run_id
@@ -574,7 +576,7 @@ class Copier:
 
     def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
         catalog = PgTypeCatalog(catalog_conn)
-        decoder = WindowDecoder(catalog, self.job._key_resolver(catalog_conn))
+        decoder = WindowDecoder(catalog, key_resolver(self.job.config, catalog_conn))
         return [CopyPlan.make(t, decoder.relation_version(t.relation)) for t in tables]
 
     def _stage_rel(self, table: PublishedTable) -> str:
@@ -593,8 +595,6 @@ class Copier:
             progress.close()
 
     def _copy_here(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
-        from pg2delta.job import fault_point
-
         cfg = self.job.config
         results: list[TableCopy] = []
         conn = connect(cfg.source.dsn, application_name="pg2delta bootstrap copy", connect_timeout=cfg.source.connect_timeout)
@@ -615,8 +615,6 @@ class Copier:
         return results
 
     def _copy_in_workers(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
-        from pg2delta.job import fault_point
-
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs the engine's threads
         queue: Any = ctx.Queue()
         abort: Any = ctx.Event()  # set when a table failed: the others stop at their next chunk
@@ -659,8 +657,6 @@ class Copier:
 
     def _commit(self, plan: CopyPlan, rows: int, notes: dict[str, int], t0: float, progress: _Progress) -> TableCopy:
         """Make the staged copy of a table visible in one Delta commit and record it in the applied log."""
-        from pg2delta.job import fault_point
-
         table = plan.table
 
         for name, count in sorted(notes.items()):
@@ -799,16 +795,14 @@ def _init_worker(queue: Any, abort: Any, level: int) -> None:
 
 def _stage_in_worker(task: _StageTask) -> _Staged:
     """In a worker process: import the snapshot, COPY one table, stage it; the parent commits it."""
-    from pg2delta.job import Job
-
     cfg = task.config
-    job = Job(cfg)  # for its lake and key rules; no engine is started here
+    job = Lakeside(cfg)  # for its lake; no engine is started here
     try:
         conn = connect(cfg.source.dsn, application_name="pg2delta bootstrap copy", connect_timeout=cfg.source.connect_timeout)
         catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
         try:
             open_snapshot(conn, task.snapshot)
-            decoder = WindowDecoder(PgTypeCatalog(catalog_conn), job._key_resolver(catalog_conn))
+            decoder = WindowDecoder(PgTypeCatalog(catalog_conn), key_resolver(cfg, catalog_conn))
             plan = CopyPlan.make(task.table, decoder.relation_version(task.table.relation))
 
             def report(rows: int, new: int) -> None:
@@ -828,7 +822,7 @@ def _stage_in_worker(task: _StageTask) -> _Staged:
 
 
 def append_log_row(
-    job: Job,
+    job: Lakeside,
     run_id: str,
     lsn: int,
     table: PublishedTable | None,
@@ -839,9 +833,6 @@ def append_log_row(
 ) -> None:
     """A ``kind = 'bootstrap'`` row: a table copied as of ``lsn`` (keyed on ``key``), or (no table) the lake's start."""
 
-    from pg2delta.job import LOG_SCHEMA, LOG_TABLE
-
-    now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     row = {
         "run_id": run_id,
         "slot": job.config.source.slot,
@@ -856,17 +847,17 @@ def append_log_row(
         "updates": 0,
         "deletes": 0,
         "truncated": False,
-        "applied_at": now.as_py(),
+        "applied_at": utc_now(),
         "key_columns": None if key is None else json.dumps(list(key)),
         "kind": KIND_BOOTSTRAP,
         "publication": table.membership if table else None,
         "partitions": table.leaves if table else None,
         "attnums": table.attnums if table else None,
     }
-    job.engine.append(job.lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
+    append_log(job.engine, job.lake, [row])
 
 
-def _clean_staging(job: Job) -> None:
+def _clean_staging(job: Lakeside) -> None:
     """Remove what an interrupted copy of this slot staged (never visible in any Delta table)."""
     path = f"{job.lake.path}/{STAGING}/{job.config.source.slot}"
     try:
@@ -878,13 +869,11 @@ def _clean_staging(job: Job) -> None:
         log.warning("could not remove %s: %s", path, exc)
 
 
-def _read_state(job: Job) -> LakeBootstrap:
-    from pg2delta.job import LOG_TABLE
-
+def _read_state(job: Lakeside) -> LakeBootstrap:
     return lake_state(job.engine.read_table(job.lake.table_uri(LOG_TABLE)), job.config.source.slot)
 
 
-def copy_at_new_snapshot(job: Job, src: SlotSource, missing: set[int], *, parallel: int) -> list[TableCopy]:
+def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, parallel: int) -> list[TableCopy]:
     """Copy the tables ``missing`` (OIDs) at the snapshot of a temporary slot created now."""
     cfg = job.config
     info = src.slot_info()
@@ -911,7 +900,7 @@ def copy_at_new_snapshot(job: Job, src: SlotSource, missing: set[int], *, parall
             catalog_conn.close()
 
 
-def copy_new_tables(job: Job, src: SlotSource, *, parallel: int = DEFAULT_PARALLEL) -> bool:
+def copy_new_tables(job: Lakeside, src: SlotSource, *, parallel: int = DEFAULT_PARALLEL) -> bool:
     """Before a run's windows: copy the published tables a bootstrapped lake has no copy of.
 
     Returns whether the lake was bootstrapped for this slot (then the run skips the changes of
@@ -925,7 +914,7 @@ def copy_new_tables(job: Job, src: SlotSource, *, parallel: int = DEFAULT_PARALL
     return bootstrapped
 
 
-def tables_to_copy(job: Job, src: SlotSource) -> tuple[bool, set[int], list[str]]:
+def tables_to_copy(job: Lakeside, src: SlotSource) -> tuple[bool, set[int], list[str]]:
     """Whether the lake was bootstrapped for this slot, and the published tables it has no copy of
     (OIDs, and their names sorted): what :func:`copy_new_tables` copies, without copying."""
     state = _read_state(job)
@@ -936,7 +925,7 @@ def tables_to_copy(job: Job, src: SlotSource) -> tuple[bool, set[int], list[str]
     return True, missing, sorted(t.qualified for t in published if t.oid in missing)
 
 
-def bootstrap(job: Job, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:
+def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:
     """``pg2delta bootstrap``: create the slot and copy every published table as of its consistent point.
 
     On a slot that exists, resume: copy the tables the lake has no copy of (an interrupted
@@ -1015,9 +1004,7 @@ def bootstrap(job: Job, *, parallel: int = DEFAULT_PARALLEL, resume: bool = Fals
 
 def run_bootstrap(config: Any, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:
     """The function the CLI and jobs/ call: a job's engine, one bootstrap, engine stopped."""
-    from pg2delta.job import Job
-
-    job = Job(config)
+    job = Lakeside(config)
     try:
         return bootstrap(job, parallel=parallel, resume=resume)
     finally:

@@ -32,13 +32,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from pg2delta.applied_log import LOG_TABLE
 from pg2delta.changelog import CHANGELOG_LOG, CHANGELOG_ROOT
 from pg2delta.changes import TS_COL
 from pg2delta.config import Config, duration_seconds
 from pg2delta.engine import Engine, Lake
 from pg2delta.errors import LakeError
+from pg2delta.faults import fault_point
 from pg2delta.history import history_table
-from pg2delta.job import LOG_TABLE, Job, fault_point
+from pg2delta.lakeside import Lakeside
 from pg2delta.merge import quote
 from pg2delta.slot import SlotSource
 
@@ -73,7 +75,7 @@ def maintain(config: Config) -> MaintainReport:
         config.source.dsn, config.source.slot, config.source.publication, connect_timeout=config.source.connect_timeout
     ) as src:
         src.lock()
-        job = Job(config)
+        job = Lakeside(config)
         try:
             job.lake.check_writable()
             return maintain_lake(config, job.engine, job.lake)

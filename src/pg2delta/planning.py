@@ -2,9 +2,10 @@
 
 The plan reads the pending windows exactly as a run would (same bound, same ``--max-changes`` /
 ``--max-bytes`` caps, same cut before a transaction that changes a table's shape), decodes them,
-maps them to Delta tables and plans each table's shape change with the run's own code
-(:meth:`Job._read`, :meth:`Job._targets`, :meth:`Job._plan`), and counts each table's inserts,
-updates and deletes with the reduce the run merges (:meth:`Job.reduce`). It writes nothing: no
+maps them to Delta tables and plans each table's shape change with the run's own stages
+(:func:`pg2delta.window.read_window`, :class:`pg2delta.targets.TargetResolver`,
+:class:`pg2delta.tableplan.TablePlanner`), and counts each table's inserts, updates and deletes
+with the reduce the run merges (:func:`pg2delta.stage.reduce`). It writes nothing: no
 Delta commit, no staging file, no applied-log row, no write probe, and the slot does not move.
 
 Windows after the first: a peek always starts at the slot's confirmed position, and a run moves
@@ -29,19 +30,24 @@ snapshot, after the bound: their pending changes are then already in the copy).
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pg2delta import pgoutput as po
+from pg2delta.applied_log import Applied, applied_lsns
+from pg2delta.bootstrap import tables_to_copy
 from pg2delta.catalog import PgTypeCatalog
 from pg2delta.engine import Lake
 from pg2delta.errors import DataError, SchemaError
-from pg2delta.job import Applied, Job
+from pg2delta.keys import KeyResolver, key_resolver
+from pg2delta.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
-from pg2delta.schema import spark_type
+from pg2delta.schema import Plan, spark_type
 from pg2delta.slot import SlotSource, connect
 from pg2delta.spill import Spiller
+from pg2delta.stage import reduce, stage_changes, table_changes
+from pg2delta.tableplan import TablePlanner
+from pg2delta.targets import Target, TargetResolver, added_back_tables, publication_state
+from pg2delta.window import ReadWindow, read_window
 
 SCHEMA_VERSION = 1
 
@@ -104,172 +110,173 @@ class PlanReport:
         return [r for w in self.windows for r in w.refusals]
 
 
-def plan_job(job: Job, *, until_lsn: int | None = None) -> PlanReport:
-    """Plan the windows a run of ``job`` would apply now (see the module's docstring)."""
-    from pg2delta.bootstrap import tables_to_copy
-
-    cfg = job.config
+def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
+    """Plan the windows a run of ``side``'s configuration would apply now (see the module's docstring)."""
+    cfg = side.config
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
         start, upper = src.locked_bounds(until_lsn)
         report = PlanReport(cfg.source.slot, start, upper, start)
         if start >= upper:
             return report  # a run would stop here too, before copying anything
-        job._bootstrapped, _, report.would_copy = tables_to_copy(job, src)
-        applied = job._applied_lsns()
-        again, refusal = job.added_back_tables(src, applied)
+        bootstrapped, _, report.would_copy = tables_to_copy(side, src)
+        applied = applied_lsns(side.engine, side.lake, cfg.source.slot)
+        again, refusal = added_back_tables(cfg, src, applied, publication_state(cfg, src.conn))
         report.would_copy = sorted({*report.would_copy, *again.values()})
         if refusal is not None:  # the run stops before reading anything
             stopped = WindowPlan(start, start)
             stopped.refusals.append(Refusal(None, start, str(refusal)))
             report.windows.append(stopped)
             return report
-        job.planned_types = {}
         catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
-        job._catalog_conn = catalog_conn
-        scratch: SlotSource | None = None
         try:
             catalog = PgTypeCatalog(catalog_conn)
-            job._catalog = catalog
-            key_resolver = job._key_resolver(catalog_conn)
-            position = start
-            while position < upper:
-                if position > start and scratch is None:
-                    scratch = src.scratch_copy()
-                    if scratch is None:
-                        report.exact = False
-                        break
-                    scratch.advance(position)
-                window = _plan_window(job, scratch or src, position, upper, applied, catalog, key_resolver)
-                report.windows.append(window)
-                if window.refusals or window.end_lsn <= position:
-                    break
-                position = window.end_lsn
-                report.end_lsn = position
-                if scratch is not None and position < upper:
-                    scratch.advance(position)
+            planner = TablePlanner(
+                side, TargetResolver(cfg, side.lake, catalog_conn), catalog, catalog_conn,
+                bootstrapped=bootstrapped, planned_types={},
+            )
+            _plan_windows(planner, src, report, applied, key_resolver(cfg, catalog_conn))
         finally:
-            if scratch is not None:
-                src.drop_scratch(scratch)
-            job._catalog = None
-            job._catalog_conn = None
             catalog_conn.close()
         return report
 
 
+def _plan_windows(
+    planner: TablePlanner, src: SlotSource, report: PlanReport, applied: dict[int, Applied], keys: KeyResolver
+) -> None:
+    """The windows from the report's start up to its bound, read from ``src`` and, after the
+    first, from a temporary copy of the slot advanced window by window."""
+    start, upper = report.start_lsn, report.upper_lsn
+    position = start
+    scratch: SlotSource | None = None
+    try:
+        while position < upper:
+            if position > start and scratch is None:
+                scratch = src.scratch_copy()
+                if scratch is None:
+                    report.exact = False
+                    break
+                scratch.advance(position)
+            window = _plan_window(planner, scratch or src, position, upper, applied, keys)
+            report.windows.append(window)
+            if window.refusals or window.end_lsn <= position:
+                break
+            position = window.end_lsn
+            report.end_lsn = position
+            if scratch is not None and position < upper:
+                scratch.advance(position)
+    finally:
+        if scratch is not None:
+            src.drop_scratch(scratch)
+
+
 def _plan_window(
-    job: Job,
-    src: SlotSource,
-    start: int,
-    upper: int,
-    applied: dict[int, Applied],
-    catalog: PgTypeCatalog,
-    key_resolver: Callable[[po.Relation], Sequence[str] | None],
+    planner: TablePlanner, src: SlotSource, start: int, upper: int, applied: dict[int, Applied], keys: KeyResolver
 ) -> WindowPlan:
+    """One window read and planned table by table; the refusals of its read or its targets stop it."""
+    assert planner.catalog is not None
     # A window past the memory budget spills to a scratch directory of this machine: plan writes
     # nothing to the lake.
     with tempfile.TemporaryDirectory(prefix="pg2delta-plan-") as scratch:
-        spiller = Spiller(Lake(scratch), "plan", job.config.window.memory_budget)
-        return _plan_read_window(job, src, start, upper, applied, catalog, key_resolver, spiller)
-
-
-def _plan_read_window(
-    job: Job,
-    src: SlotSource,
-    start: int,
-    upper: int,
-    applied: dict[int, Applied],
-    catalog: PgTypeCatalog,
-    key_resolver: Callable[[po.Relation], Sequence[str] | None],
-    spiller: Spiller,
-) -> WindowPlan:
-    try:
-        rd = job._read(src, start, upper, catalog, key_resolver, spiller)
-    except (SchemaError, DataError) as exc:
-        window = WindowPlan(start, start)
-        window.refusals.append(Refusal(None, start, str(exc)))
-        return window
-    end = rd.end
-    window = WindowPlan(
-        start, end, rd.read.rows, rd.read.bytes, rd.transactions,
-        "shape_change" if rd.shape_cut else "cap" if rd.capped else "bound",
-    )
-    try:
-        targets = job._targets(rd.tables, applied)
-    except SchemaError as exc:
-        window.refusals.append(Refusal(None, start, str(exc)))
-        return window
-    assert job.planned_types is not None
-    for tgt in sorted(targets, key=lambda t: (t.schema, t.table)):
-        before = applied.get(tgt.owner)
-        tp = TablePlan(tgt.schema, tgt.table)
-        window.tables.append(tp)
-        if before is not None and before.end_lsn >= end:
-            tp.skipped = True  # as the run's _apply_table
-            continue
-        if before is None and job._bootstrapped:
-            tp.skipped = tp.would_copy = True  # the run copies it after the bound: nothing pending applies
-            continue
-        uri = job.lake.table_uri(tgt.schema, tgt.table)
+        spiller = Spiller(Lake(scratch), "plan", planner.lakeside.config.window.memory_budget)
         try:
-            pl = job._plan(tgt, before, start, end)
-            applied_lsn = before.end_lsn if before is not None else 0
-            if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
-                # Counted batch by batch, as the run stages them (pg2delta.spill).
-                staged, _ = job._stage_changes(tgt, pl, applied_lsn, None)
-                tp.truncated = any(t.commit_lsn >= applied_lsn for tw in tgt.parts for t in tw.truncates)
-                if not pl.key and set(staged.ops) - {"I"}:
-                    raise SchemaError(
-                        f"table {tgt.schema}.{tgt.table} has no key but got updates or deletes; "
-                        f"set [tables.\"{tgt.schema}.{tgt.table}\"] key = [...] in the config"
-                    )
-                tp.inserts, tp.updates, tp.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
-            else:
-                changes, truncates, _ = job._table_changes(tgt, pl, applied_lsn)
-                tp.truncated = bool(truncates)
-                if pl is not None:
-                    reducing = job.reduce(tgt.schema, tgt.table, changes, list(pl.key), [n for n, _ in pl.columns])
-                    if reducing is not None:
-                        reduced = reducing[0]
-                        tp.inserts, tp.updates, tp.deletes = reduced.inserts, reduced.updates, reduced.deletes
+            rd = read_window(src, planner.lakeside.config, start, upper, planner.catalog, keys, spiller)
         except (SchemaError, DataError) as exc:
-            tp.refusal = str(exc)
-            window.refusals.append(Refusal(tp.name, start, str(exc)))
-            continue
-        known = job.planned_types.get(uri)
-        tp.new_table = known is None and job.lake.delta_version(uri) is None
-        key = before.key if before is not None else None
-        if pl is not None:
-            settings = job.config.table(tgt.schema, tgt.table)
-            tp.added, tp.widened, tp.dropped = list(pl.added), list(pl.widened), list(pl.kept)
-            tp.dropped_columns = settings.dropped_columns
-            tp.key = list(pl.key)
-            if before is not None and before.key is not None and before.key != pl.key:
-                tp.key_before = list(before.key)
-            types = dict(known if known is not None else job.engine.table_types(
-                uri, version=before.delta_version if before is not None else None
-            ) or {})
-            if settings.dropped_columns == "drop":
-                for c in pl.kept:
-                    types.pop(c, None)
-            arrow = dict(pl.columns)
-            types.update({c: spark_type(arrow[c]) for c in pl.added})
-            types.update({c: wide for c, _, wide in pl.widened})
-            job.planned_types[uri] = types
-            key = pl.key
-        # As the run records the window for the table (its Delta version does not change here).
-        applied[tgt.owner] = Applied(
-            end, before.delta_version if before is not None else None, tgt.schema, tgt.table, key
+            window = WindowPlan(start, start)
+            window.refusals.append(Refusal(None, start, str(exc)))
+            return window
+        window = WindowPlan(
+            start, rd.end, rd.read.rows, rd.read.bytes, rd.transactions,
+            "shape_change" if rd.shape_cut else "cap" if rd.capped else "bound",
         )
-    return window
+        try:
+            targets = planner.targets.group(rd.tables, applied)
+        except SchemaError as exc:
+            window.refusals.append(Refusal(None, start, str(exc)))
+            return window
+        for tgt in sorted(targets, key=lambda t: (t.schema, t.table)):
+            window.tables.append(_plan_table(planner, rd, tgt, applied, window))
+        return window
+
+
+def _plan_table(planner: TablePlanner, rd: ReadWindow, tgt: Target, applied: dict[int, Applied], window: WindowPlan) -> TablePlan:
+    """What the run would do to ``tgt``'s Delta table in the window ``rd``; records it in ``applied``
+    and the planner's ``planned_types`` as the run would leave them."""
+    start, end = rd.start, rd.end
+    before = applied.get(tgt.owner)
+    tp = TablePlan(tgt.schema, tgt.table)
+    if before is not None and before.end_lsn >= end:
+        tp.skipped = True  # as the run's TableApplier.apply
+        return tp
+    if before is None and planner.bootstrapped:
+        tp.skipped = tp.would_copy = True  # the run copies it after the bound: nothing pending applies
+        return tp
+    try:
+        pl = planner.plan(tgt, before, start, end)
+        _count(planner, tgt, pl, before.end_lsn if before is not None else 0, tp)
+    except (SchemaError, DataError) as exc:
+        tp.refusal = str(exc)
+        window.refusals.append(Refusal(tp.name, start, str(exc)))
+        return tp
+    side, planned = planner.lakeside, planner.planned_types
+    assert planned is not None
+    uri = side.lake.table_uri(tgt.schema, tgt.table)
+    known = planned.get(uri)
+    tp.new_table = known is None and side.lake.delta_version(uri) is None
+    key = before.key if before is not None else None
+    if pl is not None:
+        settings = side.config.table(tgt.schema, tgt.table)
+        tp.added, tp.widened, tp.dropped = list(pl.added), list(pl.widened), list(pl.kept)
+        tp.dropped_columns = settings.dropped_columns
+        tp.key = list(pl.key)
+        if before is not None and before.key is not None and before.key != pl.key:
+            tp.key_before = list(before.key)
+        types = dict(known if known is not None else side.engine.table_types(
+            uri, version=before.delta_version if before is not None else None
+        ) or {})
+        if settings.dropped_columns == "drop":
+            for c in pl.kept:
+                types.pop(c, None)
+        arrow = dict(pl.columns)
+        types.update({c: spark_type(arrow[c]) for c in pl.added})
+        types.update({c: wide for c, _, wide in pl.widened})
+        planned[uri] = types
+        key = pl.key
+    # As the run records the window for the table (its Delta version does not change here).
+    applied[tgt.owner] = Applied(
+        end, before.delta_version if before is not None else None, tgt.schema, tgt.table, key
+    )
+    return tp
+
+
+def _count(planner: TablePlanner, tgt: Target, pl: Plan | None, applied_lsn: int, tp: TablePlan) -> None:
+    """``tp``'s inserts, updates, deletes and truncate, counted by the run's own reduce (or, for a
+    spilled window, batch by batch as the run stages them: pg2delta.spill)."""
+    if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
+        staged, _ = stage_changes(planner.lakeside.lake, tgt, pl, applied_lsn, None)
+        tp.truncated = any(t.commit_lsn >= applied_lsn for tw in tgt.parts for t in tw.truncates)
+        if not pl.key and set(staged.ops) - {"I"}:
+            raise SchemaError(
+                f"table {tgt.schema}.{tgt.table} has no key but got updates or deletes; "
+                f"set [tables.\"{tgt.schema}.{tgt.table}\"] key = [...] in the config"
+            )
+        tp.inserts, tp.updates, tp.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
+        return
+    changes, truncates, _ = table_changes(tgt, pl, applied_lsn)
+    tp.truncated = bool(truncates)
+    if pl is not None:
+        reducing = reduce(tgt.schema, tgt.table, changes, list(pl.key), [n for n, _ in pl.columns])
+        if reducing is not None:
+            reduced = reducing[0]
+            tp.inserts, tp.updates, tp.deletes = reduced.inserts, reduced.updates, reduced.deletes
 
 
 def plan(config: Any, *, until_lsn: int | None = None) -> PlanReport:
     """Plan with the configured engine (it only reads the lake); the function the CLI calls."""
-    job = Job(config)
+    side = Lakeside(config)
     try:
-        return plan_job(job, until_lsn=until_lsn)
+        return plan_job(side, until_lsn=until_lsn)
     finally:
-        job.close()
+        side.close()
 
 
 def to_json(report: PlanReport) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pg2delta.bootstrap import DEFAULT_PARALLEL, TableCopy, copy_at_new_snapshot, published_tables
 from pg2delta.config import Config
 from pg2delta.errors import ConfigError, SourceStateError
+from pg2delta.lakeside import Lakeside
 from pg2delta.slot import SlotSource
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,6 @@ log = logging.getLogger(__name__)
 
 def resync(config: Config, tables: Sequence[str], *, parallel: int = DEFAULT_PARALLEL) -> list[TableCopy]:
     """Copy ``tables`` ("schema.table", published) again at a new snapshot; see the module docstring."""
-    from pg2delta.job import Job
-
     if not tables:
         raise ConfigError("pg2delta resync needs at least one --table schema.table")
     if parallel < 1:
@@ -49,7 +48,7 @@ def resync(config: Config, tables: Sequence[str], *, parallel: int = DEFAULT_PAR
                 f"resync does not copy partitions into their root's Delta table (partitions = \"root\" for {name}); "
                 "publish the root with publish_via_partition_root = true instead"
             )
-    job = Job(config)
+    job = Lakeside(config)
     try:
         with SlotSource(
             config.source.dsn, config.source.slot, config.source.publication, connect_timeout=config.source.connect_timeout

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pg2delta.applied_log import LOG_TABLE
 from pg2delta.changelog import changelog_path
 from pg2delta.config import Config
 from pg2delta.engine import Lake
@@ -28,7 +29,6 @@ from pg2delta.errors import (
     SourceStateError,
 )
 from pg2delta.history import history_table
-from pg2delta.job import LOG_TABLE
 from pg2delta.lsn import format_lsn
 from pg2delta.slot import ServerState, SlotInfo, SlotSource
 

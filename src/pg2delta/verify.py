@@ -61,8 +61,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from pg2delta.applied_log import LOG_TABLE
 from pg2delta.config import Config
 from pg2delta.errors import ConfigError, LakeError, SchemaError
+from pg2delta.job import Job
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress
 
@@ -591,7 +593,6 @@ def verify_table(
 
 def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) -> list[TableToVerify]:
     """Per table to verify, its Delta version holding the source's state at ``lsn`` (see versions.py)."""
-    from pg2delta.job import LOG_TABLE
     from pg2delta.slot import SlotSource
     from pg2delta.versions import EXACT, versions_at
 
@@ -655,8 +656,6 @@ def verify(
     """``pg2delta verify``: apply the slot up to a fresh snapshot's LSN, then compare every table there."""
     from pg2delta.bootstrap import published_tables
     from pg2delta.config import validate
-    from pg2delta.job import Job
-
     validate(config)
     bad = [n for n in tables if n.count(".") != 1 or not all(n.split("."))]
     if bad:

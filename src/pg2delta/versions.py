@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pg2delta.applied_log import LOG_TABLE
 from pg2delta.config import Config
 from pg2delta.errors import LakeError
 from pg2delta.lsn import format_lsn
@@ -222,8 +223,6 @@ def to_json(report: VersionsReport) -> dict[str, Any]:
 def versions(config: Config, lsn: int) -> VersionsReport:
     """``pg2delta versions --at-lsn``: read the slot's position (when a DSN is set), then the applied log."""
     from pg2delta.engine import Engine, Lake
-    from pg2delta.job import LOG_TABLE
-
     confirmed: int | None = None
     if config.source.dsn:
         from pg2delta.slot import SlotSource
@@ -260,7 +259,6 @@ def open_at_lsn(
     time-travel that far back, the files of that version, as the job itself does).
     """
     from pg2delta.engine import Engine, Lake
-    from pg2delta.job import LOG_TABLE
     from pg2delta.lsn import parse_lsn
 
     at = parse_lsn(lsn) if isinstance(lsn, str) else lsn

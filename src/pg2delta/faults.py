@@ -1,0 +1,26 @@
+"""Fault points: the test hook that kills the process for real at a named point of a run.
+
+``PG2DELTA_CRASH_AT=<name>`` makes :func:`fault_point` of that name SIGKILL the process, so the
+crash tests can stop a run, a bootstrap, a backfill or a maintenance between any two of its
+durable steps and check that the next run recovers. Nothing else reads the variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "PG2DELTA_CRASH_AT"  # test hook: SIGKILL this process at the named point
+
+
+def fault_point(name: str) -> None:
+    """Kill this process for real at ``name`` when the test hook asks for it."""
+    if os.environ.get(FAULT_ENV) == name:
+        log.warning("fault injection: killing the process at %s", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+__all__ = ["FAULT_ENV", "fault_point"]
