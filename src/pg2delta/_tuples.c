@@ -544,7 +544,7 @@ done:
     return result;
 }
 
-/* numeric_out of one binary numeric, as pg2delta's reference (typemap._numeric_text) prints
+/* numeric_out of one binary numeric, as pg2delta's reference (typemap.numeric._numeric_text) prints
  * it: into out when out is not NULL; returns its length, or -1 when the bytes are not a
  * numeric (the reference path then says why). */
 static int64_t
