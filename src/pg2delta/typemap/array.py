@@ -93,6 +93,7 @@ def _parse_text_array(text: str, delim: str = ",") -> tuple[list[int], list[int]
     """array_in's syntax: optional '[lb:ub]...=' prefix, nested braces, quoted elements.
 
     ``delim`` separates elements: the element type's ``pg_type.typdelim`` (``;`` for box).
+    Returns the dimensions, the lower bounds and the elements in row-major order.
     """
     pos = 0
     lbs: list[int] = []
@@ -102,62 +103,88 @@ def _parse_text_array(text: str, delim: str = ",") -> tuple[list[int], list[int]
             raise Bad("bad array dimension prefix")
         lbs = [int(a) for a, _ in re.findall(r"\[(-?\d+):(-?\d+)\]", m.group(1))]
         pos = m.end()
-    n = len(text)
-
-    def parse(p: int, depth: int) -> tuple[list[Any], int]:
-        if p >= n or text[p] != "{":
-            raise Bad("array text is missing a brace")
-        p += 1
-        out: list[Any] = []
-        if p < n and text[p] == "}":
-            return out, p + 1
-        while True:
-            while p < n and text[p].isspace():
-                p += 1
-            if p < n and text[p] == "{":
-                sub, p = parse(p, depth + 1)
-                out.append(sub)
-            elif p < n and text[p] == '"':
-                p += 1
-                buf = []
-                while p < n and text[p] != '"':
-                    if text[p] == "\\":
-                        p += 1
-                    if p >= n:
-                        raise Bad("unterminated array element")
-                    buf.append(text[p])
-                    p += 1
-                if p >= n:
-                    raise Bad("unterminated array element")
-                p += 1
-                out.append("".join(buf))
-            else:
-                buf = []
-                quoted = False
-                while p < n and text[p] != delim and text[p] != "}":
-                    if text[p] == "\\":
-                        p += 1
-                        quoted = True
-                        if p >= n:
-                            raise Bad("unterminated array element")
-                    buf.append(text[p])
-                    p += 1
-                raw_el = "".join(buf).strip()
-                out.append(None if raw_el.upper() == "NULL" and not quoted else raw_el)
-            while p < n and text[p].isspace():
-                p += 1
-            if p >= n:
-                raise Bad("unterminated array")
-            if text[p] == delim:
-                p += 1
-                continue
-            if text[p] == "}":
-                return out, p + 1
-            raise Bad("bad array text")
-
-    nested, end = parse(pos, 0)
+    nested, end = _braces(text, pos, delim)
     if text[end:].strip():
         raise Bad("trailing text after array")
+    dims = _dims_of(nested)
+    if dims == [0]:
+        return [], [], []
+    flat: list[str | None] = []
+    _flatten(nested, dims, 0, flat)
+    if lbs and len(lbs) != len(dims):
+        raise Bad("array dimension prefix does not match")
+    return dims, lbs or [1] * len(dims), flat
+
+
+def _braces(text: str, p: int, delim: str) -> tuple[list[Any], int]:
+    """The brace-enclosed level at ``text[p]``: its items (lists for inner levels) and the position after it."""
+    n = len(text)
+    if p >= n or text[p] != "{":
+        raise Bad("array text is missing a brace")
+    p += 1
+    out: list[Any] = []
+    if p < n and text[p] == "}":
+        return out, p + 1
+    while True:
+        while p < n and text[p].isspace():
+            p += 1
+        item: Any
+        if p < n and text[p] == "{":
+            item, p = _braces(text, p, delim)
+        elif p < n and text[p] == '"':
+            item, p = _quoted_element(text, p + 1)
+        else:
+            item, p = _bare_element(text, p, delim)
+        out.append(item)
+        while p < n and text[p].isspace():
+            p += 1
+        if p >= n:
+            raise Bad("unterminated array")
+        if text[p] == delim:
+            p += 1
+            continue
+        if text[p] == "}":
+            return out, p + 1
+        raise Bad("bad array text")
+
+
+def _quoted_element(text: str, p: int) -> tuple[str, int]:
+    """A double-quoted element whose text starts at ``text[p]``, a backslash taking the next
+    character as it is; and the position after its closing quote."""
+    n = len(text)
+    buf = []
+    while p < n and text[p] != '"':
+        if text[p] == "\\":
+            p += 1
+        if p >= n:
+            raise Bad("unterminated array element")
+        buf.append(text[p])
+        p += 1
+    if p >= n:
+        raise Bad("unterminated array element")
+    return "".join(buf), p + 1
+
+
+def _bare_element(text: str, p: int, delim: str) -> tuple[str | None, int]:
+    """An unquoted element from ``text[p]`` to the next delimiter or closing brace, trimmed (None
+    for NULL unless a backslash made it literal); and the position after it."""
+    n = len(text)
+    buf = []
+    quoted = False
+    while p < n and text[p] != delim and text[p] != "}":
+        if text[p] == "\\":
+            p += 1
+            quoted = True
+            if p >= n:
+                raise Bad("unterminated array element")
+        buf.append(text[p])
+        p += 1
+    raw_el = "".join(buf).strip()
+    return (None if raw_el.upper() == "NULL" and not quoted else raw_el), p
+
+
+def _dims_of(nested: list[Any]) -> list[int]:
+    """The dimensions as the first item of each level has them (:func:`_flatten` checks the rest)."""
     dims: list[int] = []
     probe: Any = nested
     while isinstance(probe, list):
@@ -165,25 +192,20 @@ def _parse_text_array(text: str, delim: str = ",") -> tuple[list[int], list[int]
         if not probe:
             break
         probe = probe[0]
-    if dims == [0]:
-        return [], [], []
-    flat: list[str | None] = []
+    return dims
 
-    def walk(v: Any, k: int) -> None:
-        if k == len(dims):
-            if isinstance(v, list):
-                raise Bad("array is not rectangular")
-            flat.append(v)
-            return
-        if not isinstance(v, list) or len(v) != dims[k]:
+
+def _flatten(v: Any, dims: list[int], k: int, flat: list[str | None]) -> None:
+    """Append the elements under level ``k`` of ``v`` to ``flat``, row-major; Bad unless rectangular."""
+    if k == len(dims):
+        if isinstance(v, list):
             raise Bad("array is not rectangular")
-        for x in v:
-            walk(x, k + 1)
-
-    walk(nested, 0)
-    if lbs and len(lbs) != len(dims):
-        raise Bad("array dimension prefix does not match")
-    return dims, lbs or [1] * len(dims), flat
+        flat.append(v)
+        return
+    if not isinstance(v, list) or len(v) != dims[k]:
+        raise Bad("array is not rectangular")
+    for x in v:
+        _flatten(x, dims, k + 1, flat)
 
 
 class PgArray(Handler):
