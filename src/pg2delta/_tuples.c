@@ -307,60 +307,54 @@ gather_fixed(PyObject *self, PyObject *args)
     Py_buffer *b_starts = b_buf ? views_get(&vs, o_starts, 8, -1, 0, "starts") : NULL;
     Py_ssize_t n = b_starts ? b_starts->len / 8 : 0;
     Py_buffer *b_out = b_starts ? views_get(&vs, o_out, 1, n * width, 1, "out") : NULL;
-    if (b_out == NULL) {
-        views_release(&vs);
-        return NULL;
-    }
+    PyObject *result = NULL;
+    if (b_out == NULL)
+        goto done;
     const uint8_t *buf = b_buf->buf;
     const int64_t *starts = b_starts->buf;
     uint8_t *out = b_out->buf;
-    Py_ssize_t bad = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t s = starts[i];
         if (s < 0 || s > b_buf->len - width) {
-            bad = i;
-            break;
+            PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", i);
+            goto done;
         }
     }
-    if (bad < 0) {
-        Py_BEGIN_ALLOW_THREADS
-        if (!swap) {
-            for (Py_ssize_t i = 0; i < n; i++)
-                memcpy(out + i * width, buf + starts[i], width);
-        } else if (width == 2) {
-            for (Py_ssize_t i = 0; i < n; i++) {
-                uint16_t v;
-                memcpy(&v, buf + starts[i], 2);
-                v = __builtin_bswap16(v);
-                memcpy(out + i * 2, &v, 2);
-            }
-        } else if (width == 4) {
-            for (Py_ssize_t i = 0; i < n; i++) {
-                uint32_t v;
-                memcpy(&v, buf + starts[i], 4);
-                v = __builtin_bswap32(v);
-                memcpy(out + i * 4, &v, 4);
-            }
-        } else if (width == 8) {
-            for (Py_ssize_t i = 0; i < n; i++) {
-                uint64_t v;
-                memcpy(&v, buf + starts[i], 8);
-                v = __builtin_bswap64(v);
-                memcpy(out + i * 8, &v, 8);
-            }
-        } else {
-            for (Py_ssize_t i = 0; i < n; i++)
-                for (Py_ssize_t j = 0; j < width; j++)
-                    out[i * width + j] = buf[starts[i] + width - 1 - j];
+    Py_BEGIN_ALLOW_THREADS
+    if (!swap) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            memcpy(out + i * width, buf + starts[i], width);
+    } else if (width == 2) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint16_t v;
+            memcpy(&v, buf + starts[i], 2);
+            v = __builtin_bswap16(v);
+            memcpy(out + i * 2, &v, 2);
         }
-        Py_END_ALLOW_THREADS
+    } else if (width == 4) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, buf + starts[i], 4);
+            v = __builtin_bswap32(v);
+            memcpy(out + i * 4, &v, 4);
+        }
+    } else if (width == 8) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t v;
+            memcpy(&v, buf + starts[i], 8);
+            v = __builtin_bswap64(v);
+            memcpy(out + i * 8, &v, 8);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++)
+            for (Py_ssize_t j = 0; j < width; j++)
+                out[i * width + j] = buf[starts[i] + width - 1 - j];
     }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
     views_release(&vs);
-    if (bad >= 0) {
-        PyErr_Format(PyExc_IndexError, "value %zd: byte range outside the buffer", bad);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return result;
 }
 
 PyDoc_STRVAR(gather_var_doc,
@@ -550,7 +544,7 @@ done:
     return result;
 }
 
-/* numeric_out of one binary numeric, as pg2delta's reference (typemap._numeric_text) prints
+/* numeric_out of one binary numeric, as pg2delta's reference (typemap.numeric._numeric_text) prints
  * it: into out when out is not NULL; returns its length, or -1 when the bytes are not a
  * numeric (the reference path then says why). */
 static int64_t

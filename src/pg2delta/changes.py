@@ -44,12 +44,11 @@ from pg2delta.typemap import (
     KIND_NULL,
     KIND_TEXT,
     KIND_TOAST,
-    TS_MAX_US,
-    TS_MIN_US,
     ColumnCodec,
     TypeCatalog,
     codec_for,
 )
+from pg2delta.typemap.datetime import TS_MAX_US, TS_MIN_US
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
