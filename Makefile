@@ -121,10 +121,11 @@ test-spark4: $(SPARK4_STAMP) postgres
 	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK4_CACHE)/conf PG2DELTA_TEST_ENGINE=spark \
 	  $(SPARK4_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK4_TESTS)
 
-# The unit tier and the engine-facing end-to-end tests again on the oldest supported stack:
-# the pyspark 3.5 Spark Connect client against pysail, numpy 1.x, pyarrow 15, pandas 2.
+# The unit and integration tiers (decoding against real servers) and the engine-facing end-to-end
+# tests again on the oldest supported stack: the pyspark 3.5 Spark Connect client against pysail,
+# numpy 1.x, pyarrow 15, pandas 2.
 test-compat: $(SPARK35_STAMP) postgres
-	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration and not e2e"
+	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not e2e"
 	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) tests/test_job_e2e.py tests/test_type_fidelity.py
 
 # The C extension built with AddressSanitizer and UBSan (in a copy of src/ under .cache/asan),

@@ -76,12 +76,15 @@ def _slow_first(item: pytest.Item) -> tuple[int, int]:
     return (0, int(callspec.params.get("pg_server", 0)) if callspec is not None else 0)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Tests that use a server are integration tests, whether or not they say so (marked as each is
+    # collected, so that -m "not integration" deselects them).
+    if {"pg", "pgdb", "pg_server"} & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.integration)
+
+
 @pytest.hookimpl(trylast=True)  # after pytest grouped the tests by server
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests that use a server are integration tests, whether or not they say so.
-    for item in items:
-        if {"pg", "pgdb", "pg_server"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.integration)
     items.sort(key=_slow_first)  # stable: the others keep their order
 
 
