@@ -163,102 +163,18 @@ def _plan(
     slot = config.source.slot
     applied = _rows_of(engine, lake.table_uri(LOG_TABLE), slot)
     cl_log = _rows_of(engine, lake.table_uri(CHANGELOG_LOG), slot)
-    everything = applied + cl_log
-    if not everything:
-        raise LakeError(f"the lake at {lake.root} has recorded no window for slot {slot!r}: nothing to backfill from")
-    lake_start = min(int(r["window_start"]) for r in everything)
-    lake_end = max(int(r["window_end"]) for r in everything)
-    if a < lake_start:
-        raise LakeError(
-            f"--from-lsn {format_lsn(a)} is earlier than the lake's start {format_lsn(lake_start)} "
-            "(the first window it recorded): the changes before it were never read"
-        )
-    if b > lake_end:
-        raise LakeError(
-            f"--to-lsn {format_lsn(b)} is past the last window the lake recorded ({format_lsn(lake_end)}): "
-            "run pg2delta run first"
-        )
-    with_changelog = sorted({(str(r["schema_name"]), str(r["table_name"])) for r in cl_log})
-    if wanted:
-        names: list[tuple[str, str]] = []
-        for w in wanted:
-            schema, table = w.split(".", 1)
-            if (schema, table) not in with_changelog:
-                raise LakeError(
-                    f"table {w} has no changelog in {lake.root} (set [tables.\"{w}\"] changelog = true; "
-                    "it covers changes from then on)"
-                )
-            if (schema, table) not in names:
-                names.append((schema, table))
-    else:
-        names = with_changelog
-        if not names:
-            raise LakeError(f"no table of the lake at {lake.root} has a changelog")
+    lake_start = _check_range(lake, slot, applied + cl_log, a, b)
+    names = _tables_wanted(lake, cl_log, wanted)
     target_log = _rows_of(engine, target_lake.table_uri(LOG_TABLE), slot) if into else applied
     plans = []
     for schema, table in names:
-        qualified = f"{schema}.{table}"
         mine_cl = [r for r in cl_log if (r["schema_name"], r["table_name"]) == (schema, table)]
         mine_applied = [r for r in applied if (r["schema_name"], r["table_name"]) == (schema, table)]
-        target_uri = target_lake.table_uri(schema, table)
-        current = target_lake.delta_version(target_uri)
-        seed_version: int | None = None
-        seed = False
-        lookup = -1
-        if current is None:
-            if not into:
-                raise LakeError(
-                    f"table {qualified} does not exist at {target_uri}: backfill in place needs it; "
-                    "rebuild it with --into PATH"
-                )
-            # Seed from the main table as the last window at or before A left it.
-            before = [r for r in mine_applied if int(r["window_end"]) <= a and r.get("delta_version") is not None]
-            base = _latest(before)
-            start = int(base["window_end"]) if base else lake_start
-            seed_version = int(base["delta_version"]) if base else None
-            seed = seed_version is not None
-            if seed_version is not None:
-                engine.check_version(lake.table_uri(schema, table), seed_version)
-        else:
-            last = _latest([r for r in target_log if (r["schema_name"], r["table_name"]) == (schema, table)])
-            logged_version = None if last is None or last.get("delta_version") is None else int(last["delta_version"])
-            # A copy is pg2delta's own: commits after its last logged chunk can only be the next
-            # chunk's, interrupted, and re-applying that chunk from its start is idempotent. A table
-            # in place must be exactly where the applied log says.
-            resumable = into and last is not None and (logged_version is None or logged_version <= current)
-            if not resumable and logged_version != current:
-                where = "not made by pg2delta backfill, or its seed was interrupted; remove it and run again" if into else (
-                    "changed outside pg2delta, or a run stopped after its MERGE; run pg2delta run first"
-                )
-                raise LakeError(
-                    f"table {qualified} at {target_uri} is at Delta version {current}, which the applied log "
-                    f"does not record: {where}"
-                )
-            assert last is not None
-            lookup = -1 if logged_version is None else logged_version
-            start = int(last["window_end"])
-            # A copy was seeded at or before A and is replayed from where it stands.
-            if start < a and not into:
-                raise LakeError(
-                    f"table {qualified} is at {format_lsn(start)}, before --from-lsn {format_lsn(a)}: re-applying "
-                    f"from there would skip the changes in between; use --from-lsn {format_lsn(start)} or earlier"
-                )
-            if start > b:
-                raise LakeError(
-                    f"table {qualified} is already at {format_lsn(start)}, past --to-lsn {format_lsn(b)}: re-applying "
-                    "older changes would move rows back in time; backfill --into a fresh path instead"
-                )
-        # The changelog must hold every window that changed the table in [start, B).
-        logged = {(str(r["run_id"]), int(r["window_end"])) for r in mine_cl}
-        for r in sorted(mine_applied, key=lambda r: int(r["window_end"])):
-            ws, we = int(r["window_start"]), int(r["window_end"])
-            if we > start and ws < b and (str(r["run_id"]), we) not in logged:
-                first = min((int(c["window_start"]) for c in mine_cl), default=None)
-                since = f"; its changelog starts at {format_lsn(first)}" if first is not None else ""
-                raise LakeError(
-                    f"the changelog of {qualified} does not cover {format_lsn(max(ws, start))}..{format_lsn(min(we, b))}: "
-                    f"the window {format_lsn(ws)}..{format_lsn(we)} changed the table but is not in its changelog{since}"
-                )
+        mine_target = [r for r in target_log if (r["schema_name"], r["table_name"]) == (schema, table)]
+        start, seed_version, lookup = _starting_point(
+            engine, lake, target_lake, schema, table, mine_applied, mine_target, lake_start, a, b, into
+        )
+        _check_changelog_covers(f"{schema}.{table}", mine_cl, mine_applied, start, b)
         windows = tuple(
             sorted(
                 {
@@ -276,10 +192,126 @@ def _plan(
         plans.append(
             _Plan(
                 schema, table, int(latest_cl["relation_oid"]), tuple(latest_cl["key_names"] or ()),
-                start, seed_version, seed, lookup, windows,
+                start, seed_version, seed_version is not None, lookup, windows,
             )
         )
     return plans
+
+
+def _check_range(lake: Lake, slot: str, everything: list[dict[str, Any]], a: int, b: int) -> int:
+    """[a, b) within the windows the lake recorded; the lake's start."""
+    if not everything:
+        raise LakeError(f"the lake at {lake.root} has recorded no window for slot {slot!r}: nothing to backfill from")
+    lake_start = min(int(r["window_start"]) for r in everything)
+    lake_end = max(int(r["window_end"]) for r in everything)
+    if a < lake_start:
+        raise LakeError(
+            f"--from-lsn {format_lsn(a)} is earlier than the lake's start {format_lsn(lake_start)} "
+            "(the first window it recorded): the changes before it were never read"
+        )
+    if b > lake_end:
+        raise LakeError(
+            f"--to-lsn {format_lsn(b)} is past the last window the lake recorded ({format_lsn(lake_end)}): "
+            "run pg2delta run first"
+        )
+    return lake_start
+
+
+def _tables_wanted(lake: Lake, cl_log: list[dict[str, Any]], wanted: Sequence[str]) -> list[tuple[str, str]]:
+    """The tables asked for (all with a changelog when none is), each with a changelog."""
+    with_changelog = sorted({(str(r["schema_name"]), str(r["table_name"])) for r in cl_log})
+    if not wanted:
+        if not with_changelog:
+            raise LakeError(f"no table of the lake at {lake.root} has a changelog")
+        return with_changelog
+    names: list[tuple[str, str]] = []
+    for w in wanted:
+        schema, table = w.split(".", 1)
+        if (schema, table) not in with_changelog:
+            raise LakeError(
+                f"table {w} has no changelog in {lake.root} (set [tables.\"{w}\"] changelog = true; "
+                "it covers changes from then on)"
+            )
+        if (schema, table) not in names:
+            names.append((schema, table))
+    return names
+
+
+def _starting_point(
+    engine: Engine,
+    lake: Lake,
+    target_lake: Lake,
+    schema: str,
+    table: str,
+    mine_applied: list[dict[str, Any]],
+    mine_target: list[dict[str, Any]],
+    lake_start: int,
+    a: int,
+    b: int,
+    into: bool,
+) -> tuple[int, int | None, int]:
+    """Where the table's replay starts: (LSN, the main table's version a new copy is seeded from,
+    the target's version unchanged TOAST is looked up in, -1 for none)."""
+    qualified = f"{schema}.{table}"
+    target_uri = target_lake.table_uri(schema, table)
+    current = target_lake.delta_version(target_uri)
+    if current is None:
+        if not into:
+            raise LakeError(
+                f"table {qualified} does not exist at {target_uri}: backfill in place needs it; "
+                "rebuild it with --into PATH"
+            )
+        # Seed from the main table as the last window at or before A left it.
+        before = [r for r in mine_applied if int(r["window_end"]) <= a and r.get("delta_version") is not None]
+        base = _latest(before)
+        seed_version = int(base["delta_version"]) if base else None
+        if seed_version is not None:
+            engine.check_version(lake.table_uri(schema, table), seed_version)
+        return (int(base["window_end"]) if base else lake_start), seed_version, -1
+    last = _latest(mine_target)
+    logged_version = None if last is None or last.get("delta_version") is None else int(last["delta_version"])
+    # A copy is pg2delta's own: commits after its last logged chunk can only be the next
+    # chunk's, interrupted, and re-applying that chunk from its start is idempotent. A table
+    # in place must be exactly where the applied log says.
+    resumable = into and last is not None and (logged_version is None or logged_version <= current)
+    if not resumable and logged_version != current:
+        where = "not made by pg2delta backfill, or its seed was interrupted; remove it and run again" if into else (
+            "changed outside pg2delta, or a run stopped after its MERGE; run pg2delta run first"
+        )
+        raise LakeError(
+            f"table {qualified} at {target_uri} is at Delta version {current}, which the applied log "
+            f"does not record: {where}"
+        )
+    assert last is not None
+    start = int(last["window_end"])
+    # A copy was seeded at or before A and is replayed from where it stands.
+    if start < a and not into:
+        raise LakeError(
+            f"table {qualified} is at {format_lsn(start)}, before --from-lsn {format_lsn(a)}: re-applying "
+            f"from there would skip the changes in between; use --from-lsn {format_lsn(start)} or earlier"
+        )
+    if start > b:
+        raise LakeError(
+            f"table {qualified} is already at {format_lsn(start)}, past --to-lsn {format_lsn(b)}: re-applying "
+            "older changes would move rows back in time; backfill --into a fresh path instead"
+        )
+    return start, None, (-1 if logged_version is None else logged_version)
+
+
+def _check_changelog_covers(
+    qualified: str, mine_cl: list[dict[str, Any]], mine_applied: list[dict[str, Any]], start: int, b: int
+) -> None:
+    """The changelog must hold every window that changed the table in [start, b)."""
+    logged = {(str(r["run_id"]), int(r["window_end"])) for r in mine_cl}
+    for r in sorted(mine_applied, key=lambda r: int(r["window_end"])):
+        ws, we = int(r["window_start"]), int(r["window_end"])
+        if we > start and ws < b and (str(r["run_id"]), we) not in logged:
+            first = min((int(c["window_start"]) for c in mine_cl), default=None)
+            since = f"; its changelog starts at {format_lsn(first)}" if first is not None else ""
+            raise LakeError(
+                f"the changelog of {qualified} does not cover {format_lsn(max(ws, start))}..{format_lsn(min(we, b))}: "
+                f"the window {format_lsn(ws)}..{format_lsn(we)} changed the table but is not in its changelog{since}"
+            )
 
 
 def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[str, ...], tuple[str, ...]]]:
