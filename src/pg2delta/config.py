@@ -154,6 +154,21 @@ def _take(section: Mapping[str, Any], name: str, cls: type, where: str) -> dict[
     return out
 
 
+_FLAGS = {
+    "dsn": ("source", "dsn"),
+    "slot": ("source", "slot"),
+    "publication": ("source", "publication"),
+    "create_slot": ("source", "create_slot"),
+    "lake": ("lake", "root"),
+    "engine": ("engine", "kind"),
+    "remote": ("engine", "remote"),
+    "max_changes": ("window", "max_changes"),
+    "max_bytes": ("window", "max_bytes"),
+    "memory_budget": ("window", "memory_budget"),
+    "split_rows": ("window", "split_rows"),
+}
+
+
 def load(
     path: str | Path | None = None, *, env: Mapping[str, str] | None = None, need_source: bool = True, **flags: Any
 ) -> Config:
@@ -161,69 +176,11 @@ def load(
 
     ``need_source=False`` (``pg2delta backfill``, which reads only the lake) allows an empty DSN.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    unknown = set(data) - {"source", "lake", "engine", "window", "tables", "maintain"}
-    if unknown:
-        raise ConfigError(f"unknown section(s) {sorted(unknown)} in {path}")
-    sections: dict[str, dict[str, Any]] = {}
-    for name in ("source", "lake", "engine", "window", "maintain"):
-        value = data.get(name, {})
-        if not isinstance(value, dict):
-            raise ConfigError(f"[{name}] must be a table")
-        sections[name] = dict(value)
-
-    env = os.environ if env is None else env
-    for var, (section, key, typ) in _ENV.items():
-        if var in env and env[var] != "":
-            try:
-                sections[section][key] = typ(env[var])
-            except ValueError:
-                raise ConfigError(f"{var}={env[var]!r} is not a valid {typ.__name__}") from None
-
-    flag_map = {
-        "dsn": ("source", "dsn"),
-        "slot": ("source", "slot"),
-        "publication": ("source", "publication"),
-        "create_slot": ("source", "create_slot"),
-        "lake": ("lake", "root"),
-        "engine": ("engine", "kind"),
-        "remote": ("engine", "remote"),
-        "max_changes": ("window", "max_changes"),
-        "max_bytes": ("window", "max_bytes"),
-        "memory_budget": ("window", "memory_budget"),
-        "split_rows": ("window", "split_rows"),
-    }
-    for flag, value in flags.items():
-        if value is None:
-            continue
-        if flag not in flag_map:
-            raise TypeError(f"unknown flag {flag}")
-        section, key = flag_map[flag]
-        sections[section][key] = value
-
+    data = _read_file(path)
+    sections = _sections(data, path)
+    _override(sections, os.environ if env is None else env, flags)
     source = SourceConfig(**_take(sections["source"], "source", SourceConfig, "source"))
-    lake = sections["lake"]
-    if set(lake) - {"root", "changelog", "history"}:
-        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root', 'changelog', 'history'})}")
-    lake_root = lake.get("root", "")
-    if not isinstance(lake_root, str):
-        raise ConfigError("lake.root must be a string")
-    changelog_default = lake.get("changelog", False)
-    if not isinstance(changelog_default, bool):
-        raise ConfigError(f"lake.changelog must be true or false, not {changelog_default!r}")
-    history_default = lake.get("history", "none")
-    if history_default not in HISTORY_MODES:
-        raise ConfigError(f"lake.history must be one of {', '.join(HISTORY_MODES)}, not {history_default!r}")
+    lake_root, changelog_default, history_default = _lake_settings(sections["lake"])
     eng = dict(sections["engine"])
     spark_conf = eng.pop("spark_conf", {})
     if not isinstance(spark_conf, dict) or not all(isinstance(v, str) for v in spark_conf.values()):
@@ -236,19 +193,78 @@ def load(
         value = getattr(maintain, key)
         if value or key == "retention":
             duration_seconds(value, f"maintain.{key}")
-    tables: dict[str, TableConfig] = {}
     raw_tables = data.get("tables", {})
     if not isinstance(raw_tables, dict):
         raise ConfigError("[tables] must be a table of \"schema.table\" sections")
-    for name, settings in raw_tables.items():
-        tables[name] = _table_config(name, settings)
-
+    tables = {name: _table_config(name, settings) for name, settings in raw_tables.items()}
     config = Config(
         source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default,
         maintain=maintain, history=history_default,
     )
     validate(config, need_source=need_source)
     return config
+
+
+def _read_file(path: str | Path | None) -> dict[str, Any]:
+    """The TOML file's contents ({} without a file)."""
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+
+
+def _sections(data: dict[str, Any], path: str | Path | None) -> dict[str, dict[str, Any]]:
+    """The file's sections other than [tables], each a dict (empty when absent)."""
+    unknown = set(data) - {"source", "lake", "engine", "window", "tables", "maintain"}
+    if unknown:
+        raise ConfigError(f"unknown section(s) {sorted(unknown)} in {path}")
+    sections: dict[str, dict[str, Any]] = {}
+    for name in ("source", "lake", "engine", "window", "maintain"):
+        value = data.get(name, {})
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        sections[name] = dict(value)
+    return sections
+
+
+def _override(sections: dict[str, dict[str, Any]], env: Mapping[str, str], flags: dict[str, Any]) -> None:
+    """The environment's settings over the file's, then the flags' over both."""
+    for var, (section, key, typ) in _ENV.items():
+        if var in env and env[var] != "":
+            try:
+                sections[section][key] = typ(env[var])
+            except ValueError:
+                raise ConfigError(f"{var}={env[var]!r} is not a valid {typ.__name__}") from None
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        if flag not in _FLAGS:
+            raise TypeError(f"unknown flag {flag}")
+        section, key = _FLAGS[flag]
+        sections[section][key] = value
+
+
+def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str]:
+    """[lake]: the root, the changelog default and the history default."""
+    if set(lake) - {"root", "changelog", "history"}:
+        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root', 'changelog', 'history'})}")
+    lake_root = lake.get("root", "")
+    if not isinstance(lake_root, str):
+        raise ConfigError("lake.root must be a string")
+    changelog_default = lake.get("changelog", False)
+    if not isinstance(changelog_default, bool):
+        raise ConfigError(f"lake.changelog must be true or false, not {changelog_default!r}")
+    history_default = lake.get("history", "none")
+    if history_default not in HISTORY_MODES:
+        raise ConfigError(f"lake.history must be one of {', '.join(HISTORY_MODES)}, not {history_default!r}")
+    return lake_root, changelog_default, str(history_default)
 
 
 # [tables."s.t"] settings that take one of a few words: setting -> allowed values (the first is
