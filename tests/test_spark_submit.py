@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -20,7 +21,9 @@ import pytest
 from deltalake import DeltaTable
 
 from changelog_support import write_config
+from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
+from pg2delta.throwaway import ThrowawayPostgres
 from workload import TABLES, Workload, assert_lake_matches, confirmed_lsn, create_schema
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +65,21 @@ def spark_submit(job: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_run_bootstrap_backfill_through_spark_submit(pgdb: str, tmp_path: Path) -> None:
+@pytest.fixture
+def quiet_pgdb() -> Iterator[str]:
+    """A server of this test's own: with no other test writing to it, the server stops logging
+    records of its own (a running-transactions snapshot every 15 s while WAL is written) soon after
+    the workload, so that a run finds nothing to do; on a shared server it seldom does when a
+    spark-submit takes longer than that."""
+    pg = ThrowawayPostgres.start(PG_VERSIONS[-1])
+    try:
+        yield pg.dsn
+    finally:
+        pg.stop()
+
+
+def test_run_bootstrap_backfill_through_spark_submit(quiet_pgdb: str, tmp_path: Path) -> None:
+    pgdb = quiet_pgdb
     tag = uuid.uuid4().hex[:8]
     slot, pub = f"slot_{tag}", f"pub_{tag}"
     lake = tmp_path / "lake"
