@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from pg2delta.changes import LSN_COL, TS_COL, ChangeBatch, RelationVersion
 from pg2delta.engine import Lake
 from pg2delta.errors import LakeError
+from pg2delta.memory import release_memory
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Spiller:
         log.info("window larger than the memory budget (%d bytes): %d rows spilled to %d files so far",
                  self.budget, self.spilled_rows, self.files)
         self.held = 0
+        release_memory()
 
     def _spill_one(self, batches: Sequence[Batch]) -> list[Batch]:
         out: list[Batch] = []
