@@ -60,6 +60,9 @@ class SpilledBatch:
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=self.relation.schema)
 
 
+# Decoded bytes per spilled file at most (one batch larger than this is a file of its own).
+SPILL_FILE_BYTES = 32 << 20
+
 # What a window's table holds: batches in memory or spilled.
 Batch = ChangeBatch | SpilledBatch
 
@@ -99,7 +102,7 @@ class Spiller:
                     run.append(b)
                 continue
             if run:
-                out.append(self._write(run))
+                out.extend(self._write_parts(run))
                 run = []
             if isinstance(b, ChangeBatch):
                 if b.num_rows:
@@ -107,8 +110,24 @@ class Spiller:
             else:
                 out.append(b)
         if run:
-            out.append(self._write(run))
+            out.extend(self._write_parts(run))
         return out
+
+    def _write_parts(self, run: Sequence[ChangeBatch]) -> list[SpilledBatch]:
+        # Files of at most about SPILL_FILE_BYTES, in order: each is loaded whole when the window's
+        # changes are staged, so a file of the whole budget would be held again there at once.
+        parts: list[SpilledBatch] = []
+        group: list[ChangeBatch] = []
+        size = 0
+        for b in run:
+            if group and size + int(b.batch.nbytes) > SPILL_FILE_BYTES:
+                parts.append(self._write(group))
+                group, size = [], 0
+            group.append(b)
+            size += int(b.batch.nbytes)
+        if group:
+            parts.append(self._write(group))
+        return parts
 
     def _write(self, run: Sequence[ChangeBatch]) -> SpilledBatch:
         table = pa.Table.from_batches([b.batch for b in run])
