@@ -879,3 +879,19 @@ def test_transaction_given_out_in_parts_then_left_open_is_retracted() -> None:
     # What was given out of the open transaction is exactly what the job drops.
     assert {c.lsn for c in got} == {15, 25}
     assert sum(ch.transactions for ch in out) == 1
+
+
+def test_transaction_given_out_in_parts_holds_only_its_begin() -> None:
+    """Between the parts of a large transaction the decoder keeps its Begin alone, not the buffer of
+    every row given out so far (which the next chunk would copy again, growing with the transaction)."""
+    rows: Rows = [(10, _begin(15, 1)), (10, _rel())]
+    rows += [(10, b"I" + (16384).to_bytes(4, "big") + b"N" + _tuple(str(k).encode(), b"v" * 100)) for k in range(400)]
+    rows.append((15, _commit(15)))
+    dec = WindowDecoder(split_rows=20)
+    out = []
+    for i in range(0, len(rows) - 1, 50):
+        out.append(dec.feed(RowChunk.from_messages(rows[i : min(i + 50, len(rows) - 1)])))
+        assert len(dec._pending.buf) < 25 * 130, len(dec._pending.buf)  # the Begin and at most split_rows rows
+    out.append(dec.feed(RowChunk.from_messages(rows[-1:])))
+    out.append(dec.finish())
+    assert flatten(out).changes == reference(rows).changes

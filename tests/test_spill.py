@@ -152,3 +152,47 @@ def test_engine_reduce_with_no_final_row_to_resolve(tmp_path: Path, shared_engin
     )
     assert merged == 2
     assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": 1, "body": "new"}]
+
+
+def test_engine_reduce_in_buckets_equals_one_query(
+    tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past REDUCE_BUCKET_ROWS staged changes the reduce runs one hash bucket of the keys at a time
+    (some buckets empty), then one MERGE: the same table as the reduce in one query."""
+    import random
+
+    from pg2delta import engine as engine_mod
+
+    rnd = random.Random(12)
+    ids, bodies, lsns, ops = [], [], [], []
+    for n in range(400):
+        key = rnd.randrange(60)
+        ids.append(key)
+        bodies.append(f"v{n}")
+        lsns.append(100 + n)
+        ops.append(rnd.choice("IUUD"))
+    changes = pa.table({
+        "id": pa.array(ids, pa.int32()), "body": bodies,
+        "_pg2delta_lsn": pa.array(lsns, pa.int64()), "_pg2delta_pos": pa.array([1] * len(ids), pa.int64()),
+        "_pg2delta_op": ops, "_pg2delta_toast": pa.array([None] * len(ids), pa.list_(pa.string())),
+    })
+    tables = []
+    for buckets_rows in (0, 7):
+        lake = Lake(str(tmp_path / f"lake-{buckets_rows}"))
+        uri = lake.table_uri("public", "t")
+        write_deltalake(uri, pa.table({"id": pa.array(range(0, 80, 2), pa.int32()), "body": ["lake"] * 40}))
+        lake.stage(changes.slice(0, 200), "changes/part-000000")
+        lake.stage(changes.slice(200), "changes/part-000001")
+        engine = shared_engine.start(EngineConfig(), lake)
+        if buckets_rows:
+            monkeypatch.setattr(engine_mod, "REDUCE_BUCKET_ROWS", buckets_rows)
+        merged = engine.merge_reduced(
+            uri, lake.staging_uri("changes"), lambda t, v: merge_statement(t, v, ["id"], ["id", "body"], truncate=False),
+            work="reduce", key_names=["id"], data_columns=["id", "body"], toast_columns=(),
+            lookup_version=0, nullable_keys=False, rows=changes.num_rows,
+        )
+        assert merged == len(set(ids))
+        assert DeltaTable(uri).version() == 1  # one commit
+        tables.append(sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"]))
+    assert tables[0] == tables[1]
+    assert len(tables[0]) > 20

@@ -30,6 +30,7 @@ from pg2delta.errors import DataError, SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.history import StagedWindow, window_versions
 from pg2delta.lakeside import Lakeside
+from pg2delta.memory import release_memory
 from pg2delta.merge import Reduced, fill_toast_in_order, merge_statement
 from pg2delta.schema import Plan, conform
 from pg2delta.stage import StagedChanges, newest_commit_ts, reduce, stage_changes, table_changes
@@ -176,6 +177,7 @@ def _merge_staged(
         nullable_keys=nullable_keys,
         optional=optional or (),
         txn=txn,
+        rows=staged.rows,
     )
     report.delta_version = side.lake.delta_version(uri)
     log.info(
@@ -327,6 +329,7 @@ class TableApplier:
         if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
             truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
             changes, kept_by_update = stage_changes(self.side.lake, tgt, pl, applied_lsn, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+            release_memory()
         else:
             changes, truncates, kept_by_update = table_changes(tgt, pl, applied_lsn)
         report.truncated = bool(truncates)

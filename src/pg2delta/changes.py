@@ -229,11 +229,12 @@ class RowChunk:
         lsns = np.fromiter((lsn for lsn, _ in rows), dtype=np.uint64, count=len(rows)).view(np.int64)
         return cls(b"".join(d for _, d in rows), lsns, starts, ends)
 
-    def take(self, lo: int, hi: int) -> RowChunk:
-        """Rows [lo, hi): the leading rows share this chunk's buffer, later ones are copied compactly."""
+    def take(self, lo: int, hi: int, *, compact: bool = False) -> RowChunk:
+        """Rows [lo, hi): the leading rows share this chunk's buffer (unless ``compact``), later ones
+        are copied compactly."""
         if lo >= hi:
             return RowChunk(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-        if lo == 0:
+        if lo == 0 and not compact:
             return RowChunk(self.buf, self.lsns[:hi], self.starts[:hi], self.ends[:hi])
         base = int(self.starts[lo])
         top = int(self.ends[hi - 1])
@@ -448,7 +449,9 @@ class WindowDecoder:
         # Closed for now by a Commit of our own, with what the Begin announced.
         commit = struct.pack(">cbQQq", b"C", 0, begin.final_lsn, begin.final_lsn, begin.commit_ts)
         closed = RowChunk.concat(rows, RowChunk.from_messages([(begin.final_lsn, commit)]))
-        self._pending = rows.take(0, 1)  # the Begin, for the rest
+        # The Begin, for the rest: copied out, for a slice would keep every row so far alive (and
+        # the next chunk's concat would copy them all again).
+        self._pending = rows.take(0, 1, compact=True)
         out = self._decode(closed, split=True)
         out.transactions = 0
         out.last_commit_end_lsn = None

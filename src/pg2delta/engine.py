@@ -34,6 +34,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pg2delta.errors import ConfigError, DataError, LakeError
+from pg2delta.memory import release_memory
 
 log = logging.getLogger(__name__)
 
@@ -559,19 +560,26 @@ class Engine:
         nullable_keys: bool,
         optional: Collection[str] = (),
         txn: Txn | None = None,
+        rows: int = 0,
     ) -> int:
         """Reduce the staged changes under ``changes_dir`` to one row per key in the engine and MERGE them
         (a spilled window, see :mod:`pg2delta.spill`); returns the number of rows merged.
 
         ``toast_columns``: the columns some change sent as unchanged TOAST; their values come from
         earlier changes of the row, else from the table at ``lookup_version``. ``work``: a name in the
-        staging area for the intermediate results (removed here).
+        staging area for the intermediate results (removed here). ``rows``: how many changes are
+        staged; past :data:`REDUCE_BUCKET_ROWS` the reduce runs as several queries, each over the keys
+        of one hash bucket, so the engine's memory does not follow the window's size (not with
+        unchanged TOAST, whose values follow a row through key changes, from one key to another).
+        The one MERGE reads every bucket's rows.
         """
         steps = _Steps(self, work)
+        buckets = 1 if toast_columns else max(1, -(-rows // REDUCE_BUCKET_ROWS))
         try:
             final = steps.filled(
                 uri, changes_dir, key_names=key_names, data_columns=data_columns, toast_columns=toast_columns,
                 lookup_version=lookup_version, nullable_keys=nullable_keys, optional=optional, every_row=False,
+                buckets=buckets,
             )
             merged = int(self.spark.sql(f"SELECT count(*) AS n FROM {final}").collect()[0]["n"])
             log.debug("%s: %d rows to merge", uri, merged)
@@ -956,6 +964,10 @@ class Engine:
             ) from exc
 
 
+# Staged changes per query of a bucketed reduce (Engine.merge_reduced).
+REDUCE_BUCKET_ROWS = 500_000
+
+
 class _Steps:
     """The temporary views and intermediate Parquet results of a computation over staged changes
     (:meth:`Engine.merge_reduced`, :meth:`Engine.stage_filled`); :meth:`close` drops and removes them."""
@@ -976,6 +988,7 @@ class _Steps:
         lake = self.engine.lake
         target = target or lake.staging_uri(f"{self.work}/{part}")
         df.write.mode("overwrite").parquet(target)
+        release_memory()
         if lake.fs.get_file_info(lake._local(target)).type == pafs.FileType.NotFound:
             # pysail writes nothing at all for an empty result (Apache Spark a file with the schema):
             # the plan itself then, which yields no rows either.
@@ -995,13 +1008,34 @@ class _Steps:
         optional: Collection[str],
         every_row: bool,
         truncates: Sequence[tuple[int, int]] = (),
+        buckets: int = 1,
     ) -> str:
         """The view of the staged changes' final rows per key (``every_row``: of every change), their
         unchanged TOAST filled from earlier changes of the row, else from the table at ``lookup_version``;
-        :class:`DataError` when neither has a value."""
+        :class:`DataError` when neither has a value. ``buckets`` > 1 (no ``toast_columns``): computed
+        one hash bucket of the keys at a time, each written out before the next starts."""
         from pg2delta import merge as m
 
         engine, spark = self.engine, self.engine.spark
+        if buckets > 1 and not toast_columns:
+            by_key = ", ".join(m.quote(k) for k in key_names)
+            source = spark.read.parquet(changes_dir)
+            parts: list[str] = []
+            last = ""
+            for i in range(buckets):
+                changes = self.view(source.where(f"pmod(hash({by_key}), {buckets}) = {i}"))
+                ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, (), truncates)))
+                last = m.final_source_sql(
+                    ordered, None, None, key_names, data_columns, (),
+                    nullable_keys=nullable_keys, optional=optional, every_row=every_row,
+                )
+                target = engine.lake.staging_uri(f"{self.work}/final-{i:04d}")
+                spark.sql(last).write.mode("overwrite").parquet(target)
+                release_memory()
+                if engine.lake.fs.get_file_info(engine.lake._local(target)).type != pafs.FileType.NotFound:
+                    parts.append(target)  # pysail writes nothing for an empty result
+            log.debug("%s: the staged changes reduced in %d buckets", uri, buckets)
+            return self.view(spark.read.parquet(*parts)) if parts else self.view(spark.sql(last))
         changes = self.view(spark.read.parquet(changes_dir))
         ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, toast_columns, truncates)))
         chain = lake = None

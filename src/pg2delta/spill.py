@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from pg2delta.changes import LSN_COL, TS_COL, ChangeBatch, RelationVersion
 from pg2delta.engine import Lake
 from pg2delta.errors import LakeError
+from pg2delta.memory import release_memory
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ class SpilledBatch:
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=self.relation.schema)
 
 
+# Decoded bytes per spilled file at most (one batch larger than this is a file of its own).
+SPILL_FILE_BYTES = 32 << 20
+
 # What a window's table holds: batches in memory or spilled.
 Batch = ChangeBatch | SpilledBatch
 
@@ -87,6 +91,7 @@ class Spiller:
         log.info("window larger than the memory budget (%d bytes): %d rows spilled to %d files so far",
                  self.budget, self.spilled_rows, self.files)
         self.held = 0
+        release_memory()
 
     def _spill_one(self, batches: Sequence[Batch]) -> list[Batch]:
         out: list[Batch] = []
@@ -97,7 +102,7 @@ class Spiller:
                     run.append(b)
                 continue
             if run:
-                out.append(self._write(run))
+                out.extend(self._write_parts(run))
                 run = []
             if isinstance(b, ChangeBatch):
                 if b.num_rows:
@@ -105,8 +110,24 @@ class Spiller:
             else:
                 out.append(b)
         if run:
-            out.append(self._write(run))
+            out.extend(self._write_parts(run))
         return out
+
+    def _write_parts(self, run: Sequence[ChangeBatch]) -> list[SpilledBatch]:
+        # Files of at most about SPILL_FILE_BYTES, in order: each is loaded whole when the window's
+        # changes are staged, so a file of the whole budget would be held again there at once.
+        parts: list[SpilledBatch] = []
+        group: list[ChangeBatch] = []
+        size = 0
+        for b in run:
+            if group and size + int(b.batch.nbytes) > SPILL_FILE_BYTES:
+                parts.append(self._write(group))
+                group, size = [], 0
+            group.append(b)
+            size += int(b.batch.nbytes)
+        if group:
+            parts.append(self._write(group))
+        return parts
 
     def _write(self, run: Sequence[ChangeBatch]) -> SpilledBatch:
         table = pa.Table.from_batches([b.batch for b in run])
