@@ -154,6 +154,7 @@ def test_engine_reduce_with_no_final_row_to_resolve(tmp_path: Path, shared_engin
     assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": 1, "body": "new"}]
 
 
+@pytest.mark.classic  # Spark's own hash() and pmod() there
 def test_engine_reduce_in_buckets_equals_one_query(
     tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
