@@ -238,16 +238,19 @@ def test_history_equals_the_versions(pgdb: str, tmp_path: Path) -> None:
 SPILL = "memory_budget = 1\nsplit_rows = 7\n"  # every decoded chunk spills, transactions in parts of 7 rows
 
 
-def _two_lakes(dsn: str, tmp_path: Path, *, spilled: str, other: str) -> tuple[str, Path, Path, Path, Path]:
-    """A source, two slots created together, and a config for each (the first spills every window):
-    the same changes applied twice. Returns the first slot, the two lakes and the two configs."""
+def _two_lakes(
+    dsn: str, tmp_path: Path, *, spilled: str, other: str, max_changes: int = 40, spill: bool = True
+) -> tuple[str, Path, Path, Path, Path]:
+    """A source, two slots created together, and a config for each (the first spills every window
+    unless not ``spill``): the same changes applied twice. Returns the first slot, the two lakes and
+    the two configs."""
     slot, pub = setup_source(dsn)
     second = f"slot_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (second,))
     lake_a, lake_b = tmp_path / spilled, tmp_path / other
-    conf_a = _config(tmp_path / "a.toml", dsn, slot, pub, lake_a, max_changes=40, extra=SPILL)
-    conf_b = _config(tmp_path / "b.toml", dsn, second, pub, lake_b, max_changes=40)
+    conf_a = _config(tmp_path / "a.toml", dsn, slot, pub, lake_a, max_changes=max_changes, extra=SPILL if spill else "")
+    conf_b = _config(tmp_path / "b.toml", dsn, second, pub, lake_b, max_changes=max_changes)
     return slot, lake_a, lake_b, conf_a, conf_b
 
 
@@ -333,13 +336,9 @@ def test_crash_then_rerun_gives_the_same_history(newest_pgdb: str, tmp_path: Pat
     """Two lakes from two slots created together: one run killed at ``point`` then run again, one
     never killed; their histories are identical, and both equal the versions the changelog implies."""
     pgdb = newest_pgdb
-    slot, pub = setup_source(pgdb)
-    other = f"slot_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pgdb, autocommit=True) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (other,))
-    crashed_lake, clean_lake = tmp_path / "crashed", tmp_path / "clean"
-    crashed = _config(tmp_path / "a.toml", pgdb, slot, pub, crashed_lake, max_changes=30)
-    clean = _config(tmp_path / "b.toml", pgdb, other, pub, clean_lake, max_changes=30)
+    slot, crashed_lake, clean_lake, crashed, clean = _two_lakes(
+        pgdb, tmp_path, spilled="crashed", other="clean", max_changes=30, spill=False
+    )
     with Workload(pgdb, 900 + POINTS.index(point)) as wl:
         wl.phase(40)
         run(load(crashed, env={}))

@@ -983,16 +983,19 @@ class _Steps:
         self.views.append(name)
         return name
 
-    def materialized(self, df: Any, part: str, *, target: str | None = None) -> str:
-        # Written out and read back: the next step starts from files, not from a growing plan.
+    def write(self, df: Any, target: str) -> bool:
+        """``df`` written to ``target`` as Parquet; False when nothing was written: pysail writes
+        nothing at all for an empty result (Apache Spark a file with the schema)."""
         lake = self.engine.lake
-        target = target or lake.staging_uri(f"{self.work}/{part}")
         df.write.mode("overwrite").parquet(target)
         release_memory()
-        if lake.fs.get_file_info(lake._local(target)).type == pafs.FileType.NotFound:
-            # pysail writes nothing at all for an empty result (Apache Spark a file with the schema):
-            # the plan itself then, which yields no rows either.
-            return self.view(df)
+        return bool(lake.fs.get_file_info(lake._local(target)).type != pafs.FileType.NotFound)
+
+    def materialized(self, df: Any, part: str, *, target: str | None = None) -> str:
+        # Written out and read back: the next step starts from files, not from a growing plan.
+        target = target or self.engine.lake.staging_uri(f"{self.work}/{part}")
+        if not self.write(df, target):
+            return self.view(df)  # the plan itself, which yields no rows either
         return self.view(self.engine.spark.read.parquet(target))
 
     def filled(
@@ -1030,10 +1033,8 @@ class _Steps:
                     nullable_keys=nullable_keys, optional=optional, every_row=every_row,
                 )
                 target = engine.lake.staging_uri(f"{self.work}/final-{i:04d}")
-                spark.sql(last).write.mode("overwrite").parquet(target)
-                release_memory()
-                if engine.lake.fs.get_file_info(engine.lake._local(target)).type != pafs.FileType.NotFound:
-                    parts.append(target)  # pysail writes nothing for an empty result
+                if self.write(spark.sql(last), target):
+                    parts.append(target)
             log.debug("%s: the staged changes reduced in %d buckets", uri, buckets)
             return self.view(spark.read.parquet(*parts)) if parts else self.view(spark.sql(last))
         changes = self.view(spark.read.parquet(changes_dir))
