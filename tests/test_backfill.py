@@ -177,6 +177,8 @@ def test_backfill_errors(pgdb: str, tmp_path: Path) -> None:
     ok = _backfill(config, acct_cl, end, "--table", ACCT.qualified, "--into", str(tmp_path / "copy"))
     assert ok.returncode == EXIT_OK, ok.stderr[-3000:]
     assert _copy(tmp_path / "copy", ACCT) == _main_as_of(lake, ACCT, end)
+    copied = _log(tmp_path / "copy")
+    assert copied and {(r["kind"], r["table_name"]) for r in copied} == {("backfill", ACCT.name)}, copied
 
 
 def test_backfill_follows_added_and_dropped_columns(pgdb: str, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 Every window a run applies appends one row per Delta table it wrote (``kind = 'window'``), after
 all of the window's Delta commits and before the slot advances; a copy (bootstrap, resync) appends
-``kind = 'bootstrap'`` rows, a backfill its own. Reading it back (:func:`applied_lsns`) gives, per
+``kind = 'bootstrap'`` rows, a backfill ``kind = 'backfill'`` rows. Reading it back (:func:`applied_lsns`) gives, per
 relation OID, where the lake's table stands: the window's end, the Delta version it made, the key
 it was merged on, its publication membership, partitions and column numbers as last logged. A
 change at or before a table's applied LSN is not applied again: that is what makes a replayed
@@ -42,7 +42,7 @@ LOG_SCHEMA = pa.schema(
         ("truncated", pa.bool_()),
         ("applied_at", pa.timestamp("us", tz="UTC")),
         ("key_columns", pa.string()),  # JSON list of the columns the window merged on
-        ("kind", pa.string()),  # 'window', or 'bootstrap' for a table's initial copy (pg2delta.bootstrap)
+        ("kind", pa.string()),  # KIND_WINDOW, KIND_BOOTSTRAP or KIND_BACKFILL (below)
         # Commit time of the newest transaction the window applied to the table (null for bootstrap
         # and backfill rows, and in lakes written before pg2delta recorded it): pg2delta status's lag
         # in time. Appended with mergeSchema, so an older applied log gains the column.
@@ -146,35 +146,41 @@ def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
     return out
 
 
+KIND_WINDOW = "window"  # a run's window
+KIND_BOOTSTRAP = "bootstrap"  # a copy (bootstrap, resync): a table as of its snapshot, or the lake's start
+KIND_BACKFILL = "backfill"  # a chunk of ``pg2delta backfill`` (rows of older versions carry none)
+
+
+def log_row(slot: str, run_id: str, start: int, end: int, t: LoggedTable | None, *, kind: str) -> dict[str, Any]:
+    """One applied-log row: the Delta table ``t`` stands at ``end`` (no table: the lake's start)."""
+    return {
+        "run_id": run_id,
+        "slot": slot,
+        "window_start": start,
+        "window_end": end,
+        "window_end_lsn": format_lsn(end),
+        "relation_oid": t.oid if t else None,
+        "schema_name": t.schema if t else None,
+        "table_name": t.table if t else None,
+        "delta_version": t.delta_version if t else None,
+        "inserts": t.inserts if t else 0,
+        "updates": t.updates if t else 0,
+        "deletes": t.deletes if t else 0,
+        "truncated": t.truncated if t else False,
+        "applied_at": utc_now(),
+        "key_columns": None if t is None or t.key is None else json.dumps(list(t.key)),
+        "kind": kind,
+        "commit_ts": t.commit_ts if t else None,
+        "publication": t.publication if t else None,
+        "partitions": t.partitions if t else None,
+        "attnums": t.attnums if t else None,
+    }
+
+
 def window_rows(slot: str, run_id: str, start: int, end: int, tables: Sequence[LoggedTable]) -> pa.Table:
     """The ``kind = 'window'`` rows of one window: one per Delta table it wrote."""
-    now = utc_now()
-    rows = [
-        {
-            "run_id": run_id,
-            "slot": slot,
-            "window_start": start,
-            "window_end": end,
-            "window_end_lsn": format_lsn(end),
-            "relation_oid": t.oid,
-            "schema_name": t.schema,
-            "table_name": t.table,
-            "delta_version": t.delta_version,
-            "inserts": t.inserts,
-            "updates": t.updates,
-            "deletes": t.deletes,
-            "truncated": t.truncated,
-            "applied_at": now,
-            "key_columns": None if t.key is None else json.dumps(list(t.key)),
-            "kind": "window",
-            "commit_ts": t.commit_ts,
-            "publication": t.publication,
-            "partitions": t.partitions,
-            "attnums": t.attnums,
-        }
-        for t in tables
-    ]
-    return pa.Table.from_pylist(rows, schema=LOG_SCHEMA)
+    return pa.Table.from_pylist([log_row(slot, run_id, start, end, t, kind=KIND_WINDOW) for t in tables],
+                                schema=LOG_SCHEMA)
 
 
 def append(engine: Engine, lake: Lake, rows: pa.Table | Sequence[dict[str, Any]], *, txn: Txn | None = None) -> None:
@@ -196,6 +202,6 @@ def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
 
 
 __all__ = [
-    "LOG_SCHEMA", "LOG_TABLE", "Applied", "LoggedTable", "after_window", "append", "applied_lsns", "applied_of",
-    "utc_now", "window_rows",
+    "KIND_BACKFILL", "KIND_BOOTSTRAP", "KIND_WINDOW", "LOG_SCHEMA", "LOG_TABLE", "Applied", "LoggedTable",
+    "after_window", "append", "applied_lsns", "applied_of", "log_row", "utc_now", "window_rows",
 ]

@@ -33,7 +33,6 @@ import dataclasses
 import functools
 import logging
 import os
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pg2delta.applied_log import LOG_SCHEMA, LOG_TABLE
+from pg2delta.applied_log import KIND_BACKFILL, LOG_SCHEMA, LOG_TABLE, LoggedTable, log_row
 from pg2delta.apply import TableReport, merge_changes
 from pg2delta.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
 from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
@@ -472,21 +471,7 @@ def _widen(engine: Engine, uri: str, schema: pa.Schema) -> frozenset[str] | None
 
 def _log(job: Lakeside, run_id: str, plan: _Plan, lo: int, hi: int, tr: TableReport, target_lake: Lake) -> None:
     """Record a chunk in the target lake's applied log (the seed as an empty window at its LSN)."""
-    now = pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-    row = {
-        "run_id": run_id,
-        "slot": job.config.source.slot,
-        "window_start": lo,
-        "window_end": hi,
-        "window_end_lsn": format_lsn(hi),
-        "relation_oid": plan.oid,
-        "schema_name": plan.schema,
-        "table_name": plan.table,
-        "delta_version": target_lake.delta_version(tr.path),
-        "inserts": tr.inserts,
-        "updates": tr.updates,
-        "deletes": tr.deletes,
-        "truncated": tr.truncated,
-        "applied_at": now.as_py(),
-    }
+    logged = LoggedTable(plan.oid, plan.schema, plan.table, target_lake.delta_version(tr.path), tr.inserts,
+                         tr.updates, tr.deletes, tr.truncated, None, None, None, None, None)
+    row = log_row(job.config.source.slot, run_id, lo, hi, logged, kind=KIND_BACKFILL)
     job.engine.append(target_lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))

@@ -58,7 +58,7 @@ from psycopg import pq as libpq
 from psycopg import sql
 
 from pg2delta import pgoutput as po
-from pg2delta.applied_log import LOG_TABLE, utc_now
+from pg2delta.applied_log import KIND_BOOTSTRAP, LOG_TABLE, LoggedTable, log_row
 from pg2delta.applied_log import append as append_log
 from pg2delta.catalog import PgTypeCatalog
 from pg2delta.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
@@ -82,7 +82,6 @@ from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT
 
 log = logging.getLogger(__name__)
 
-KIND_BOOTSTRAP = "bootstrap"  # applied-log rows written by a copy (``kind`` column)
 STAGING = "_pg2delta/staging/bootstrap"
 DEFAULT_PARALLEL = 2
 
@@ -832,29 +831,11 @@ def append_log_row(
     key: Sequence[str] | None = None,
 ) -> None:
     """A ``kind = 'bootstrap'`` row: a table copied as of ``lsn`` (keyed on ``key``), or (no table) the lake's start."""
-
-    row = {
-        "run_id": run_id,
-        "slot": job.config.source.slot,
-        "window_start": lsn,
-        "window_end": lsn,
-        "window_end_lsn": format_lsn(lsn),
-        "relation_oid": table.oid if table else None,
-        "schema_name": table.relation.namespace if table else None,
-        "table_name": table.relation.name if table else None,
-        "delta_version": version,
-        "inserts": rows,
-        "updates": 0,
-        "deletes": 0,
-        "truncated": False,
-        "applied_at": utc_now(),
-        "key_columns": None if key is None else json.dumps(list(key)),
-        "kind": KIND_BOOTSTRAP,
-        "publication": table.membership if table else None,
-        "partitions": table.leaves if table else None,
-        "attnums": table.attnums if table else None,
-    }
-    append_log(job.engine, job.lake, [row])
+    logged = None if table is None else LoggedTable(
+        table.oid, table.relation.namespace, table.relation.name, version, rows, 0, 0, False, None,
+        None if key is None else tuple(key), table.membership, table.leaves, table.attnums,
+    )
+    append_log(job.engine, job.lake, [log_row(job.config.source.slot, run_id, lsn, lsn, logged, kind=KIND_BOOTSTRAP)])
 
 
 def _clean_staging(job: Lakeside) -> None:

@@ -504,25 +504,19 @@ LEFT JOIN pg_type e ON e.oid = b.typelem
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 """
 
-_PRIMARY_KEY = """
-SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-WHERE i.indrelid = %s AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)
-"""
-
-
 def _key_columns(conn: psycopg.Connection[Any], config: Config, table: PublishedTable, logged: str | None) -> list[str]:
-    """The columns the lake merges the table on: the applied log's, else as the job resolves them."""
+    """The columns the lake merges the table on: the applied log's, else the job's key rule."""
     import json
+
+    from pg2delta.keys import key_resolver
 
     if logged:
         return [str(c) for c in json.loads(logged)]
     rel = table.relation
-    configured = config.table(rel.namespace or "public", rel.name).key
-    if configured:
-        return list(configured)
-    if rel.replica_identity != "f":
-        return [c.name for c in rel.columns if c.flags & 1]
-    return [str(r[0]) for r in conn.execute(_PRIMARY_KEY, (rel.oid,)).fetchall()]
+    resolved = key_resolver(config, conn)(rel)
+    if resolved is not None:
+        return list(resolved)
+    return [c.name for c in rel.columns if c.flags & 1]  # the replica identity the relation flags
 
 
 @dataclass(frozen=True, slots=True)

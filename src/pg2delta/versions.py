@@ -37,12 +37,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pg2delta.applied_log import LOG_TABLE
+from pg2delta.applied_log import KIND_BOOTSTRAP, LOG_TABLE
 from pg2delta.config import Config
 from pg2delta.errors import LakeError
 from pg2delta.lsn import format_lsn
-
-KIND_COPY = "bootstrap"  # bootstrap.KIND_BOOTSTRAP (not imported: bootstrap pulls numpy and psycopg)
 
 EXACT = "exact"
 INSIDE_WINDOW = "inside_window"
@@ -101,8 +99,8 @@ def applied_through(rows: Iterable[Mapping[str, Any]], slot: str) -> int | None:
         for r in rows
         if r.get("slot") == slot
         and r.get("window_end") is not None
-        and ((r.get("kind") != KIND_COPY and r.get("relation_oid") is not None)
-             or (r.get("kind") == KIND_COPY and r.get("relation_oid") is None))
+        and ((r.get("kind") != KIND_BOOTSTRAP and r.get("relation_oid") is not None)
+             or (r.get("kind") == KIND_BOOTSTRAP and r.get("relation_oid") is None))
     ]
     return max(ends, default=None)
 
@@ -112,13 +110,13 @@ def _points(rows: Sequence[Mapping[str, Any]]) -> list[_Point]:
 
     def order(r: Mapping[str, Any]) -> tuple[int, int, int]:
         version = r.get("delta_version")
-        return int(r["window_end"]), -1 if version is None else int(version), int(r.get("kind") == KIND_COPY)
+        return int(r["window_end"]), -1 if version is None else int(version), int(r.get("kind") == KIND_BOOTSTRAP)
 
     points: list[_Point] = []
     for r in sorted(rows, key=order):
         end = int(r["window_end"])
         version = None if r.get("delta_version") is None else int(r["delta_version"])
-        if r.get("kind") == KIND_COPY:
+        if r.get("kind") == KIND_BOOTSTRAP:
             points.append(_Point(end, version, True, end))
             continue
         previous = points[-1] if points else None
