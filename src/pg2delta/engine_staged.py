@@ -177,45 +177,18 @@ class _Steps:
         one hash bucket of the keys at a time, each written out before the next starts."""
         from pg2delta import merge as m
 
-        engine, spark = self.engine, self.engine.spark
+        spark = self.engine.spark
         if buckets > 1 and not toast_columns:
-            by_key = ", ".join(m.quote(k) for k in key_names)
-            source = spark.read.parquet(changes_dir)
-            parts: list[str] = []
-            last = ""
-            for i in range(buckets):
-                changes = self.view(source.where(f"pmod(hash({by_key}), {buckets}) = {i}"))
-                ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, (), truncates)))
-                last = m.final_source_sql(
-                    ordered, None, None, key_names, data_columns, (),
-                    nullable_keys=nullable_keys, optional=optional, every_row=every_row,
-                )
-                target = engine.lake.staging_uri(f"{self.work}/final-{i:04d}")
-                if self.write(spark.sql(last), target):
-                    parts.append(target)
-            log.debug("%s: the staged changes reduced in %d buckets", uri, buckets)
-            return self.view(spark.read.parquet(*parts)) if parts else self.view(spark.sql(last))
+            return self._reduced_in_buckets(
+                uri, changes_dir, key_names=key_names, data_columns=data_columns, nullable_keys=nullable_keys,
+                optional=optional, every_row=every_row, truncates=truncates, buckets=buckets,
+            )
         changes = self.view(spark.read.parquet(changes_dir))
         ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, toast_columns, truncates)))
         chain = lake = None
         if toast_columns:
-            chain = self.materialized(
-                spark.sql(m.toast_chain_sql(ordered, key_names, toast_columns, every_row=every_row)), "chain-0"
-            )
-            step = 0
-            while spark.sql(f"SELECT 1 FROM {chain} WHERE {m.unresolved_sql(chain, toast_columns)} LIMIT 1").collect():
-                step += 1
-                if step > 64:
-                    raise LakeError(f"unchanged TOAST of {uri}: the chain of key changes did not resolve in 64 steps")
-                chain = self.materialized(spark.sql(m.resolve_step_sql(chain, toast_columns)), f"chain-{step}")
-            if (lookup_version is None or lookup_version >= 0) and engine.lake.delta_version(uri) is not None:
-                table = engine.read_version(uri, lookup_version)
-                present = set(table.columns)
-                cols = [
-                    m.quote(c) if c in present else f"NULL AS {m.quote(c)}"
-                    for c in dict.fromkeys([*key_names, *toast_columns])
-                ]
-                lake = self.view(table.selectExpr(*cols, f"true AS {m.PRESENT}"))
+            chain = self._toast_chain(uri, ordered, key_names, toast_columns, every_row=every_row)
+            lake = self._lake_values(uri, key_names, toast_columns, lookup_version)
         final_sql = m.final_source_sql(
             ordered, chain, lake, key_names, data_columns, toast_columns,
             nullable_keys=nullable_keys, optional=optional, every_row=every_row,
@@ -231,6 +204,77 @@ class _Steps:
                     "or set REPLICA IDENTITY FULL on it"
                 )
         return final
+
+    def _reduced_in_buckets(
+        self,
+        uri: str,
+        changes_dir: str,
+        *,
+        key_names: Sequence[str],
+        data_columns: Sequence[str],
+        nullable_keys: bool,
+        optional: Collection[str],
+        every_row: bool,
+        truncates: Sequence[tuple[int, int]],
+        buckets: int,
+    ) -> str:
+        """:meth:`filled` without unchanged TOAST, one hash bucket of the keys at a time."""
+        from pg2delta import merge as m
+
+        engine, spark = self.engine, self.engine.spark
+        by_key = ", ".join(m.quote(k) for k in key_names)
+        source = spark.read.parquet(changes_dir)
+        parts: list[str] = []
+        last = ""
+        for i in range(buckets):
+            changes = self.view(source.where(f"pmod(hash({by_key}), {buckets}) = {i}"))
+            ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, (), truncates)))
+            last = m.final_source_sql(
+                ordered, None, None, key_names, data_columns, (),
+                nullable_keys=nullable_keys, optional=optional, every_row=every_row,
+            )
+            target = engine.lake.staging_uri(f"{self.work}/final-{i:04d}")
+            if self.write(spark.sql(last), target):
+                parts.append(target)
+        log.debug("%s: the staged changes reduced in %d buckets", uri, buckets)
+        return self.view(spark.read.parquet(*parts)) if parts else self.view(spark.sql(last))
+
+    def _toast_chain(
+        self, uri: str, ordered: str, key_names: Sequence[str], toast_columns: Sequence[str], *, every_row: bool
+    ) -> str:
+        """The view of each change's unchanged TOAST values filled from earlier changes of the row,
+        following it through key changes: resolved one step at a time (at most 64), each written out."""
+        from pg2delta import merge as m
+
+        spark = self.engine.spark
+        chain = self.materialized(
+            spark.sql(m.toast_chain_sql(ordered, key_names, toast_columns, every_row=every_row)), "chain-0"
+        )
+        step = 0
+        while spark.sql(f"SELECT 1 FROM {chain} WHERE {m.unresolved_sql(chain, toast_columns)} LIMIT 1").collect():
+            step += 1
+            if step > 64:
+                raise LakeError(f"unchanged TOAST of {uri}: the chain of key changes did not resolve in 64 steps")
+            chain = self.materialized(spark.sql(m.resolve_step_sql(chain, toast_columns)), f"chain-{step}")
+        return chain
+
+    def _lake_values(
+        self, uri: str, key_names: Sequence[str], toast_columns: Sequence[str], lookup_version: int | None
+    ) -> str | None:
+        """The view of the table's keys and TOAST columns at ``lookup_version`` (a negative one: none
+        to look at), each row marked present; None when there is no table."""
+        from pg2delta import merge as m
+
+        engine = self.engine
+        if (lookup_version is None or lookup_version >= 0) and engine.lake.delta_version(uri) is not None:
+            table = engine.read_version(uri, lookup_version)
+            present = set(table.columns)
+            cols = [
+                m.quote(c) if c in present else f"NULL AS {m.quote(c)}"
+                for c in dict.fromkeys([*key_names, *toast_columns])
+            ]
+            return self.view(table.selectExpr(*cols, f"true AS {m.PRESENT}"))
+        return None
 
     def close(self) -> None:
         spark = self.engine.spark
