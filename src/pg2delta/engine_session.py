@@ -8,7 +8,6 @@ with delta-spark, a Spark Connect server) and :class:`EngineSession`, the base e
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import warnings
@@ -20,9 +19,6 @@ from typing import Any
 from pg2delta.errors import ConfigError, LakeError
 
 from .lake_files import Lake
-
-# The lake layer (engine.py and its parts) logs under one name, as when it was one module.
-log = logging.getLogger("pg2delta.engine")
 
 ENGINES = ("embedded", "spark", "connect")
 
