@@ -24,7 +24,12 @@ modules next to this one:
 * :mod:`pg2delta.lake_files`: the lake's files through pyarrow alone (:class:`Lake`: Delta logs,
   staging), no engine.
 
-Import what the rest of pg2delta needs from here: ``Engine``, ``EngineConfig``, ``Lake``, ``Txn``.
+Each part is a class over :class:`pg2delta.engine_session.EngineSession` and :class:`Engine`
+inherits them all, so the parts share one session (and its per-thread sessions) and callers keep
+calling ``engine.merge(...)``; a part that needs another's methods inherits that part
+(writes and the staged reduce read tables as of a version). Import what the rest of pg2delta
+needs from here: ``Engine``, ``EngineConfig``, ``Lake``, ``Txn``. The parts log as
+``pg2delta.engine``, as the one module did.
 """
 
 from __future__ import annotations
