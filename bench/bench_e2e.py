@@ -49,6 +49,7 @@ from pg2delta import applied_log
 from pg2delta import config as cfgmod
 from pg2delta.changes import WindowDecoder
 from pg2delta.engine import Engine, Lake
+from pg2delta.engine_writes import DeltaWrites
 from pg2delta.lakeside import Lakeside
 from pg2delta.slot import SlotSource
 
@@ -75,6 +76,7 @@ def time_generator(timer: StageTimer, owner: Any, name: str, label: str) -> None
 
 
 # (label, owner, attribute), in the order they are printed; indented stages are part of the one above.
+# An engine method is wrapped on the part of Engine that defines it (the owner's own __dict__).
 STAGES: list[tuple[str, Any, str]] = [
     ("read applied log", jobmod, "applied_lsns"),
     ("  engine start", Engine, "start"),
@@ -84,8 +86,8 @@ STAGES: list[tuple[str, Any, str]] = [
     ("  reduce_changes", stagemod, "reduce_changes"),
     ("  fill TOAST lookups", applymod, "fill_lookups"),
     ("  stage Parquet", Lake, "stage"),
-    ("  ensure_table", Engine, "ensure_table"),
-    ("  MERGE", Engine, "merge"),
+    ("  ensure_table", DeltaWrites, "ensure_table"),
+    ("  MERGE", DeltaWrites, "merge"),
     ("append applied log", applied_log, "append"),
     ("advance slot", SlotSource, "advance"),
     ("engine stop", Lakeside, "close"),

@@ -162,7 +162,7 @@ def test_engine_reduce_in_buckets_equals_one_query(
     (some buckets empty), then one MERGE: the same table as the reduce in one query."""
     import random
 
-    from pg2delta import engine as engine_mod
+    from pg2delta import engine_staged
 
     rnd = random.Random(12)
     ids, bodies, lsns, ops = [], [], [], []
@@ -186,7 +186,7 @@ def test_engine_reduce_in_buckets_equals_one_query(
         lake.stage(changes.slice(200), "changes/part-000001")
         engine = shared_engine.start(EngineConfig(), lake)
         if buckets_rows:
-            monkeypatch.setattr(engine_mod, "REDUCE_BUCKET_ROWS", buckets_rows)
+            monkeypatch.setattr(engine_staged, "REDUCE_BUCKET_ROWS", buckets_rows)
         merged = engine.merge_reduced(
             uri, lake.staging_uri("changes"), lambda t, v: merge_statement(t, v, ["id"], ["id", "body"], truncate=False),
             work="reduce", key_names=["id"], data_columns=["id", "body"], toast_columns=(),
