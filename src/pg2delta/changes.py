@@ -397,6 +397,7 @@ class WindowDecoder:
         return self._add_relation(rel)
 
     def _add_relation(self, rel: po.Relation) -> RelationVersion:
+        """Resolve ``rel`` (codec per column, key, schema) into a new version, now the latest of its OID."""
         # Declared array dimensions, when the catalog can tell (PostgreSQL does not enforce them).
         dims_of = getattr(self._catalog, "attndims", None)
         ndims: dict[str, int] = dims_of(rel.oid) if callable(dims_of) else {}

@@ -124,6 +124,8 @@ class Txn:
 
 @dataclass(slots=True)
 class _Stream:
+    """A streamed transaction not yet committed, prepared or aborted in the chunk: its segments' rows."""
+
     xid: int
     ranges: list[tuple[int, int]] = field(default_factory=list)  # [lo, hi) row ranges of its segments
 
