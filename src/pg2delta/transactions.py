@@ -228,24 +228,15 @@ class TransactionScan:
         self._segment_xid: int | None = None
         self._streams: dict[int, _Stream] = {}
         self._prepared: dict[str, list[tuple[int, int]]] = {}  # gid -> row ranges
-        self._on: dict[type, Callable[[int, Any], None]] = {
-            po.Begin: self._begin, po.BeginPrepare: self._begin, po.Commit: self._commit_plain,
-            po.Origin: self._origin, po.Relation: self._relation, po.Type: self._type,
-            po.Truncate: self._event, po.LogicalMessage: self._message,
-            po.StreamStart: self._stream_start, po.StreamStop: self._stream_stop,
-            po.StreamCommit: self._stream_commit, po.StreamAbort: self._stream_abort,
-            po.Prepare: self._prepare, po.StreamPrepare: self._stream_prepare,
-            po.CommitPrepared: self._commit_prepared, po.RollbackPrepared: self._rollback_prepared,
-        }
 
     def run(self, *, final: bool) -> None:
         """Scan every control message, then what is still open at the end (``final``: the window's end)."""
-        on = self._on
+        on = _HANDLERS
         for i in np.flatnonzero(~self.is_change).tolist():
             msg = self._parse(i)
             handle = on.get(type(msg))
             if handle is not None:
-                handle(i, msg)
+                handle(self, i, msg)
         self._close(final=final)
 
     def _parse(self, i: int) -> po.Message:
@@ -429,3 +420,26 @@ class TransactionScan:
             raise DecodeError(
                 "change outside any transaction", tag=chr(int(self.tags[bad])), offset=0, lsn=int(self.rows.lsns[bad])
             )
+
+
+# What the scan does for each control message. Unbound, so that a scan holds no reference to
+# itself: it (and the chunk's rows it holds) is freed when the decoder is done with it, not when
+# the cyclic garbage collector next runs.
+_HANDLERS: dict[type, Callable[[TransactionScan, int, Any], None]] = {
+    po.Begin: TransactionScan._begin,
+    po.BeginPrepare: TransactionScan._begin,
+    po.Commit: TransactionScan._commit_plain,
+    po.Origin: TransactionScan._origin,
+    po.Relation: TransactionScan._relation,
+    po.Type: TransactionScan._type,
+    po.Truncate: TransactionScan._event,
+    po.LogicalMessage: TransactionScan._message,
+    po.StreamStart: TransactionScan._stream_start,
+    po.StreamStop: TransactionScan._stream_stop,
+    po.StreamCommit: TransactionScan._stream_commit,
+    po.StreamAbort: TransactionScan._stream_abort,
+    po.Prepare: TransactionScan._prepare,
+    po.StreamPrepare: TransactionScan._stream_prepare,
+    po.CommitPrepared: TransactionScan._commit_prepared,
+    po.RollbackPrepared: TransactionScan._rollback_prepared,
+}
