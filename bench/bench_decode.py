@@ -37,6 +37,7 @@ import psycopg
 from psycopg import sql
 
 from pg2delta import changes as ch
+from pg2delta import rowbatch
 from pg2delta import slot as sl
 from pg2delta import typemap as tm
 from pg2delta.changes import RowChunk, WindowDecoder
@@ -347,12 +348,13 @@ class StageTimer:
 def stage_breakdown(chunks: list[RowChunk]) -> tuple[float, StageTimer]:
     timer = StageTimer()
     timer.wrap(WindowDecoder, "feed", "feed (total)")
-    timer.wrap(WindowDecoder, "_quiescent_cut", "transaction cut")
+    timer.wrap(ch, "quiescent_cut", "transaction cut")
     timer.wrap(RowChunk, "concat", "RowChunk concat/take")
     timer.wrap(RowChunk, "take", "RowChunk concat/take")
     timer.wrap(ch.po, "parse_message", "control messages (parse_message)")
-    timer.wrap(WindowDecoder, "_build_batch", "tuples -> batch (total)")
-    timer.wrap(ch, "_walk_changes", "walk tuples (C)")
+    # Wrapped where they are looked up: build_batch in changes, walk_changes in rowbatch.
+    timer.wrap(ch, "build_batch", "tuples -> batch (total)")
+    timer.wrap(rowbatch, "walk_changes", "walk tuples (C)")
     timer.wrap(tm.ColumnCodec, "decode", "codec", key=lambda codec, *a, **k: codec.pg_type)
     t0 = time.perf_counter()
     try:

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 
 from pg2delta import _tuples
 from pg2delta import pgoutput as po
-from pg2delta.changes import RowChunk, WindowDecoder, _walk_changes
+from pg2delta.changes import RowChunk, WindowDecoder
 from pg2delta.errors import DecodeError
+from pg2delta.tuplewalk import walk_changes
 from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_TOAST, TypeInfo, codec_for
 from test_pgoutput_golden import CAPTURES
 from test_typemap import EXACT, OID, int_array, numeric_send, typmod_numeric
@@ -64,11 +65,11 @@ def delete(old: list[bytes | str | None], marker: bytes = b"K") -> bytes:
 
 
 def walk(messages: list[bytes], ncols: int) -> tuple[Any, Any, Any, Any]:
-    """_walk_changes over plain (not streamed) messages, as _build_batch calls it."""
+    """walk_changes over plain (not streamed) messages, as build_batch calls it."""
     chunk = RowChunk.from_messages([(i, m) for i, m in enumerate(messages)])
     u8 = np.frombuffer(chunk.buf, dtype=np.uint8)
     tags = u8[chunk.starts] if len(chunk) else np.zeros(0, np.uint8)
-    return _walk_changes(chunk.buf, tags, chunk.starts + 5, chunk.ends, ncols)
+    return walk_changes(chunk.buf, tags, chunk.starts + 5, chunk.ends, ncols)
 
 
 def column_values(kinds: Any, starts: Any, lengths: Any, buf: bytes, row: int, ncols: int) -> list[Any]:
@@ -168,7 +169,7 @@ def test_row_bounds_outside_the_buffer_are_reported_not_read() -> None:
     buf = insert([b"a"])
     tags = np.frombuffer(b"I", dtype=np.uint8)
     for offs, ends in (([5], [len(buf) + 1]), ([-1], [len(buf)]), ([len(buf)], [len(buf)]), ([9], [5])):
-        _, _, _, bad = _walk_changes(buf, tags, np.array(offs, np.int64), np.array(ends, np.int64), 1)
+        _, _, _, bad = walk_changes(buf, tags, np.array(offs, np.int64), np.array(ends, np.int64), 1)
         assert bad is not None and bad[0] == 0 and bad[1] == "message ends before its tuple"
 
 

@@ -21,7 +21,14 @@ from psycopg import sql
 
 from pg2delta import pgoutput as po
 from pg2delta.changes import RowChunk
-from pg2delta.errors import ConfigError, ConnectionFailed, DecodeError, SlotBusy, SourceStateError
+from pg2delta.errors import (
+    ConfigError,
+    ConnectionFailed,
+    DecodeError,
+    Pg2DeltaError,
+    SlotBusy,
+    SourceStateError,
+)
 from pg2delta.lsn import format_lsn
 
 log = logging.getLogger(__name__)
@@ -306,15 +313,7 @@ class SlotSource:
         Stops at ``upto_lsn``, after ``max_changes`` rows (at a transaction boundary, as the
         server does), or at the first commit after ``max_bytes`` bytes, whichever comes first.
         """
-        query = sql.SQL(
-            "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes({slot}, {upto}::pg_lsn, {n}, {opts})) "
-            "TO STDOUT (FORMAT binary)"
-        ).format(
-            slot=sql.Literal(self.slot),
-            upto=sql.Literal(format_lsn(upto_lsn)),
-            n=sql.Literal(max_changes) if max_changes else sql.SQL("NULL"),
-            opts=sql.SQL(", ").join(sql.Literal(o) for o in self.peek_options()),
-        )
+        query = _peek_copy(self.slot, upto_lsn, max_changes, self.peek_options())
         total_rows = 0
         total_bytes = 0
         last_commit: int | None = None
@@ -358,14 +357,8 @@ class SlotSource:
         except psycopg.errors.QueryCanceled:
             if not capped_by_bytes:
                 raise ConnectionFailed("the window read was cancelled by the server") from None
-        except psycopg.errors.UndefinedObject as exc:
-            raise SourceStateError(" ".join(str(exc).split())) from exc
-        except psycopg.errors.ObjectInUse as exc:
-            raise SlotBusy(" ".join(str(exc).split())) from exc
-        except psycopg.OperationalError as exc:
-            raise ConnectionFailed(f"lost the connection while reading the slot: {' '.join(str(exc).split())}") from exc
         except psycopg.Error as exc:
-            raise SourceStateError(f"cannot read slot {self.slot!r}: {' '.join(str(exc).split())}") from exc
+            raise _read_error(self.slot, exc) from exc
         finally:
             cur.close()
         if pieces:
@@ -411,6 +404,31 @@ class SlotSource:
         end = _lsn_value(rows[0][0])
         assert end is not None
         return end
+
+
+def _peek_copy(slot: str, upto_lsn: int, max_changes: int | None, options: list[str]) -> sql.Composed:
+    """The COPY that streams a window's rows (lsn, xid, data) in binary format."""
+    return sql.SQL(
+        "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes({slot}, {upto}::pg_lsn, {n}, {opts})) "
+        "TO STDOUT (FORMAT binary)"
+    ).format(
+        slot=sql.Literal(slot),
+        upto=sql.Literal(format_lsn(upto_lsn)),
+        n=sql.Literal(max_changes) if max_changes else sql.SQL("NULL"),
+        opts=sql.SQL(", ").join(sql.Literal(o) for o in options),
+    )
+
+
+def _read_error(slot: str, exc: psycopg.Error) -> Pg2DeltaError:
+    """The pg2delta error for a failed window read of ``slot``."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, psycopg.errors.UndefinedObject):
+        return SourceStateError(text)
+    if isinstance(exc, psycopg.errors.ObjectInUse):
+        return SlotBusy(text)
+    if isinstance(exc, psycopg.OperationalError):
+        return ConnectionFailed(f"lost the connection while reading the slot: {text}")
+    return SourceStateError(f"cannot read slot {slot!r}: {text}")
 
 
 def _frame(pieces: list[bytes]) -> RowChunk:
