@@ -43,7 +43,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from queue import Empty
@@ -700,6 +700,37 @@ class Copier:
         return TableCopy(rel.namespace, rel.name, rel.oid, rows, self.snapshot.consistent_lsn, version, seconds, uri)
 
 
+def copy_blocks(conn: psycopg.Connection[Any], statement: sql.Composed) -> Generator[memoryview, None, None]:
+    """The CopyData blocks of ``COPY … TO STDOUT`` on ``conn``, as ``Copy.__iter__`` gives them.
+
+    The blocks libpq holds already are taken straight from it (``PGconn.get_copy_data``): psycopg's
+    own read runs a generator and a wait per block, which costs more than the server's work of
+    sending the row. Only when libpq has nothing buffered does psycopg's ``Copy.read`` wait for the
+    socket (and read the end of the copy, when it comes there); when the end comes in a direct read,
+    its final result is read here, as psycopg would, and an error raised as psycopg raises it.
+    """
+    pgconn = conn.pgconn
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        while True:
+            nbytes, data = pgconn.get_copy_data(1)  # 1: never block
+            if nbytes > 0:
+                yield data
+            elif nbytes == 0:
+                if not (waited := copy.read()):
+                    return
+                yield memoryview(waited)
+            elif nbytes == -1:  # the end of the copy: its final result (an error, if the server failed)
+                failed = None
+                while (res := pgconn.get_result()) is not None:
+                    if res.status != libpq.ExecStatus.COMMAND_OK and failed is None:
+                        failed = res
+                if failed is not None:
+                    raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+                return
+            else:
+                raise psycopg.OperationalError(pgconn.get_error_message(conn.info.encoding))
+
+
 def stage_table(
     conn: psycopg.Connection[Any],
     plan: CopyPlan,
@@ -723,8 +754,9 @@ def stage_table(
             if writer is not None:
                 writer.close()
             out = lake.fs.open_output_stream(f"{stage_dir}/part-{files:05d}.parquet")
-            # Staging files live minutes: a fast codec; the Delta files are the engine's to compress.
-            writer = pq.ParquetWriter(out, plan.schema, compression="lz4")
+            # Staging files live minutes and are read once, whole: a fast codec, no dictionaries and no
+            # statistics (they took 2/3 of the write); the Delta files are the engine's to write.
+            writer = pq.ParquetWriter(out, plan.schema, compression="lz4", use_dictionary=False, write_statistics=False)
             files += 1
             file_rows = 0
         writer.write_batch(batch)
@@ -738,11 +770,14 @@ def stage_table(
 
     try:
         buf = bytearray()
-        with conn.cursor() as cur, cur.copy(plan.statement()) as copy:
-            for data in copy:  # one CopyData block: a row (the first one after the file header)
+        blocks = copy_blocks(conn, plan.statement())
+        try:
+            for data in blocks:  # CopyData blocks: a row each (the first after the file header)
                 buf += data
                 if len(buf) >= _CHUNK_BYTES:
                     buf = walker.feed(bytes(buf), emit)
+        finally:
+            blocks.close()  # stopped early: psycopg cancels the COPY and reads what is left of it
         walker.feed(bytes(buf), emit, last=True)
         if writer is None:  # an empty table: one empty file gives the schema
             write(pa.RecordBatch.from_pylist([], schema=plan.schema))
