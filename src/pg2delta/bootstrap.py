@@ -14,7 +14,7 @@
    (``REPEATABLE READ``, ``SET TRANSACTION SNAPSHOT``), several tables at once: ``COPY (SELECT
    <published columns> FROM <table> WHERE <row filter>) TO STDOUT (FORMAT binary)``, decoded
    column-wise into Arrow by the change path's own codecs, written as Parquet chunks under the
-   lake's staging area (memory is bounded by one chunk per worker), then made visible in ONE Delta
+   lake's staging area (memory is bounded by two chunks per worker), then made visible in ONE Delta
    commit that replaces the table: a reader sees no table or the whole copy, never part of it;
 5. records each finished table in the applied log as applied through L (``kind = 'bootstrap'``).
 
@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from queue import Empty
 from typing import Any
@@ -575,7 +575,7 @@ class Copier:
     """Copies tables into the lake at one exported snapshot, ``parallel`` tables at a time.
 
     With ``parallel`` > 1 every table is read, decoded and staged in a worker process of its
-    own (the decode is CPU-bound Python and numpy: threads would share one core through the
+    own (reading the COPY is CPU-bound Python: threads would share one core through the
     GIL); the Delta commits and the applied log stay in this process, one table at a time.
     """
 
@@ -740,8 +740,8 @@ def stage_table(
 ) -> tuple[int, dict[str, int]]:
     """COPY one table on ``conn`` (inside the snapshot) into Parquet files under ``stage_dir``.
 
-    Memory holds one chunk of rows at a time. ``report(rows so far, new rows)`` is called after
-    every chunk. Returns the rows copied and the decoder's notes (clamped values and the like).
+    Memory holds two chunks of rows at a time (one being decoded, one being written).
+    ``report(rows so far, new rows)`` is called after every chunk. Returns the rows copied and the decoder's notes (clamped values and the like).
     """
     lake.fs.create_dir(stage_dir, recursive=True)
     files = 0
@@ -763,11 +763,17 @@ def stage_table(
         file_rows += batch.num_rows
 
     walker = CopyRows(plan)
+    # The Parquet writes (pyarrow, without the GIL) run in a thread while the next chunk is read
+    # and decoded: at most one batch waits for its write, so memory holds two chunks at most.
+    pending: list[Future[None]] = []
 
     def emit(batch: pa.RecordBatch) -> None:
-        write(batch)
+        while pending:
+            pending.pop().result()
+        pending.append(writes.submit(write, batch))
         report(walker.rows, batch.num_rows)
 
+    writes = ThreadPoolExecutor(1, thread_name_prefix="pg2delta-stage")
     try:
         buf = bytearray()
         blocks = copy_blocks(conn, plan.statement())
@@ -779,6 +785,8 @@ def stage_table(
         finally:
             blocks.close()  # stopped early: psycopg cancels the COPY and reads what is left of it
         walker.feed(bytes(buf), emit, last=True)
+        while pending:
+            pending.pop().result()
         if writer is None:  # an empty table: one empty file gives the schema
             write(pa.RecordBatch.from_pylist([], schema=plan.schema))
     except psycopg.OperationalError as exc:
@@ -786,6 +794,7 @@ def stage_table(
     except psycopg.Error as exc:
         raise SourceStateError(f"cannot copy {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
     finally:
+        writes.shutdown(wait=True)
         if writer is not None:
             writer.close()
     return walker.rows, dict(walker.notes)
