@@ -1,15 +1,19 @@
 """The bootstrap's COPY reader (``bootstrap.CopyRows``): CopyData blocks gathered into a buffer,
 walked in C and decoded column-wise, give the same rows however the stream is cut into blocks
-and chunks; bad streams raise DecodeError. Unit tests, no server."""
+and chunks; bad streams raise DecodeError (unit tests, no server). ``copy_blocks`` on a real
+server: the same bytes as psycopg's Copy, a server error after rows raised as psycopg raises it,
+and the connection usable after an error or an early stop."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from psycopg import sql
 
 from pg2delta import bootstrap as bs
 from pg2delta import pgoutput as po
@@ -97,3 +101,41 @@ def test_bad_streams_raise_decode_error(what: str, stream: bytes, match: str) ->
 def test_header_extension_is_skipped() -> None:
     header = COPY_HEADER[:-4] + (3).to_bytes(4, "big") + b"ext"
     assert run(plan(), [header + wire((5, None, b"z")) + COPY_TRAILER], 1) == [{"id": 5, "note": None, "raw": b"z"}]
+
+
+# --- copy_blocks on a real server -------------------------------------------------------------------
+
+COPY_SERIES = "COPY (SELECT i, repeat('x', i % 50) FROM generate_series(1, 200000) i) TO STDOUT (FORMAT binary)"
+
+
+@pytest.mark.integration
+def test_copy_blocks_equal_psycopgs_copy(pg: Any) -> None:
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        with conn.cursor() as cur, cur.copy(COPY_SERIES) as copy:
+            want = b"".join(bytes(b) for b in copy)
+        got = b"".join(bytes(b) for b in bs.copy_blocks(conn, sql.SQL(COPY_SERIES)))
+        assert got == want
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.integration
+def test_copy_blocks_raise_a_server_error_after_rows_and_leave_the_connection_usable(pg: Any) -> None:
+    failing = "COPY (SELECT 1 / (i - 150000) FROM generate_series(1, 200000) i) TO STDOUT (FORMAT binary)"
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        seen = 0
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            for block in bs.copy_blocks(conn, sql.SQL(failing)):
+                seen += len(block)
+        assert seen > 0
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.integration
+def test_copy_blocks_closed_early_leave_the_connection_usable(pg: Any) -> None:
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        blocks = bs.copy_blocks(conn, sql.SQL(COPY_SERIES))
+        for i, _ in enumerate(blocks):
+            if i == 1000:
+                break
+        blocks.close()
+        assert conn.execute("SELECT 1").fetchone() == (1,)
