@@ -540,3 +540,149 @@ def test_mutated_golden_windows_raise_only_decode_error(cap: Any, mutations: lis
         decode_capture(rows, cap.facts.get("types", {}), chunk)
     except DecodeError as exc:
         assert exc.lsn in lsns, str(exc)
+
+
+# --- walk_copy: binary COPY rows ------------------------------------------------------------------
+
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
+COPY_TRAILER = b"\xff\xff"
+
+
+def copy_row(values: list[bytes | None], *, count: int | None = None) -> bytes:
+    """One binary COPY row: Int16 field count, per field Int32 length (-1: NULL) and the bytes."""
+    out = bytearray((len(values) if count is None else count).to_bytes(2, "big"))
+    for v in values:
+        out += b"\xff\xff\xff\xff" if v is None else len(v).to_bytes(4, "big") + v
+    return bytes(out)
+
+
+def copy_walk(buf: bytes, ncols: int, cap: int, pos: int = 0, value_kinds: bytes | None = None) -> tuple[Any, ...]:
+    kinds = np.zeros((ncols, cap), np.uint8)
+    starts = np.zeros((ncols, cap), np.int64)
+    lengths = np.zeros((ncols, cap), np.int64)
+    vk = bytes([KIND_BINARY]) * ncols if value_kinds is None else value_kinds
+    n, nxt, status, reason = _tuples.walk_copy(buf, pos, ncols, vk, kinds, starts, lengths)
+    return n, nxt, status, reason, kinds, starts, lengths
+
+
+def test_walk_copy_rows_nulls_and_trailer() -> None:
+    rows = [[b"\x00\x00\x00\x01", None, b""], [None, b"abc", b"\x01"]]
+    buf = b"".join(copy_row(r) for r in rows) + COPY_TRAILER
+    n, nxt, status, reason, kinds, starts, lengths = copy_walk(buf, 3, 4, value_kinds=bytes([KIND_BINARY, KIND_TEXT, KIND_BINARY]))
+    assert (n, nxt, status, reason) == (2, len(buf), 1, None)
+    got = [[None if kinds[c, r] == KIND_NULL else buf[starts[c, r] : starts[c, r] + lengths[c, r]] for c in range(3)]
+           for r in range(2)]
+    assert got == rows
+    assert kinds[:, 1].tolist() == [KIND_NULL, KIND_TEXT, KIND_BINARY]
+
+
+def test_walk_copy_stops_at_cap_and_at_a_cut_row() -> None:
+    rows = [copy_row([bytes([i]) * i]) for i in range(5)]
+    buf = b"".join(rows)
+    n, nxt, status, _, *_ = copy_walk(buf, 1, 3)
+    assert (n, nxt, status) == (3, len(b"".join(rows[:3])), 0)
+    n, nxt2, status, _, *_ = copy_walk(buf, 1, 3, pos=nxt)
+    assert (n, nxt2, status) == (2, len(buf), 0)
+    for cut in range(1, len(rows[4])):  # a row cut anywhere is not walked: it waits for its rest
+        part = b"".join(rows[:4]) + rows[4][:cut]
+        n, nxt, status, reason, *_ = copy_walk(part, 1, 8)
+        assert (n, nxt, status, reason) == (4, len(b"".join(rows[:4])), 0, None)
+    assert copy_walk(b"", 1, 8)[:3] == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("what", "buf", "ncols", "bad_row", "why"),
+    [
+        ("field count", copy_row([b"a"]) + copy_row([b"a", b"b"]), 1, 1, "field count"),
+        ("field count 0", copy_row([], count=0), 1, 0, "field count"),
+        ("negative length", copy_row([b"a"]) + b"\x00\x01\xff\xff\xff\xfe", 1, 1, "negative field length"),
+        ("length 2**31", b"\x00\x01\x80\x00\x00\x00", 1, 0, "negative field length"),
+    ],
+)
+def test_walk_copy_malformed_rows(what: str, buf: bytes, ncols: int, bad_row: int, why: str) -> None:
+    n, nxt, status, reason, *_ = copy_walk(buf, ncols, 4)
+    assert status == 2, what
+    assert n == bad_row and reason is not None and why in reason
+    assert 0 <= nxt <= len(buf)
+
+
+def test_walk_copy_rejects_bad_arguments() -> None:
+    buf = copy_row([b"a"])
+    one = np.zeros((1, 2), np.uint8)
+    with pytest.raises(ValueError, match="ncols"):
+        _tuples.walk_copy(buf, 0, 0, b"", one, np.zeros(0, np.int64), np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="value_kinds"):
+        _tuples.walk_copy(buf, 0, 1, b"bb", one, np.zeros(2, np.int64), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="starts"):
+        _tuples.walk_copy(buf, 0, 1, b"b", one, np.zeros(1, np.int64), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="multiple"):
+        _tuples.walk_copy(buf, 0, 2, b"bb", np.zeros(3, np.uint8), np.zeros(2, np.int64), np.zeros(2, np.int64))
+    for pos in (-1, len(buf) + 1):
+        with pytest.raises(IndexError):
+            _tuples.walk_copy(buf, pos, 1, b"b", one, np.zeros(2, np.int64), np.zeros(2, np.int64))
+
+
+def parse_copy_rows(buf: bytes, ncols: int) -> tuple[list[list[bytes | None]], int, bool] | None:
+    """Reference walk in Python: the whole rows, where they end, whether the trailer followed; None: malformed."""
+    rows: list[list[bytes | None]] = []
+    pos = 0
+    while True:
+        if len(buf) - pos < 2:
+            return rows, pos, False
+        (count,) = struct.unpack_from(">h", buf, pos)
+        if count == -1:
+            return rows, pos + 2, True
+        if count != ncols:
+            return None
+        q, row = pos + 2, []
+        for _ in range(ncols):
+            if len(buf) - q < 4:
+                return rows, pos, False
+            (length,) = struct.unpack_from(">i", buf, q)
+            if length < -1:
+                return None
+            if length == -1:
+                row.append(None)
+                q += 4
+                continue
+            if len(buf) - q - 4 < length:
+                return rows, pos, False
+            row.append(buf[q + 4 : q + 4 + length])
+            q += 4 + length
+        rows.append(row)
+        pos = q
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.integers(1, 4), st.data())
+def test_walk_copy_equals_the_reference_on_any_bytes(ncols: int, data: st.DataObject) -> None:
+    rows = data.draw(st.lists(st.lists(st.one_of(st.none(), st.binary(max_size=9)), min_size=ncols, max_size=ncols),
+                              max_size=6))
+    buf = b"".join(copy_row(r) for r in rows) + data.draw(st.sampled_from([b"", COPY_TRAILER]))
+    for _ in range(data.draw(st.integers(0, 2))):  # damage: flip, cut or insert a byte
+        j = data.draw(st.integers(0, len(buf)))
+        byte = bytes([data.draw(st.integers(0, 255))])
+        buf = data.draw(st.sampled_from([buf[:j] + byte + buf[j + 1 :], buf[:j], buf[:j] + byte + buf[j:]]))
+    cap = data.draw(st.integers(1, 8))
+    ref = parse_copy_rows(buf, ncols)
+    got: list[list[bytes | None]] = []
+    pos, status = 0, 0
+    while True:
+        n, nxt, status, reason, kinds, starts, lengths = copy_walk(buf, ncols, cap, pos)
+        assert 0 <= nxt <= len(buf)
+        if status == 2:
+            assert reason
+            break
+        for r in range(n):
+            assert all(0 <= starts[c, r] <= starts[c, r] + lengths[c, r] <= len(buf) for c in range(ncols))
+            got.append([None if kinds[c, r] == KIND_NULL else buf[starts[c, r] : starts[c, r] + lengths[c, r]]
+                        for c in range(ncols)])
+        pos = nxt
+        if status == 1 or n < cap:
+            break
+    if ref is None:
+        assert status == 2
+        return
+    ref_rows, ref_end, ref_trailer = ref
+    assert status != 2
+    assert got == ref_rows and pos == ref_end and (status == 1) == ref_trailer

@@ -6,6 +6,8 @@
  *   walk_changes        one pass over the Insert/Update/Delete messages of a chunk: for every
  *                       row and column, the value kind, start and length of its new and old
  *                       TupleData, every read bounds-checked against the row's end.
+ *   walk_copy           the same over binary COPY rows (a bootstrap's copy of a table), as
+ *                       many rows as the caller's arrays hold, from a buffer of CopyData blocks.
  *   gather_fixed        the `width` bytes at each start, optionally byte-reversed (big-endian
  *                       wire values to native little-endian numbers).
  *   gather_var          concatenate byte ranges into one bytes object plus int32 offsets
@@ -279,6 +281,135 @@ walk_changes(PyObject *self, PyObject *args)
         result = Py_NewRef(Py_None);
     else
         result = Py_BuildValue("(nsL)", bad, why, (long long)at);
+done:
+    views_release(&vs);
+    return result;
+}
+
+/* Binary COPY rows (COPY ... TO STDOUT (FORMAT binary), after the file header): per row an
+ * Int16 field count, then per field an Int32 length (-1: NULL) and the bytes; the data ends with
+ * an Int16 -1. Walks rows from `pos` into the column-major (ncols, cap) outputs until `cap` rows
+ * are walked, the bytes end (a row cut at the buffer's end is left for the next call) or the
+ * trailer is read. Returns the status; *rows is the rows walked, *next the offset after them
+ * (after the trailer for COPY_END; for COPY_BAD the offset of the bad part, *rows the bad row). */
+enum { COPY_MORE = 0, COPY_END = 1, COPY_BAD = 2 };
+
+static int
+walk_copy_rows(const uint8_t *buf, int64_t buflen, int64_t pos, Py_ssize_t ncols, const uint8_t *value_kinds,
+               Py_ssize_t cap, Side *s, Py_ssize_t *rows, int64_t *next, const char **why)
+{
+    Py_ssize_t r = 0;
+    int status = COPY_MORE;
+    while (r < cap) {
+        int64_t q = pos;
+        if (buflen - q < 2)
+            break; /* the next row (or the trailer) is not all here yet */
+        uint16_t fc = (uint16_t)((uint16_t)buf[q] << 8 | buf[q + 1]);
+        if (fc == 0xFFFF) {
+            pos = q + 2;
+            status = COPY_END;
+            break;
+        }
+        if ((Py_ssize_t)fc != ncols) {
+            *why = "row field count differs from the table's column count";
+            *rows = r;
+            *next = q;
+            return COPY_BAD;
+        }
+        q += 2;
+        int cut = 0;
+        for (Py_ssize_t c = 0; c < ncols; c++) {
+            Py_ssize_t i = c * cap + r;
+            if (buflen - q < 4) {
+                cut = 1;
+                break;
+            }
+            uint32_t len = be32(buf + q);
+            if (len == 0xFFFFFFFFu) {
+                s->kinds[i] = 'n';
+                s->starts[i] = 0;
+                s->lengths[i] = 0;
+                q += 4;
+                continue;
+            }
+            if (len > INT32_MAX) {
+                *why = "negative field length other than -1";
+                *rows = r;
+                *next = q;
+                return COPY_BAD;
+            }
+            if ((int64_t)len > buflen - (q + 4)) {
+                cut = 1;
+                break;
+            }
+            s->kinds[i] = value_kinds[c];
+            s->starts[i] = q + 4;
+            s->lengths[i] = len;
+            q += 4 + len;
+        }
+        if (cut)
+            break;
+        pos = q;
+        r++;
+    }
+    *rows = r;
+    *next = pos;
+    return status;
+}
+
+PyDoc_STRVAR(walk_copy_doc,
+"walk_copy(buf, pos, ncols, value_kinds, kinds, starts, lengths) -> (rows, next, status, reason)\n\n"
+"Walk binary COPY rows from buf[pos] (after the file header) into the (ncols, cap) uint8/int64\n"
+"arrays kinds, starts and lengths (element [c * cap + row]); a NULL field gets kind 'n', any\n"
+"other field of column c the kind value_kinds[c]. Stops after cap rows, at the end of the bytes\n"
+"(a row cut at the end of buf is not walked: status 0, next is where it starts), or after the\n"
+"trailer (status 1, next after it). Status 2: row `rows` is malformed at offset next, reason says\n"
+"how (reason is None otherwise).");
+
+static PyObject *
+walk_copy(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_buf, *o_vk, *o_kinds, *o_starts, *o_lengths;
+    Py_ssize_t pos, ncols;
+    if (!PyArg_ParseTuple(args, "OnnOOOO", &o_buf, &pos, &ncols, &o_vk, &o_kinds, &o_starts, &o_lengths))
+        return NULL;
+    if (ncols < 1 || ncols > 0xFFFE) {
+        PyErr_SetString(PyExc_ValueError, "ncols out of range");
+        return NULL;
+    }
+    Views vs = {.n = 0};
+    PyObject *result = NULL;
+    Py_buffer *b_buf = views_get(&vs, o_buf, 1, -1, 0, "buf");
+    Py_buffer *b_vk = b_buf ? views_get(&vs, o_vk, 1, ncols, 0, "value_kinds") : NULL;
+    Py_buffer *b_kinds = b_vk ? views_get(&vs, o_kinds, 1, -1, 1, "kinds") : NULL;
+    if (b_kinds == NULL)
+        goto done;
+    if (b_kinds->len % ncols) {
+        PyErr_SetString(PyExc_ValueError, "kinds: size is not a multiple of ncols");
+        goto done;
+    }
+    Py_ssize_t cap = b_kinds->len / ncols;
+    Py_buffer *b_starts = views_get(&vs, o_starts, 8, ncols * cap, 1, "starts");
+    Py_buffer *b_lengths = b_starts ? views_get(&vs, o_lengths, 8, ncols * cap, 1, "lengths") : NULL;
+    if (b_lengths == NULL)
+        goto done;
+    if (pos < 0 || pos > b_buf->len) {
+        PyErr_SetString(PyExc_IndexError, "pos outside the buffer");
+        goto done;
+    }
+    Side side = {b_kinds->buf, b_starts->buf, b_lengths->buf};
+    const char *why = NULL;
+    Py_ssize_t rows = 0;
+    int64_t next = 0;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = walk_copy_rows(b_buf->buf, b_buf->len, pos, ncols, b_vk->buf, cap, &side, &rows, &next, &why);
+    Py_END_ALLOW_THREADS
+    if (status == COPY_BAD)
+        result = Py_BuildValue("(nLis)", rows, (long long)next, status, why);
+    else
+        result = Py_BuildValue("(nLiO)", rows, (long long)next, status, Py_None);
 done:
     views_release(&vs);
     return result;
@@ -771,6 +902,7 @@ array_elements(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"walk_changes", walk_changes, METH_VARARGS, walk_changes_doc},
+    {"walk_copy", walk_copy, METH_VARARGS, walk_copy_doc},
     {"gather_fixed", gather_fixed, METH_VARARGS, gather_fixed_doc},
     {"gather_var", gather_var, METH_VARARGS, gather_var_doc},
     {"numeric_decimal128", numeric_decimal128, METH_VARARGS, numeric_decimal128_doc},

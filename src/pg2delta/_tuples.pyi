@@ -20,6 +20,16 @@ def walk_changes(
     markers: npt.NDArray[np.uint8],
     /,
 ) -> tuple[int, str, int] | None: ...
+def walk_copy(
+    buf: _Bytes,
+    pos: int,
+    ncols: int,
+    value_kinds: bytes,
+    kinds: npt.NDArray[np.uint8],
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    /,
+) -> tuple[int, int, int, str | None]: ...
 def gather_fixed(
     buf: _Bytes, starts: npt.NDArray[np.int64], width: int, out: npt.NDArray[np.uint8], swap: bool, /
 ) -> None: ...

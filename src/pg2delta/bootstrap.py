@@ -14,7 +14,7 @@
    (``REPEATABLE READ``, ``SET TRANSACTION SNAPSHOT``), several tables at once: ``COPY (SELECT
    <published columns> FROM <table> WHERE <row filter>) TO STDOUT (FORMAT binary)``, decoded
    column-wise into Arrow by the change path's own codecs, written as Parquet chunks under the
-   lake's staging area (memory is bounded by one chunk per worker), then made visible in ONE Delta
+   lake's staging area (memory is bounded by two chunks per worker), then made visible in ONE Delta
    commit that replaces the table: a reader sees no table or the whole copy, never part of it;
 5. records each finished table in the applied log as applied through L (``kind = 'bootstrap'``).
 
@@ -43,8 +43,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from queue import Empty
 from typing import Any
@@ -57,6 +57,7 @@ import pyarrow.parquet as pq
 from psycopg import pq as libpq
 from psycopg import sql
 
+from pg2delta import _tuples
 from pg2delta import pgoutput as po
 from pg2delta.applied_log import KIND_BOOTSTRAP, LOG_TABLE, LoggedTable, log_row
 from pg2delta.applied_log import append as append_log
@@ -78,7 +79,7 @@ from pg2delta.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.slot import SlotSource, connect
-from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT
+from pg2delta.typemap import KIND_BINARY, KIND_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ DEFAULT_PARALLEL = 2
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _COPY_HEADER_LEN = 19
 _CHUNK_ROWS = 65_536  # rows decoded at once per worker
-_CHUNK_BYTES = 32 << 20
+_CHUNK_BYTES = 8 << 20  # COPY bytes gathered before their rows are walked and decoded
 _FILE_ROWS = 1_048_576  # rows per staged Parquet file
 
 I64 = npt.NDArray[np.int64]
@@ -375,49 +376,6 @@ def open_snapshot(conn: psycopg.Connection[Any], snapshot: Snapshot) -> None:
 # --- COPY binary rows -> Arrow --------------------------------------------------------------------
 
 
-def _be16(u8: U8, pos: I64) -> I64:
-    return (u8[pos].astype(np.int64) << 8) | u8[pos + 1]
-
-
-def _be32(u8: U8, pos: I64) -> I64:
-    return (
-        (u8[pos].astype(np.int64) << 24)
-        | (u8[pos + 1].astype(np.int64) << 16)
-        | (u8[pos + 2].astype(np.int64) << 8)
-        | u8[pos + 3]
-    )
-
-
-def walk_copy_rows(
-    u8: U8, starts: I64, ends: I64, ncols: int
-) -> tuple[U8, I64, I64, npt.NDArray[np.bool_]]:
-    """Walk binary COPY rows (Int16 field count, then Int32 length or -1 and the bytes per field) column-wise.
-
-    Returns ``kinds`` (KIND_BINARY or KIND_NULL), ``starts`` and ``lengths`` as (column, row)
-    arrays, and a mask of the rows that are well formed.
-    """
-    n = len(starts)
-    kinds = np.empty((ncols, n), dtype=np.uint8)
-    cstarts = np.empty((ncols, n), dtype=np.int64)
-    clens = np.empty((ncols, n), dtype=np.int64)
-    ok = starts + 2 <= ends
-    p = np.where(ok, starts, 0)
-    ok &= _be16(u8, p) == ncols
-    p = p + 2
-    for c in range(ncols):
-        ok &= p + 4 <= ends
-        p = np.where(ok, p, 0)
-        ln = _be32(u8, p)
-        null = ln == 0xFFFFFFFF
-        ok &= null | ((ln < 2**31) & (p + 4 + ln <= ends))
-        kinds[c] = np.where(null, KIND_NULL, KIND_BINARY)
-        cstarts[c] = p + 4
-        clens[c] = np.where(null, 0, ln)
-        p = p + 4 + np.where(null | ~ok, 0, ln)
-    ok &= p == ends
-    return kinds, cstarts, clens, ok
-
-
 @dataclass(frozen=True, slots=True)
 class CopyPlan:
     """How one table is copied: the COPY statement, the codecs, and the Arrow schema of the Delta table."""
@@ -460,36 +418,90 @@ class CopyPlan:
             query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(self.table.row_filter))
         return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query)
 
-    def decode(self, pieces: list[bytes], first_row: int, notes: collections.Counter[str]) -> pa.RecordBatch:
-        """COPY rows -> one record batch of the Delta table's schema."""
+    def decode(
+        self, buf: bytes, kinds: U8, starts: I64, lengths: I64, first_row: int, notes: collections.Counter[str]
+    ) -> pa.RecordBatch:
+        """Walked COPY rows ((column, row) kinds, starts and lengths in ``buf``) -> one record batch
+        of the Delta table's schema."""
         rel = self.table.relation
-        ncols = len(rel.columns)
-        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
-        buf = b"".join(pieces)
-        ends = np.cumsum(lengths)
-        starts = ends - lengths
-        u8 = np.frombuffer(buf, dtype=np.uint8)
-        # A SELECT without columns still sends one NULL field per row.
-        kinds, cstarts, clens, ok = walk_copy_rows(u8, starts, ends, max(ncols, 1))
-        if not ok.all():
-            bad = int(np.flatnonzero(~ok)[0])
-            raise DecodeError(f"malformed binary COPY row {first_row + bad} of {self.table.qualified}", offset=0)
         arrays: list[pa.Array] = []
         for c, codec in enumerate(self.version.codecs):
-            k = kinds[c]
-            if self.text_columns[c]:
-                k = np.where(k == KIND_NULL, KIND_NULL, KIND_TEXT).astype(np.uint8)
             try:
-                arrays.append(codec.decode(buf, cstarts[c], clens[c], k, notes))
+                arrays.append(codec.decode(buf, starts[c], lengths[c], kinds[c], notes))
             except DecodeError as exc:
                 raise DecodeError(
                     f"column {rel.columns[c].name!r} of {self.table.qualified}, copy row {first_row}+: {exc.reason}"
                 ) from exc
-        n = len(pieces)
+        n = kinds.shape[1]
         if self.keyless:
             arrays.append(pa.array(np.zeros(n, dtype=np.int64)))
             arrays.append(pa.array(np.arange(first_row, first_row + n, dtype=np.int64)))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+class CopyRows:
+    """Binary COPY data, as psycopg hands its CopyData blocks over, -> record batches of a table.
+
+    The blocks are appended to one buffer; every ``_CHUNK_BYTES`` the buffer's rows are walked in C
+    (``_tuples.walk_copy``: field count, then per field its length, -1 for NULL, and the bytes, every
+    read bounds-checked) into at most ``_CHUNK_ROWS`` rows at a time, and each column decoded by the
+    change path's codec over the whole chunk. No Python work per row but the append of its block.
+    """
+
+    def __init__(self, plan: CopyPlan) -> None:
+        self.plan = plan
+        self.ncols = max(len(plan.table.relation.columns), 1)  # a SELECT without columns sends one NULL field
+        self.value_kinds = bytes(KIND_TEXT if t else KIND_BINARY for t in plan.text_columns).ljust(self.ncols, b"b")
+        self.notes: collections.Counter[str] = collections.Counter()  # clamped values and the like
+        self.rows = 0
+        self.header_seen = False
+        self.ended = False
+
+    def _header(self, buf: bytes) -> int | None:
+        """The offset after the file header, None if it is not all here yet."""
+        if len(buf) < _COPY_HEADER_LEN:
+            return None
+        if not buf.startswith(_COPY_SIGNATURE):
+            raise DecodeError(f"COPY of {self.plan.table.qualified} without binary signature", offset=0)
+        ext = int.from_bytes(buf[_COPY_HEADER_LEN - 4:_COPY_HEADER_LEN], "big")
+        if len(buf) < _COPY_HEADER_LEN + ext:
+            return None
+        self.header_seen = True
+        return _COPY_HEADER_LEN + ext
+
+    def feed(self, buf: bytes, emit: Callable[[pa.RecordBatch], None], *, last: bool = False) -> bytearray:
+        """Decode the whole rows of ``buf`` and hand their batches to ``emit``; returns the bytes
+        left over (a row cut at the end, to be completed by the next blocks)."""
+        qualified = self.plan.table.qualified
+        pos = 0
+        if not self.header_seen:
+            at = self._header(buf)
+            if at is None:
+                if last:
+                    raise DecodeError(f"COPY of {qualified} ends in its header", offset=0)
+                return bytearray(buf)
+            pos = at
+        while pos < len(buf):
+            if self.ended:
+                raise DecodeError(f"COPY of {qualified}: bytes after the trailer", offset=pos)
+            kinds = np.empty((self.ncols, _CHUNK_ROWS), dtype=np.uint8)
+            starts = np.empty((self.ncols, _CHUNK_ROWS), dtype=np.int64)
+            lengths = np.empty((self.ncols, _CHUNK_ROWS), dtype=np.int64)
+            n, nxt, status, reason = _tuples.walk_copy(buf, pos, self.ncols, self.value_kinds, kinds, starts, lengths)
+            if status == 2:
+                raise DecodeError(f"malformed binary COPY row {self.rows + n} of {qualified}: {reason}", offset=nxt)
+            if n:
+                batch = self.plan.decode(buf, kinds[:, :n], starts[:, :n], lengths[:, :n], self.rows, self.notes)
+                self.rows += n
+                emit(batch)
+            pos = nxt
+            if status == 1:
+                self.ended = True
+            elif n < _CHUNK_ROWS:
+                break  # the rest is a row cut at the end of buf
+        if last and not self.ended:
+            raise DecodeError(f"COPY of {qualified} ends without its trailer (a row cut short?)", offset=pos)
+        return bytearray(buf[pos:])
 
 
 # --- progress -------------------------------------------------------------------------------------
@@ -562,7 +574,7 @@ class Copier:
     """Copies tables into the lake at one exported snapshot, ``parallel`` tables at a time.
 
     With ``parallel`` > 1 every table is read, decoded and staged in a worker process of its
-    own (the decode is CPU-bound Python and numpy: threads would share one core through the
+    own (reading the COPY is CPU-bound Python: threads would share one core through the
     GIL); the Delta commits and the applied log stay in this process, one table at a time.
     """
 
@@ -687,6 +699,37 @@ class Copier:
         return TableCopy(rel.namespace, rel.name, rel.oid, rows, self.snapshot.consistent_lsn, version, seconds, uri)
 
 
+def copy_blocks(conn: psycopg.Connection[Any], statement: sql.Composed) -> Generator[memoryview, None, None]:
+    """The CopyData blocks of ``COPY … TO STDOUT`` on ``conn``, as ``Copy.__iter__`` gives them.
+
+    The blocks libpq holds already are taken straight from it (``PGconn.get_copy_data``): psycopg's
+    own read runs a generator and a wait per block, which costs more than the server's work of
+    sending the row. Only when libpq has nothing buffered does psycopg's ``Copy.read`` wait for the
+    socket (and read the end of the copy, when it comes there); when the end comes in a direct read,
+    its final result is read here, as psycopg would, and an error raised as psycopg raises it.
+    """
+    pgconn = conn.pgconn
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        while True:
+            nbytes, data = pgconn.get_copy_data(1)  # 1: never block
+            if nbytes > 0:
+                yield data
+            elif nbytes == 0:
+                if not (waited := copy.read()):
+                    return
+                yield memoryview(waited)
+            elif nbytes == -1:  # the end of the copy: its final result (an error, if the server failed)
+                failed = None
+                while (res := pgconn.get_result()) is not None:
+                    if res.status != libpq.ExecStatus.COMMAND_OK and failed is None:
+                        failed = res
+                if failed is not None:
+                    raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+                return
+            else:
+                raise psycopg.OperationalError(pgconn.get_error_message(conn.info.encoding))
+
+
 def stage_table(
     conn: psycopg.Connection[Any],
     plan: CopyPlan,
@@ -696,12 +739,10 @@ def stage_table(
 ) -> tuple[int, dict[str, int]]:
     """COPY one table on ``conn`` (inside the snapshot) into Parquet files under ``stage_dir``.
 
-    Memory holds one chunk of rows at a time. ``report(rows so far, new rows)`` is called after
-    every chunk. Returns the rows copied and the decoder's notes (clamped values and the like).
+    Memory holds two chunks of rows at a time (one being decoded, one being written).
+    ``report(rows so far, new rows)`` is called after every chunk. Returns the rows copied and the decoder's notes (clamped values and the like).
     """
     lake.fs.create_dir(stage_dir, recursive=True)
-    notes: collections.Counter[str] = collections.Counter()
-    rows = 0
     files = 0
     writer: pq.ParquetWriter | None = None
     file_rows = 0
@@ -712,45 +753,39 @@ def stage_table(
             if writer is not None:
                 writer.close()
             out = lake.fs.open_output_stream(f"{stage_dir}/part-{files:05d}.parquet")
-            # Staging files live minutes: a fast codec; the Delta files are the engine's to compress.
-            writer = pq.ParquetWriter(out, plan.schema, compression="lz4")
+            # Staging files live minutes and are read once, whole: a fast codec, no dictionaries and no
+            # statistics (they took 2/3 of the write); the Delta files are the engine's to write.
+            writer = pq.ParquetWriter(out, plan.schema, compression="lz4", use_dictionary=False, write_statistics=False)
             files += 1
             file_rows = 0
         writer.write_batch(batch)
         file_rows += batch.num_rows
 
-    pieces: list[bytes] = []
-    piece_bytes = 0
-    header_seen = False
+    walker = CopyRows(plan)
+    # The Parquet writes (pyarrow, without the GIL) run in a thread while the next chunk is read
+    # and decoded: at most one batch waits for its write, so memory holds two chunks at most.
+    pending: list[Future[None]] = []
 
-    def flush() -> None:
-        nonlocal pieces, piece_bytes, rows
-        if not pieces:
-            return
-        write(plan.decode(pieces, rows, notes))
-        n = len(pieces)
-        rows += n
-        pieces, piece_bytes = [], 0
-        report(rows, n)
+    def emit(batch: pa.RecordBatch) -> None:
+        while pending:
+            pending.pop().result()
+        pending.append(writes.submit(write, batch))
+        report(walker.rows, batch.num_rows)
 
+    writes = ThreadPoolExecutor(1, thread_name_prefix="pg2delta-stage")
     try:
-        with conn.cursor() as cur, cur.copy(plan.statement()) as copy:
-            for data in copy:
-                piece = bytes(data)
-                if not header_seen:
-                    if not piece.startswith(_COPY_SIGNATURE):
-                        raise DecodeError(f"COPY of {plan.table.qualified} without binary signature", offset=0)
-                    piece = piece[_COPY_HEADER_LEN:]
-                    header_seen = True
-                    if not piece:
-                        continue
-                if piece == b"\xff\xff":
-                    continue
-                pieces.append(piece)
-                piece_bytes += len(piece)
-                if len(pieces) >= _CHUNK_ROWS or piece_bytes >= _CHUNK_BYTES:
-                    flush()
-        flush()
+        buf = bytearray()
+        blocks = copy_blocks(conn, plan.statement())
+        try:
+            for data in blocks:  # CopyData blocks: a row each (the first after the file header)
+                buf += data
+                if len(buf) >= _CHUNK_BYTES:
+                    buf = walker.feed(bytes(buf), emit)
+        finally:
+            blocks.close()  # stopped early: psycopg cancels the COPY and reads what is left of it
+        walker.feed(bytes(buf), emit, last=True)
+        while pending:
+            pending.pop().result()
         if writer is None:  # an empty table: one empty file gives the schema
             write(pa.RecordBatch.from_pylist([], schema=plan.schema))
     except psycopg.OperationalError as exc:
@@ -758,9 +793,10 @@ def stage_table(
     except psycopg.Error as exc:
         raise SourceStateError(f"cannot copy {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
     finally:
+        writes.shutdown(wait=True)
         if writer is not None:
             writer.close()
-    return rows, dict(notes)
+    return walker.rows, dict(walker.notes)
 
 
 # --- worker processes ---------------------------------------------------------------------------------
@@ -1005,5 +1041,4 @@ __all__ = [
     "lake_state",
     "published_tables",
     "run_bootstrap",
-    "walk_copy_rows",
-]
+    ]

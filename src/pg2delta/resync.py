@@ -9,7 +9,7 @@ removed from the publication and added back, a lake table damaged by hand.
    the next scheduled one carries on) and checks the slot; the slot does not move.
 2. Copies the named tables at the exported snapshot of a TEMPORARY slot created now (consistent
    point L), chunked and in parallel exactly like the bootstrap (``bootstrap.copy_at_new_snapshot``:
-   staged Parquet chunks, memory bounded by one chunk per worker).
+   staged Parquet chunks, memory bounded by two chunks per worker).
 3. Replaces each Delta table's rows in ONE commit (an overwrite: earlier versions stay readable by
    time travel) and records the copy in the applied log as applied through L.
 4. The next ``run`` skips the slot's changes of those tables that committed before L (the copy
