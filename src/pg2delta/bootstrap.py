@@ -740,7 +740,7 @@ def stage_table(
     """COPY one table on ``conn`` (inside the snapshot) into Parquet files under ``stage_dir``.
 
     Memory holds two chunks of rows at a time (one being decoded, one being written).
-    ``report(rows so far, new rows)`` is called after every chunk. Returns the rows copied and the decoder's notes (clamped values and the like).
+    ``report(rows so far, new rows)`` is called after every chunk is written. Returns the rows copied and the decoder's notes (clamped values and the like).
     """
     lake.fs.create_dir(stage_dir, recursive=True)
     files = 0
@@ -763,14 +763,19 @@ def stage_table(
 
     walker = CopyRows(plan)
     # The Parquet writes (pyarrow, without the GIL) run in a thread while the next chunk is read
-    # and decoded: at most one batch waits for its write, so memory holds two chunks at most.
-    pending: list[Future[None]] = []
+    # and decoded: at most one batch waits for its write, so memory holds two chunks at most. A
+    # chunk is reported once it is written (the fault point in ``report`` finds it on disk).
+    pending: list[tuple[Future[None], int, int]] = []
+
+    def settle() -> None:
+        while pending:
+            written, so_far, new = pending.pop()
+            written.result()
+            report(so_far, new)
 
     def emit(batch: pa.RecordBatch) -> None:
-        while pending:
-            pending.pop().result()
-        pending.append(writes.submit(write, batch))
-        report(walker.rows, batch.num_rows)
+        settle()
+        pending.append((writes.submit(write, batch), walker.rows, batch.num_rows))
 
     writes = ThreadPoolExecutor(1, thread_name_prefix="pg2delta-stage")
     try:
@@ -784,8 +789,7 @@ def stage_table(
         finally:
             blocks.close()  # stopped early: psycopg cancels the COPY and reads what is left of it
         walker.feed(bytes(buf), emit, last=True)
-        while pending:
-            pending.pop().result()
+        settle()
         if writer is None:  # an empty table: one empty file gives the schema
             write(pa.RecordBatch.from_pylist([], schema=plan.schema))
     except psycopg.OperationalError as exc:
