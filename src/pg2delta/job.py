@@ -119,6 +119,8 @@ class Job(Lakeside):
                 log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))
                 self._maintain_if_due(report)
                 return report
+            # The engine starts meanwhile: nothing before the first window's apply needs it.
+            self.start_engine_early()
             self.lake.check_writable()
             # Per server (a new initdb starts WAL positions again) and slot: Delta's idempotent-
             # write id, with the window's end as its version.
