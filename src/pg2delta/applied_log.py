@@ -97,7 +97,7 @@ def utc_now() -> Any:
     return pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC")).as_py()
 
 
-def applied_lsns(engine: Engine, lake: Lake, slot: str) -> dict[int, Applied]:
+def applied_lsns(lake: Lake, slot: str) -> dict[int, Applied]:
     """Per relation OID, the last window logged for its Delta table by ``slot``'s runs (see :func:`applied_of`)."""
     return applied_of(log_rows(lake), slot)
 

@@ -127,10 +127,10 @@ class Job(Lakeside):
             app_id = f"pg2delta/{src.system_identifier()}/{cfg.source.slot}"
             # Tables added to the publication since the lake's bootstrap are copied first.
             bootstrapped = copying.copy_new_tables(self, src)
-            applied = applied_lsns(self.engine, self.lake, cfg.source.slot)
+            applied = applied_lsns(self.lake, cfg.source.slot)
             publication = publication_state(cfg, src.conn)
             if self._added_back(src, applied, publication):
-                applied = applied_lsns(self.engine, self.lake, cfg.source.slot)
+                applied = applied_lsns(self.lake, cfg.source.slot)
             catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog")
             try:
                 catalog = PgTypeCatalog(catalog_conn)
@@ -299,7 +299,7 @@ class Job(Lakeside):
         copied = copying.copy_at_new_snapshot(self, run.src, {tgt.owner}, parallel=copying.DEFAULT_PARALLEL)
         if not any(c.relation_oid == tgt.owner for c in copied):  # not published any more: nothing to copy it from
             raise refusal
-        run.applied.update(applied_lsns(self.engine, self.lake, self.config.source.slot))
+        run.applied.update(applied_lsns(self.lake, self.config.source.slot))
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:
