@@ -86,7 +86,6 @@ STAGES: list[tuple[str, Any, str]] = [
     ("  stage Parquet", Lake, "stage"),
     ("  ensure_table", Engine, "ensure_table"),
     ("  MERGE", Engine, "merge"),
-    ("  append into a new table", Engine, "insert_into_new"),
     ("append applied log", applied_log, "append"),
     ("advance slot", SlotSource, "advance"),
     ("engine stop", Lakeside, "close"),

@@ -106,24 +106,17 @@ def merge_changes(
     existing = reshape() if reshape is not None else None
     staged = side.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
     try:
-        # A table this window creates has no rows: its MERGE would insert every row but the
-        # deletes, so they are appended without the join (a replay after a crash finds the table
-        # there and MERGEs).
-        new = side.lake.delta_version(uri) is None
         side.engine.ensure_table(uri, staged, data_columns, existing)
         if reshaped is not None:
             reshaped()
-        if new:
-            side.engine.insert_into_new(uri, staged, data_columns, txn=txn)
-        else:
-            side.engine.merge(
-                uri,
-                staged,
-                lambda target, view: merge_statement(
-                    target, view, key_names, data_columns, truncate=report.truncated, nullable_keys=nullable_keys
-                ),
-                txn=txn,
-            )
+        side.engine.merge(
+            uri,
+            staged,
+            lambda target, view: merge_statement(
+                target, view, key_names, data_columns, truncate=report.truncated, nullable_keys=nullable_keys
+            ),
+            txn=txn,
+        )
     finally:
         side.lake.unstage(staged)
     report.delta_version = side.lake.delta_version(uri)

@@ -546,22 +546,6 @@ class Engine:
             except Exception:
                 log.debug("could not drop temp view %s", view)
 
-    def insert_into_new(self, uri: str, staged: str, columns: Sequence[str], *, txn: Txn | None = None) -> None:
-        """What the MERGE of the reduced changes ``staged`` writes into a Delta table that has no rows
-        (created empty by this window's :meth:`ensure_table`): every row that is not a delete, as
-        one append, without the MERGE's join."""
-        from pg2delta.changes import OP_COL
-        from pg2delta.merge import quote
-
-        try:
-            df = self.spark.read.parquet(staged).where(f"{quote(OP_COL)} <> 'D'").select(*[quote(c) for c in columns])
-            writer = df.write.format("delta").mode("append")
-            if txn is not None and self.idempotent_writes:
-                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
-            writer.save(uri)
-        except Exception as exc:
-            raise LakeError(f"cannot insert into {uri}: {' '.join(str(exc).split())[:500]}") from exc
-
     def merge_reduced(
         self,
         uri: str,
