@@ -97,9 +97,17 @@ def utc_now() -> Any:
     return pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC")).as_py()
 
 
-def applied_lsns(engine: Engine, lake: Lake, slot: str) -> dict[int, Applied]:
+def applied_lsns(lake: Lake, slot: str) -> dict[int, Applied]:
     """Per relation OID, the last window logged for its Delta table by ``slot``'s runs (see :func:`applied_of`)."""
-    return applied_of(engine.read_table(lake.table_uri(LOG_TABLE)), slot)
+    return applied_of(log_rows(lake), slot)
+
+
+def log_rows(lake: Lake) -> list[dict[str, Any]]:
+    """Every row of the applied log, read from its files with pyarrow (no engine: a run reads it
+    before its engine has started). The log is only appended to and compacted, never deleted
+    from, so the files its Delta log lists are its rows."""
+    table = lake.read_delta(lake.table_uri(LOG_TABLE))
+    return [] if table is None else table.to_pylist()
 
 
 def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
@@ -203,5 +211,5 @@ def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
 
 __all__ = [
     "KIND_BACKFILL", "KIND_BOOTSTRAP", "KIND_WINDOW", "LOG_SCHEMA", "LOG_TABLE", "Applied", "LoggedTable",
-    "after_window", "append", "applied_lsns", "applied_of", "log_row", "utc_now", "window_rows",
+    "after_window", "append", "applied_lsns", "applied_of", "log_row", "log_rows", "utc_now", "window_rows",
 ]

@@ -59,7 +59,7 @@ from psycopg import sql
 
 from pg2delta import _tuples
 from pg2delta import pgoutput as po
-from pg2delta.applied_log import KIND_BOOTSTRAP, LOG_TABLE, LoggedTable, log_row
+from pg2delta.applied_log import KIND_BOOTSTRAP, LoggedTable, log_row, log_rows
 from pg2delta.applied_log import append as append_log
 from pg2delta.catalog import PgTypeCatalog
 from pg2delta.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
@@ -891,7 +891,7 @@ def _clean_staging(job: Lakeside) -> None:
 
 
 def _read_state(job: Lakeside) -> LakeBootstrap:
-    return lake_state(job.engine.read_table(job.lake.table_uri(LOG_TABLE)), job.config.source.slot)
+    return lake_state(log_rows(job.lake), job.config.source.slot)
 
 
 def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, parallel: int) -> list[TableCopy]:

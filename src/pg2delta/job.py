@@ -119,16 +119,18 @@ class Job(Lakeside):
                 log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))
                 self._maintain_if_due(report)
                 return report
+            # The engine starts meanwhile: nothing before the first window's apply needs it.
+            self.start_engine_early()
             self.lake.check_writable()
             # Per server (a new initdb starts WAL positions again) and slot: Delta's idempotent-
             # write id, with the window's end as its version.
             app_id = f"pg2delta/{src.system_identifier()}/{cfg.source.slot}"
             # Tables added to the publication since the lake's bootstrap are copied first.
             bootstrapped = copying.copy_new_tables(self, src)
-            applied = applied_lsns(self.engine, self.lake, cfg.source.slot)
+            applied = applied_lsns(self.lake, cfg.source.slot)
             publication = publication_state(cfg, src.conn)
             if self._added_back(src, applied, publication):
-                applied = applied_lsns(self.engine, self.lake, cfg.source.slot)
+                applied = applied_lsns(self.lake, cfg.source.slot)
             catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog")
             try:
                 catalog = PgTypeCatalog(catalog_conn)
@@ -297,7 +299,7 @@ class Job(Lakeside):
         copied = copying.copy_at_new_snapshot(self, run.src, {tgt.owner}, parallel=copying.DEFAULT_PARALLEL)
         if not any(c.relation_oid == tgt.owner for c in copied):  # not published any more: nothing to copy it from
             raise refusal
-        run.applied.update(applied_lsns(self.engine, self.lake, self.config.source.slot))
+        run.applied.update(applied_lsns(self.lake, self.config.source.slot))
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

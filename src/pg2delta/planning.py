@@ -119,7 +119,7 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
         if start >= upper:
             return report  # a run would stop here too, before copying anything
         bootstrapped, _, report.would_copy = tables_to_copy(side, src)
-        applied = applied_lsns(side.engine, side.lake, cfg.source.slot)
+        applied = applied_lsns(side.lake, cfg.source.slot)
         again, refusal = added_back_tables(cfg, src, applied, publication_state(cfg, src.conn))
         report.would_copy = sorted({*report.would_copy, *again.values()})
         if refusal is not None:  # the run stops before reading anything
