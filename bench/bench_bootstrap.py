@@ -40,9 +40,9 @@ from psycopg import sql
 
 from pg2delta import bootstrap as bs
 from pg2delta import config as cfgmod
-from pg2delta.engine import Engine
-from pg2delta.engine_writes import DeltaWrites
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.lake.engine import Engine
+from pg2delta.lake.engine_writes import DeltaWrites
+from pg2delta.source.throwaway import ThrowawayPostgres
 
 SLOT = "bench_boot_slot"
 PUB = "bench_boot_pub"

@@ -36,13 +36,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pg2delta import changes as ch
-from pg2delta import rowbatch
-from pg2delta import slot as sl
-from pg2delta import typemap as tm
-from pg2delta.changes import RowChunk, WindowDecoder
-from pg2delta.slot import SlotSource, WindowRead
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.decode import changes as ch
+from pg2delta.decode import rowbatch
+from pg2delta.decode import typemap as tm
+from pg2delta.decode.changes import RowChunk, WindowDecoder
+from pg2delta.source import slot as sl
+from pg2delta.source.slot import SlotSource, WindowRead
+from pg2delta.source.throwaway import ThrowawayPostgres
 
 TABLE = "public.bench_mixed"
 SLOT = "bench_slot"

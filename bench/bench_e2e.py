@@ -42,16 +42,16 @@ from bench_decode import (
     server_copy,
 )
 
-import pg2delta.apply as applymod
+import pg2delta.apply.stage as stagemod
+import pg2delta.apply.table as applymod
 import pg2delta.job as jobmod
-import pg2delta.stage as stagemod
-from pg2delta import applied_log
 from pg2delta import config as cfgmod
-from pg2delta.changes import WindowDecoder
-from pg2delta.engine import Engine, Lake
-from pg2delta.engine_writes import DeltaWrites
-from pg2delta.lakeside import Lakeside
-from pg2delta.slot import SlotSource
+from pg2delta.decode.changes import WindowDecoder
+from pg2delta.lake import applied_log
+from pg2delta.lake.engine import Engine, Lake
+from pg2delta.lake.engine_writes import DeltaWrites
+from pg2delta.lake.lakeside import Lakeside
+from pg2delta.source.slot import SlotSource
 
 
 def time_generator(timer: StageTimer, owner: Any, name: str, label: str) -> None:

@@ -35,7 +35,7 @@ import psycopg
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 
 SLOT, PUB = "bench_maintain", "bench_maintain"
 SETUP = """

@@ -37,9 +37,9 @@ from bench_e2e import add_e2e_args, measure
 from psycopg import sql
 
 from pg2delta import config as cfgmod
-from pg2delta.engine import Engine, EngineConfig, Lake
 from pg2delta.job import Job
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.lake.engine import Engine, EngineConfig, Lake
+from pg2delta.source.throwaway import ThrowawayPostgres
 
 PUB = "bench_many"
 

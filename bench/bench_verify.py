@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from deltalake import DeltaTable
 
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 
 SLOT, PUB = "bench_verify", "bench_verify"
 SETUP = """

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from engines import TEST_ENGINE, SharedEngine
-from pg2delta.engine import Engine
-from pg2delta.throwaway import ThrowawayPostgres, available_versions
+from pg2delta.lake.engine import Engine
+from pg2delta.source.throwaway import ThrowawayPostgres, available_versions
 
 # pyspark's Connect client takes a __main__ without __file__ (a pytest-xdist worker runs as
 # `python -c ...`) for a doctest run of its own, unless the session is interactive, and then

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pg2delta.engine import Engine, EngineConfig, Lake
+from pg2delta.lake.engine import Engine, EngineConfig, Lake
 
 TEST_ENGINE = os.environ.get("PG2DELTA_TEST_ENGINE", "embedded")
 if TEST_ENGINE not in ("embedded", "spark"):

@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 from changelog_support import write_config
 from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import ACCT, TABLES, Workload, assert_lake_matches, confirmed_lsn, create_schema, lake_files
 
 REPO = Path(__file__).resolve().parents[1]

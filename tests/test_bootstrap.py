@@ -20,11 +20,11 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from pg2delta.applied_log import LOG_TABLE
 from pg2delta.bootstrap import run_bootstrap
 from pg2delta.config import load
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import run
+from pg2delta.lake.applied_log import LOG_TABLE
 from workload import (
     TABLES,
     TableSpec,

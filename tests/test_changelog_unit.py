@@ -8,9 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pg2delta import pgoutput as po
-from pg2delta.changelog import TRUNCATE_OP, window_rows
-from pg2delta.changes import (
+from pg2delta.apply.changelog import TRUNCATE_OP, window_rows
+from pg2delta.config import load
+from pg2delta.decode import pgoutput as po
+from pg2delta.decode.changes import (
     LSN_COL,
     META_FIELDS,
     OP_COL,
@@ -20,7 +21,6 @@ from pg2delta.changes import (
     RelationVersion,
     TruncateEvent,
 )
-from pg2delta.config import load
 from pg2delta.errors import ConfigError
 
 

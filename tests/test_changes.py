@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pg2delta import pgoutput as po
-from pg2delta.changes import (
+from pg2delta.decode import pgoutput as po
+from pg2delta.decode.changes import (
     LSN_COL,
     META_NAMES,
     OP_COL,
@@ -40,8 +40,8 @@ from pg2delta.changes import (
     RowChunk,
     WindowDecoder,
 )
+from pg2delta.decode.typemap import KIND_BINARY, KIND_TEXT, codec_for
 from pg2delta.errors import DecodeError
-from pg2delta.typemap import KIND_BINARY, KIND_TEXT, codec_for
 
 Rows = list[tuple[int, bytes]]
 Key = tuple[Any, ...]

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from pg2delta import bootstrap as bs
-from pg2delta import pgoutput as po
-from pg2delta.changes import WindowDecoder
+from pg2delta.decode import pgoutput as po
+from pg2delta.decode.changes import WindowDecoder
 from pg2delta.errors import DecodeError
 from test_tuples_ext import COPY_HEADER, COPY_TRAILER, copy_row
 

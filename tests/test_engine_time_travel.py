@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pg2delta.engine import Engine, EngineConfig, Lake
+from pg2delta.lake.engine import Engine, EngineConfig, Lake
 
 pytestmark = pytest.mark.e2e
 

@@ -26,15 +26,15 @@ from deltalake import DeltaTable, write_deltalake
 from changelog_support import assert_changelog_matches, changelog_rows, setup_source
 from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
-from pg2delta.changes import TruncateEvent
+from pg2delta.apply.history import neighbours_sql, versions_sql, versions_summary_sql, window_versions
+from pg2delta.apply.merge import fill_toast_in_order
 from pg2delta.config import load
-from pg2delta.engine import EngineConfig, Lake
+from pg2delta.decode.changes import TruncateEvent
 from pg2delta.faults import FAULT_ENV
-from pg2delta.history import neighbours_sql, versions_sql, versions_summary_sql, window_versions
 from pg2delta.job import run
-from pg2delta.merge import fill_toast_in_order
+from pg2delta.lake.engine import EngineConfig, Lake
+from pg2delta.source.throwaway import ThrowawayPostgres
 from pg2delta.status import status
-from pg2delta.throwaway import ThrowawayPostgres
 from workload import (
     ACCT,
     EVENTS,
@@ -278,7 +278,7 @@ def test_spilled_history_equals_in_memory(pgdb: str, tmp_path: Path, caplog: pyt
         _explicit_changes(pgdb)
         wl.phase(30)
     _truncate_then_insert(pgdb)
-    with caplog.at_level(logging.INFO, logger="pg2delta.history"):
+    with caplog.at_level(logging.INFO, logger="pg2delta.apply.history"):
         reports.append(run(load(spilled, env={})))
     engine_side = [r for r in caplog.records if "computed by the engine" in r.getMessage()]
     reports.append(run(load(memory, env={})))

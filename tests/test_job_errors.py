@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pg2delta.errors import SlotBusy
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import cli, confirmed_lsn, create_schema
 
 EXIT_BUSY, EXIT_RETRYABLE, EXIT_NEEDS_HUMAN = 73, 75, 78
@@ -201,7 +201,7 @@ def test_second_run_while_the_first_holds_the_lock(source: Source) -> None:
 def test_the_lock_is_free_as_soon_as_a_run_closes(source: Source) -> None:
     """A run right after another (a retry, a test, a backfill chain) finds the lock free: closing
     releases it in the session, not when the server gets round to ending the backend."""
-    from pg2delta.slot import SlotSource
+    from pg2delta.source.slot import SlotSource
 
     first = SlotSource(source.dsn, source.slot, source.publication)
     try:

@@ -22,7 +22,7 @@ from changelog_support import changelog_path, changelog_rows, write_config
 from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
 from pg2delta.faults import FAULT_ENV
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import ACCT, EVENTS, TABLES, assert_lake_matches, cli, create_schema, lake_rows
 
 pytestmark = pytest.mark.e2e

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pg2delta.changes import LSN_COL, META_FIELDS, OP_COL, POS_COL, TOAST_COL
-from pg2delta.merge import Lookup, Reduced, merge_statement, quote, reduce_changes
+from pg2delta.apply.merge import Lookup, Reduced, merge_statement, quote, reduce_changes
+from pg2delta.decode.changes import LSN_COL, META_FIELDS, OP_COL, POS_COL, TOAST_COL
 
 DATA = [pa.field("id", pa.int64()), pa.field("v", pa.string()), pa.field("big", pa.string())]
 SCHEMA = pa.schema([*DATA, *META_FIELDS])

@@ -31,9 +31,9 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from pg2delta import pgoutput
-from pg2delta.catalog import PgTypeCatalog
-from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT, codec_for
+from pg2delta.decode import pgoutput
+from pg2delta.decode.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT, codec_for
+from pg2delta.source.catalog import PgTypeCatalog
 
 UTC = dt.UTC
 TS_LO = dt.datetime(1, 1, 1)

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from engines import TEST_ENGINE
-from pg2delta.apply import TableReport
+from pg2delta.apply.table import TableReport
 from pg2delta.config import Config, WindowConfig, load
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import Job, run

@@ -20,9 +20,8 @@ import struct
 
 import pytest
 
-from pg2delta import pgoutput as po
-from pg2delta.errors import DecodeError
-from pg2delta.pgoutput import (
+from pg2delta.decode import pgoutput as po
+from pg2delta.decode.pgoutput import (
     NULL,
     UNCHANGED_TOAST,
     Begin,
@@ -50,6 +49,7 @@ from pg2delta.pgoutput import (
     parse_message,
     parse_tuple,
 )
+from pg2delta.errors import DecodeError
 
 LSN = 0x16_B374D848
 LSN2 = 0x16_B374D900

@@ -19,9 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pg2delta import pgoutput as po
-from pg2delta.lsn import parse_lsn
-from pg2delta.pgoutput import (
+from pg2delta.decode import pgoutput as po
+from pg2delta.decode.pgoutput import (
     NULL,
     UNCHANGED_TOAST,
     Begin,
@@ -48,6 +47,7 @@ from pg2delta.pgoutput import (
     Update,
     parse_message,
 )
+from pg2delta.lsn import parse_lsn
 
 GOLDEN = Path(__file__).parent / "golden"
 ROW_HEADER = struct.Struct("!QII")

@@ -15,8 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pg2delta.errors import DecodeError
-from pg2delta.pgoutput import (
+from pg2delta.decode.pgoutput import (
     NULL,
     UNCHANGED_TOAST,
     Begin,
@@ -47,6 +46,7 @@ from pg2delta.pgoutput import (
     parse_message,
     parse_tuple,
 )
+from pg2delta.errors import DecodeError
 from test_pgoutput_golden import CAPTURES
 
 MESSAGE_TYPES = (

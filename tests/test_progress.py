@@ -24,7 +24,7 @@ from conftest import PG_VERSIONS
 from engines import child_env
 from pg2delta.errors import ConfigError
 from pg2delta.progress import PROGRESS_ENV, Progress, bars_wanted
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import Workload, assert_lake_matches, cli, create_schema
 
 

@@ -6,10 +6,18 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pg2delta import pgoutput as po
-from pg2delta.changes import LSN_COL, META_FIELDS, OP_COL, POS_COL, TOAST_COL, ChangeBatch, RelationVersion
+from pg2delta.apply.schema import Shape, arrow_type, conform, plan, shape_cut, shape_of, spark_type, widens
+from pg2delta.decode import pgoutput as po
+from pg2delta.decode.changes import (
+    LSN_COL,
+    META_FIELDS,
+    OP_COL,
+    POS_COL,
+    TOAST_COL,
+    ChangeBatch,
+    RelationVersion,
+)
 from pg2delta.errors import SchemaError
-from pg2delta.schema import Shape, arrow_type, conform, plan, shape_cut, shape_of, spark_type, widens
 
 
 @pytest.mark.parametrize(

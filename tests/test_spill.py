@@ -19,11 +19,11 @@ from deltalake import DeltaTable, write_deltalake
 
 from changelog_support import assert_changelog_matches, changelog_rows, setup_source, write_config
 from engines import SharedEngine
+from pg2delta.apply.merge import merge_statement
 from pg2delta.config import load
-from pg2delta.engine import EngineConfig, Lake
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import run
-from pg2delta.merge import merge_statement
+from pg2delta.lake.engine import EngineConfig, Lake
 from workload import ACCT, TABLES, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema, lake_rows
 
 pytestmark = pytest.mark.e2e
@@ -162,7 +162,7 @@ def test_engine_reduce_in_buckets_equals_one_query(
     (some buckets empty), then one MERGE: the same table as the reduce in one query."""
     import random
 
-    from pg2delta import engine_staged
+    from pg2delta.lake import engine_staged
 
     rnd = random.Random(12)
     ids, bodies, lsns, ops = [], [], [], []

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from changelog_support import changelog_rows, write_config
 from conftest import PG_VERSIONS
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import ACCT, EVENTS, TABLES, Workload, assert_lake_matches, cli, create_schema, lsn_int
 
 EXIT_OK, EXIT_LAG, EXIT_UNRESERVED, EXIT_INVALIDATED, EXIT_NEEDS_HUMAN = 0, 10, 11, 12, 78

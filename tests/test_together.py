@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from changelog_support import changelog_rows, write_config
 from conftest import PG_VERSIONS
 from pg2delta.faults import FAULT_ENV
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 from test_bootstrap import Background
 from workload import TABLES, TableSpec, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema
 

@@ -1,4 +1,4 @@
-"""The C extension ``pg2delta._tuples`` on its own, against the pure-Python parser and codecs.
+"""The C extension ``pg2delta.decode._tuples`` on its own, against the pure-Python parser and codecs.
 
 * ``walk_changes`` against :func:`pgoutput.parse_message` (the reference): on any bytes, the
   walk accepts a message exactly when the parser does and the tuples have the relation's
@@ -22,12 +22,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pg2delta import _tuples
-from pg2delta import pgoutput as po
-from pg2delta.changes import RowChunk, WindowDecoder
+from pg2delta.decode import _tuples
+from pg2delta.decode import pgoutput as po
+from pg2delta.decode.changes import RowChunk, WindowDecoder
+from pg2delta.decode.tuplewalk import walk_changes
+from pg2delta.decode.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_TOAST, TypeInfo, codec_for
 from pg2delta.errors import DecodeError
-from pg2delta.tuplewalk import walk_changes
-from pg2delta.typemap import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_TOAST, TypeInfo, codec_for
 from test_pgoutput_golden import CAPTURES
 from test_typemap import EXACT, OID, int_array, numeric_send, typmod_numeric
 

@@ -39,10 +39,10 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from pg2delta import pgoutput
 from pg2delta.config import load
+from pg2delta.decode import pgoutput
 from pg2delta.job import Job, RunReport
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 
 UTC = dt.UTC
 TS_LO = dt.datetime(1, 1, 1)
@@ -576,7 +576,7 @@ def _scenario(server: ThrowawayPostgres, tmp: Path) -> list[Snapshot]:
                 for phase in _phases(conn, literal):
                     toast = _count_unchanged_toast(dsn, slot, pub)
                     handler = _Notes()
-                    job_log = logging.getLogger("pg2delta.window")
+                    job_log = logging.getLogger("pg2delta.decode.window")
                     job_log.addHandler(handler)
                     try:
                         report = job.run()
@@ -710,9 +710,9 @@ def test_delta_schema_follows_the_documented_mapping(matrix: list[Snapshot]) -> 
 @pytest.mark.integration
 def test_types_without_a_decoder_are_printed_by_the_server(pgdb: str) -> None:
     """Binary values of types pg2delta cannot decode: the server's own text, in order, or a DecodeError."""
-    from pg2delta.catalog import PgTypeCatalog
+    from pg2delta.decode.typemap import KIND_BINARY, KIND_NULL, codec_for
     from pg2delta.errors import DecodeError
-    from pg2delta.typemap import KIND_BINARY, KIND_NULL, codec_for
+    from pg2delta.source.catalog import PgTypeCatalog
 
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute(SETUP)

@@ -22,9 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pg2delta import _oids
-from pg2delta.errors import DecodeError
-from pg2delta.typemap import (
+from pg2delta.decode import _oids
+from pg2delta.decode.typemap import (
     KIND_BINARY,
     KIND_NULL,
     KIND_TEXT,
@@ -35,6 +34,7 @@ from pg2delta.typemap import (
     numeric_typmod,
     value_of_text_array,
 )
+from pg2delta.errors import DecodeError
 
 OID = {t.name: t.oid for t in _oids.TYPES}
 PG_EPOCH = dt.datetime(2000, 1, 1)

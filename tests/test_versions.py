@@ -19,9 +19,9 @@ from psycopg import pq, sql
 
 from engines import SharedEngine
 from pg2delta.config import load
-from pg2delta.engine import Lake
 from pg2delta.errors import LakeError
 from pg2delta.job import run
+from pg2delta.lake.engine import Lake
 from pg2delta.lsn import format_lsn, parse_lsn
 from pg2delta.versions import (
     COPIED_AGAIN,

@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 
 from pg2delta.lsn import parse_lsn
-from pg2delta.throwaway import ThrowawayPostgres, available_versions
+from pg2delta.source.throwaway import ThrowawayPostgres, available_versions
 
 ROW_HEADER = struct.Struct("!QII")  # lsn, xid, length
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "golden"

@@ -24,7 +24,7 @@ from pathlib import Path
 import psycopg
 from deltalake import DeltaTable
 
-from pg2delta.throwaway import ThrowawayPostgres, available_versions
+from pg2delta.source.throwaway import ThrowawayPostgres, available_versions
 
 VAR = Path("var")
 LAKE = VAR / "demo-lake"

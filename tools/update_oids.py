@@ -1,4 +1,4 @@
-"""Regenerate ``src/pg2delta/_oids.py`` from the ``pg_type`` catalog of a live server.
+"""Regenerate ``src/pg2delta/decode/_oids.py`` from the ``pg_type`` catalog of a live server.
 
     .venv/bin/python tools/update_oids.py            # PostgreSQL 18 (the table), 15 (what it lacks)
     .venv/bin/python tools/update_oids.py --check    # exit 1 if the file on disk is stale
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psycopg
 
-from pg2delta.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres
 
-TARGET = Path(__file__).resolve().parent.parent / "src" / "pg2delta" / "_oids.py"
+TARGET = Path(__file__).resolve().parent.parent / "src" / "pg2delta" / "decode" / "_oids.py"
 
 QUERY = """
 SELECT t.typname::text, t.oid::int8, t.typarray::int8, t.typtype::text, t.typcategory::text,

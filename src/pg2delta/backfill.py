@@ -2,7 +2,7 @@
 
 ``backfill(config, A, B, tables, into)`` replays, table by table, the changelog rows whose
 commit LSN is in ``[A, B)``, in commit order, through the same reduce and MERGE as the run
-(:func:`pg2delta.apply.merge_changes`), in chunks of about ``window.max_changes`` rows that
+(:func:`pg2delta.apply.table.merge_changes`), in chunks of about ``window.max_changes`` rows that
 follow the windows the changelog log recorded. No database connection is needed.
 
 Where the changes land, and from which state:
@@ -41,18 +41,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pg2delta.applied_log import KIND_BACKFILL, LOG_SCHEMA, LOG_TABLE, LoggedTable, log_row
-from pg2delta.apply import TableReport, merge_changes
-from pg2delta.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
-from pg2delta.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
+from pg2delta.apply.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
+from pg2delta.apply.schema import spark_type, widens
+from pg2delta.apply.table import TableReport, merge_changes
 from pg2delta.config import Config
-from pg2delta.engine import Engine, Lake
+from pg2delta.decode.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
 from pg2delta.errors import ConfigError, LakeError
 from pg2delta.faults import fault_point
-from pg2delta.lakeside import Lakeside
+from pg2delta.lake.applied_log import KIND_BACKFILL, LOG_SCHEMA, LOG_TABLE, LoggedTable, log_row
+from pg2delta.lake.engine import Engine, Lake
+from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
-from pg2delta.schema import spark_type, widens
 
 log = logging.getLogger(__name__)
 

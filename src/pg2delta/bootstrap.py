@@ -57,14 +57,12 @@ import pyarrow.parquet as pq
 from psycopg import pq as libpq
 from psycopg import sql
 
-from pg2delta import _tuples
-from pg2delta import pgoutput as po
-from pg2delta.applied_log import KIND_BOOTSTRAP, LoggedTable, log_row, log_rows
-from pg2delta.applied_log import append as append_log
-from pg2delta.catalog import PgTypeCatalog
-from pg2delta.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
+from pg2delta.apply.keys import key_resolver
 from pg2delta.config import Config
-from pg2delta.engine import Lake
+from pg2delta.decode import _tuples
+from pg2delta.decode import pgoutput as po
+from pg2delta.decode.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
+from pg2delta.decode.typemap import KIND_BINARY, KIND_TEXT
 from pg2delta.errors import (
     ConfigError,
     ConnectionFailed,
@@ -74,12 +72,14 @@ from pg2delta.errors import (
     SourceStateError,
 )
 from pg2delta.faults import fault_point
-from pg2delta.keys import key_resolver
-from pg2delta.lakeside import Lakeside
+from pg2delta.lake.applied_log import KIND_BOOTSTRAP, LoggedTable, log_row, log_rows
+from pg2delta.lake.applied_log import append as append_log
+from pg2delta.lake.engine import Lake
+from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
-from pg2delta.slot import SlotSource, connect
-from pg2delta.typemap import KIND_BINARY, KIND_TEXT
+from pg2delta.source.catalog import PgTypeCatalog
+from pg2delta.source.slot import SlotSource, connect
 
 log = logging.getLogger(__name__)
 

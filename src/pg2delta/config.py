@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pg2delta.engine import ENGINES, EngineConfig
 from pg2delta.errors import ConfigError
+from pg2delta.lake.engine import ENGINES, EngineConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class WindowConfig:
     # would otherwise cost that many seconds. 1 merges them one after the other.
     parallel_tables: int = 4
     # Bytes of decoded changes a window holds in memory; past them the window's changes spill to
-    # staged Parquet files and are reduced by the engine (pg2delta.spill).
+    # staged Parquet files and are reduced by the engine (pg2delta.decode.spill).
     memory_budget: int = 256 << 20
     # Rows of one open transaction the decoder holds before giving out its first part.
     split_rows: int = 50_000
@@ -68,7 +68,7 @@ class TableConfig:
     # stops the run (exit 78, nothing applied); "keep" leaves the Delta column at its wider type.
     narrowing: str = "refuse"
     changelog: bool | None = None  # keep a changelog of this table (None: the [lake] changelog default)
-    # "scd2": keep the table's history, a row per version of each key (pg2delta.history); "none":
+    # "scd2": keep the table's history, a row per version of each key (pg2delta.apply.history); "none":
     # not; None: the [lake] history default.
     history: str | None = None
     # A change the lake cannot follow by changes alone (a type change that is not a widening, a

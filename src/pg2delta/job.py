@@ -5,13 +5,13 @@ One run:
 1. takes the per-slot advisory lock and checks the slot and publication;
 2. fixes its upper bound (``--until-lsn`` or the server's flush LSN at start);
 3. copies the tables a bootstrapped lake has no copy of (pg2delta.bootstrap), and stops on (or
-   copies again) tables the lake cannot follow by changes alone (pg2delta.targets);
+   copies again) tables the lake cannot follow by changes alone (pg2delta.apply.targets);
 4. repeats, until the bound is reached, the stages of one window: **read and decode** it
-   (pg2delta.window), map its relations to Delta tables (pg2delta.targets) and **decide** each
-   table's shape (pg2delta.tableplan) before anything is written; write the changelog and the
-   histories; **reduce, stage and apply** every table (pg2delta.stage, pg2delta.apply: one data
+   (pg2delta.decode.window), map its relations to Delta tables (pg2delta.apply.targets) and **decide** each
+   table's shape (pg2delta.apply.tableplan) before anything is written; write the changelog and the
+   histories; **reduce, stage and apply** every table (pg2delta.apply.stage, pg2delta.apply.table: one data
    commit per table and window); then **log** the window in the applied log
-   (pg2delta.applied_log) and, only then, **advance** the slot to the window's end
+   (pg2delta.lake.applied_log) and, only then, **advance** the slot to the window's end
    (:meth:`Job._log_and_advance`, the one place that moves the slot).
 
 A crash anywhere leaves the slot where it was; the next run peeks the same changes again.
@@ -29,26 +29,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pg2delta.bootstrap as copying
-from pg2delta import applied_log
-from pg2delta.applied_log import Applied, LoggedTable, after_window, applied_lsns, window_rows
-from pg2delta.apply import TableApplier, TableReport, apply_tables, map_tables
-from pg2delta.catalog import PgTypeCatalog
-from pg2delta.changelog import ChangelogWriter
+from pg2delta.apply.changelog import ChangelogWriter
+from pg2delta.apply.keys import KeyResolver, key_resolver
+from pg2delta.apply.schema import Plan
+from pg2delta.apply.table import TableApplier, TableReport, apply_tables, map_tables
+from pg2delta.apply.tableplan import TablePlanner
+from pg2delta.apply.targets import (
+    PublicationState,
+    Target,
+    TargetResolver,
+    added_back_tables,
+    publication_state,
+)
 from pg2delta.config import Config
-from pg2delta.engine import Engine, Lake
+from pg2delta.decode.spill import Spiller
+from pg2delta.decode.window import ReadWindow, read_window, run_progress
 from pg2delta.errors import SchemaError
 from pg2delta.faults import fault_point
-from pg2delta.keys import KeyResolver, key_resolver
-from pg2delta.lakeside import Lakeside
+from pg2delta.lake import applied_log
+from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, window_rows
+from pg2delta.lake.engine import Engine, Lake
+from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.maintain import due, maintain_lake
 from pg2delta.progress import Progress
-from pg2delta.schema import Plan
-from pg2delta.slot import SlotSource, connect
-from pg2delta.spill import Spiller
-from pg2delta.tableplan import TablePlanner
-from pg2delta.targets import PublicationState, Target, TargetResolver, added_back_tables, publication_state
-from pg2delta.window import ReadWindow, read_window, run_progress
+from pg2delta.source.catalog import PgTypeCatalog
+from pg2delta.source.slot import SlotSource, connect
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +68,7 @@ class WindowReport:
     transactions: int = 0
     tables: list[TableReport] = field(default_factory=list)
     seconds: float = 0.0
-    spilled_rows: int = 0  # decoded changes the window spilled past the memory budget (pg2delta.spill)
+    spilled_rows: int = 0  # decoded changes the window spilled past the memory budget (pg2delta.decode.spill)
 
 
 @dataclass
@@ -100,7 +106,7 @@ class _Run:
 
 
 class Job(Lakeside):
-    """The run (:meth:`run`): composes the stages of pg2delta.window, .targets, .tableplan, .stage,
+    """The run (:meth:`run`): composes the stages of pg2delta.decode.window, .targets, .tableplan, .stage,
     .apply and .applied_log window by window, and moves the slot (:meth:`_log_and_advance`)."""
 
     def __init__(self, config: Config, *, engine_factory: Callable[[Lake], Engine] | None = None) -> None:
@@ -166,7 +172,7 @@ class Job(Lakeside):
 
     def _added_back(self, src: SlotSource, applied: dict[int, Applied], publication: PublicationState) -> bool:
         """Tables removed from the publication and added back since their last logged window or
-        copy (see :func:`pg2delta.targets.added_back_tables`): copied again at a new snapshot where
+        copy (see :func:`pg2delta.apply.targets.added_back_tables`): copied again at a new snapshot where
         ``on_unfollowable = "resync"`` (returns True); otherwise the run stops (exit 78) before
         reading, naming ``pg2delta resync``."""
         again, refusal = added_back_tables(self.config, src, applied, publication)
@@ -280,7 +286,7 @@ class Job(Lakeside):
         return {(t.schema, t.table): (None if isinstance(p, SchemaError) else p) for t, p in zip(ordered, planned, strict=True)}
 
     def _apply_tables(self, targets: Sequence[Target], apply: Callable[[Target], TableReport]) -> list[TableReport]:
-        """:func:`pg2delta.apply.apply_tables` with ``window.parallel_tables`` workers."""
+        """:func:`pg2delta.apply.table.apply_tables` with ``window.parallel_tables`` workers."""
         return apply_tables(self.config.window.parallel_tables, targets, apply)
 
     def _resync_in_run(self, run: _Run, tgt: Target, refusal: SchemaError) -> None:

@@ -32,17 +32,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from pg2delta.applied_log import LOG_TABLE
-from pg2delta.changelog import CHANGELOG_LOG, CHANGELOG_ROOT
-from pg2delta.changes import TS_COL
+from pg2delta.apply.changelog import CHANGELOG_LOG, CHANGELOG_ROOT
+from pg2delta.apply.history import history_table
+from pg2delta.apply.merge import quote
 from pg2delta.config import Config, duration_seconds
-from pg2delta.engine import Engine, Lake
+from pg2delta.decode.changes import TS_COL
 from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
-from pg2delta.history import history_table
-from pg2delta.lakeside import Lakeside
-from pg2delta.merge import quote
-from pg2delta.slot import SlotSource
+from pg2delta.lake.applied_log import LOG_TABLE
+from pg2delta.lake.engine import Engine, Lake
+from pg2delta.lake.lakeside import Lakeside
+from pg2delta.source.slot import SlotSource
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def _delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
     for schema, table in sorted(n for n in names if n[0] is not None and n[1] is not None):
         out.append((f"{schema}.{table}", lake.table_uri(schema, table), False))
         history = lake.table_uri(schema, history_table(table))
-        if lake.delta_version(history) is not None:  # its SCD2 history (pg2delta.history)
+        if lake.delta_version(history) is not None:  # its SCD2 history (pg2delta.apply.history)
             out.append((f"{schema}.{history_table(table)}", history, False))
     for schema in _dirs(lake, CHANGELOG_ROOT):
         for table in _dirs(lake, f"{CHANGELOG_ROOT}/{schema}"):

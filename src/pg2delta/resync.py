@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pg2delta.bootstrap import DEFAULT_PARALLEL, TableCopy, copy_at_new_snapshot, published_tables
 from pg2delta.config import Config
 from pg2delta.errors import ConfigError, SourceStateError
-from pg2delta.lakeside import Lakeside
-from pg2delta.slot import SlotSource
+from pg2delta.lake.lakeside import Lakeside
+from pg2delta.source.slot import SlotSource
 
 log = logging.getLogger(__name__)
 

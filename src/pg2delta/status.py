@@ -17,10 +17,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pg2delta.applied_log import LOG_TABLE
-from pg2delta.changelog import changelog_path
+from pg2delta.apply.changelog import changelog_path
+from pg2delta.apply.history import history_table
 from pg2delta.config import Config
-from pg2delta.engine import Lake
 from pg2delta.errors import (
     EXIT_OK,
     EXIT_STATUS_INVALIDATED,
@@ -28,9 +27,10 @@ from pg2delta.errors import (
     EXIT_STATUS_UNRESERVED,
     SourceStateError,
 )
-from pg2delta.history import history_table
+from pg2delta.lake.applied_log import LOG_TABLE
+from pg2delta.lake.engine import Lake
 from pg2delta.lsn import format_lsn
-from pg2delta.slot import ServerState, SlotInfo, SlotSource
+from pg2delta.source.slot import ServerState, SlotInfo, SlotSource
 
 log = logging.getLogger(__name__)
 

@@ -61,16 +61,16 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from pg2delta.applied_log import LOG_TABLE
 from pg2delta.config import Config
 from pg2delta.errors import ConfigError, LakeError, SchemaError
 from pg2delta.job import Job
+from pg2delta.lake.applied_log import LOG_TABLE
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress
 
 if TYPE_CHECKING:
     from pg2delta.bootstrap import PublishedTable
-    from pg2delta.engine import Engine
+    from pg2delta.lake.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +383,7 @@ class LakeSide(_Side):
     hash60 = "CAST(conv(substr(q.r, 1, 15), 16, 10) AS DECIMAL(38,0))"
 
     def __init__(self, engine: Engine, view: str, key: Sequence[ColumnType], columns: Sequence[ColumnType]) -> None:
-        from pg2delta.merge import quote
+        from pg2delta.apply.merge import quote
 
         def text(cols: Sequence[ColumnType]) -> str:
             parts = [spark_item(spark_value(quote(c.name), c, engine.decimal_text)) for c in cols]
@@ -508,7 +508,7 @@ def _key_columns(conn: psycopg.Connection[Any], config: Config, table: Published
     """The columns the lake merges the table on: the applied log's, else the job's key rule."""
     import json
 
-    from pg2delta.keys import key_resolver
+    from pg2delta.apply.keys import key_resolver
 
     if logged:
         return [str(c) for c in json.loads(logged)]
@@ -532,7 +532,7 @@ def _columns(
     conn: psycopg.Connection[Any], table: PublishedTable, lake_types: dict[str, str], result: TableResult
 ) -> list[ColumnType]:
     """The columns both sides have (name order), noting the others in ``result``."""
-    from pg2delta.changes import META_FIELDS
+    from pg2delta.decode.changes import META_FIELDS
 
     meta = {f.name for f in META_FIELDS}
     base = {str(n): str(t) for n, t in conn.execute(_BASE_TYPES, (table.relation.oid,)).fetchall()}
@@ -556,7 +556,7 @@ def verify_table(
     *, show: bool, max_differences: int,
 ) -> TableResult:
     """Compare one table of the lake at ``t.version`` with the source in ``conn``'s snapshot."""
-    from pg2delta.changes import LSN_COL
+    from pg2delta.decode.changes import LSN_COL
 
     result = TableResult(t.schema, t.table, t.version)
     lake_types = engine.table_types(t.uri, version=t.version) or {}
@@ -587,7 +587,7 @@ def verify_table(
 
 def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) -> list[TableToVerify]:
     """Per table to verify, its Delta version holding the source's state at ``lsn`` (see versions.py)."""
-    from pg2delta.slot import SlotSource
+    from pg2delta.source.slot import SlotSource
     from pg2delta.versions import EXACT, versions_at
 
     cfg = config.source
@@ -621,7 +621,7 @@ def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) 
 def _pinned_source(config: Config) -> Iterator[tuple[int, psycopg.Connection[Any]]]:
     """A temporary slot's consistent point L, and a connection reading the snapshot it exported."""
     from pg2delta.bootstrap import ExportedSnapshot, open_snapshot
-    from pg2delta.slot import connect
+    from pg2delta.source.slot import connect
 
     cfg = config.source
     name = f"pg2delta_verify_{uuid.uuid4().hex[:12]}"

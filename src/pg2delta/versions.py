@@ -37,9 +37,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pg2delta.applied_log import KIND_BOOTSTRAP, LOG_TABLE
 from pg2delta.config import Config
 from pg2delta.errors import LakeError
+from pg2delta.lake.applied_log import KIND_BOOTSTRAP, LOG_TABLE
 from pg2delta.lsn import format_lsn
 
 EXACT = "exact"
@@ -220,10 +220,10 @@ def to_json(report: VersionsReport) -> dict[str, Any]:
 
 def versions(config: Config, lsn: int) -> VersionsReport:
     """``pg2delta versions --at-lsn``: read the slot's position (when a DSN is set), then the applied log."""
-    from pg2delta.engine import Engine, Lake
+    from pg2delta.lake.engine import Engine, Lake
     confirmed: int | None = None
     if config.source.dsn:
-        from pg2delta.slot import SlotSource
+        from pg2delta.source.slot import SlotSource
 
         # Before the applied log: every window up to this position is in what is read next.
         with SlotSource(
@@ -256,7 +256,7 @@ def open_at_lsn(
     the applied log records. Views read with ``versionAsOf`` (or, where the engine cannot
     time-travel that far back, the files of that version, as the job itself does).
     """
-    from pg2delta.engine import Engine, Lake
+    from pg2delta.lake.engine import Engine, Lake
     from pg2delta.lsn import parse_lsn
 
     at = parse_lsn(lsn) if isinstance(lsn, str) else lsn

@@ -1,0 +1,130 @@
+"""Reduce and stage: a target's changes of a window, ready for the MERGE.
+
+:func:`table_changes` conforms the window's batches of one Delta table to its plan's shape and
+keeps the ones the MERGE applies (at or after the table's applied LSN, after the window's last
+truncate); :func:`reduce` turns them into one final state per key (what the run merges and what
+``pg2delta plan`` counts). A window spilled past ``window.memory_budget`` is never gathered on the
+driver: :func:`stage_changes` conforms and filters it batch by batch into Parquet files in the
+lake's staging area (:class:`StagedChanges`), which the engine reduces and merges.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pg2delta.apply.merge import Reduced, reduce_changes
+from pg2delta.apply.schema import Plan, conform, conform_batches
+from pg2delta.apply.targets import Target, live
+from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL, TOAST_COL, TruncateEvent
+from pg2delta.decode.spill import SpilledBatch, newest_ts
+from pg2delta.errors import SchemaError
+from pg2delta.lake.engine import Lake
+
+
+@dataclass
+class StagedChanges:
+    """A table's changes of a spilled window, conformed and filtered, as Parquet files in the staging
+    area (``name`` there, at ``uri``), with what the run reports of them."""
+
+    name: str | None
+    uri: str | None
+    rows: int = 0
+    files: int = 0
+    ops: collections.Counter[str] = field(default_factory=collections.Counter)
+    toast_columns: tuple[str, ...] = ()
+
+def table_changes(
+    tgt: Target, pl: Plan | None, applied_lsn: int
+) -> tuple[pa.Table | None, list[TruncateEvent], set[str]]:
+    """The window's changes of ``tgt`` to merge (in the plan's shape, after its applied LSN and its
+    last truncate), its truncates, and the columns kept by updates (see :func:`conform`)."""
+    truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+    changes, kept_by_update = conform(live(tgt, applied_lsn), pl) if pl is not None else (None, set())
+    if changes is not None and applied_lsn:
+        changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), applied_lsn))
+    if truncates and changes is not None:
+        last = max(truncates, key=lambda t: (t.commit_lsn, t.pos))
+        lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
+        after = pc.or_(
+            pc.greater(lsn, last.commit_lsn),
+            pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
+        )
+        changes = changes.filter(after)
+    return changes, truncates, kept_by_update
+
+def stage_changes(
+    lake: Lake, tgt: Target, pl: Plan, applied_lsn: int, name: str | None, *, whole: bool = False
+) -> tuple[StagedChanges, set[str]]:
+    """:func:`table_changes` for a window with spilled batches: conformed and filtered batch by
+    batch into Parquet files under the staging area's ``name`` (None: only counted, for
+    ``pg2delta plan``), never gathered on the driver. Returns them and the columns kept by updates.
+    ``whole``: the changes before the window's last truncate too (for the history)."""
+    truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+    last = max(truncates, key=lambda t: (t.commit_lsn, t.pos)) if truncates and not whole else None
+    kept_by_update: set[str] = set()
+    staged = StagedChanges(name, lake.staging_uri(name) if name is not None else None)
+    toast: set[str] = set()
+    for t in conform_batches(live(tgt, applied_lsn), pl, kept_by_update):
+        lsn, pos = t.column(LSN_COL), t.column(POS_COL)
+        keep = pc.and_(pc.not_equal(t.column(OP_COL), BEFORE_OP), pc.greater_equal(lsn, applied_lsn))
+        if last is not None:
+            keep = pc.and_(keep, pc.or_(
+                pc.greater(lsn, last.commit_lsn), pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos))
+            ))
+        t = t.filter(keep)
+        if not t.num_rows:
+            continue
+        for c in pc.value_counts(t.column(OP_COL)).to_pylist():
+            staged.ops[c["values"]] += c["counts"]
+        marks = pc.list_flatten(t.column(TOAST_COL))
+        if len(marks):
+            toast.update(x for x in pc.unique(marks).to_pylist() if x is not None)
+        if name is not None:
+            lake.stage(t, f"{name}/part-{staged.files:06d}")
+            staged.files += 1
+        staged.rows += t.num_rows
+    staged.toast_columns = tuple(sorted(toast))
+    return staged, kept_by_update
+
+def reduce(
+    schema: str, name: str, changes: pa.Table | None, key_names: list[str], data_columns: Sequence[str]
+) -> tuple[Reduced, list[str], list[str]] | None:
+    """``changes`` reduced to one final state per key, with the key and data columns the MERGE
+    uses (a table without a key is keyed by commit position); None when there is nothing to merge.
+    What the run merges and what ``pg2delta plan`` counts."""
+    if changes is not None:
+        changes = changes.filter(pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
+    if changes is None or changes.num_rows == 0:
+        return None
+    data_columns = [c for c in data_columns if c not in META_NAMES]
+    if not key_names:
+        # No replica identity: only inserts can be published. Rows are keyed by their
+        # commit position, kept in the table, so a replayed window inserts nothing twice.
+        if set(changes.column(OP_COL).to_pylist()) - {"I"}:
+            raise SchemaError(
+                f"table {schema}.{name} has no key but got updates or deletes; "
+                f"set [tables.\"{schema}.{name}\"] key = [...] in the config"
+            )
+        key_names = [LSN_COL, POS_COL]
+        data_columns = [*data_columns, LSN_COL, POS_COL]
+    return reduce_changes(changes, key_names), key_names, data_columns
+
+def newest_commit_ts(tgt: Target, truncates: Sequence[TruncateEvent], applied_lsn: int) -> int | None:
+    """Commit time (microseconds since 1970, UTC) of the newest transaction the window applies to ``tgt``."""
+    times = [t.commit_ts for t in truncates if t.commit_ts is not None]
+    for tw in tgt.parts:
+        for b in tw.batches:
+            if b.max_lsn < applied_lsn or not b.num_rows:
+                continue
+            newest = b.newest_ts if isinstance(b, SpilledBatch) and b.first_lsn >= applied_lsn else newest_ts(b.load(), applied_lsn)
+            if newest is not None:
+                times.append(newest)
+    return max(times) if times else None
+
+
+__all__ = ["StagedChanges", "newest_commit_ts", "reduce", "stage_changes", "table_changes"]

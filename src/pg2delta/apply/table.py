@@ -1,0 +1,440 @@
+"""Apply: a target's changes merged into its Delta table, its history written.
+
+:func:`merge_changes` reduces a table's changes of a window (an Arrow table, or
+:class:`~pg2delta.apply.stage.StagedChanges` for a spilled window: reduced by the engine), fills unchanged
+TOAST values from the Delta table as the last logged window left it (:func:`fill_lookups`), and
+MERGEs them in one commit (a truncate is a ``NOT MATCHED BY SOURCE`` delete); the run and
+``pg2delta backfill`` share it. :class:`TableApplier` is the run's: per target, it skips what the
+applied log holds, reshapes the Delta table as the plan says, MERGEs with Delta's idempotent-write
+id, and writes the window's versions into the table's SCD2 history (pg2delta.apply.history). The tables of
+a window are independent; :func:`apply_tables` and :func:`map_tables` run them concurrently.
+Nothing here logs a window or moves the slot: pg2delta.job does, once every table has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pg2delta.apply.history import StagedWindow, window_versions
+from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement
+from pg2delta.apply.schema import Plan, conform
+from pg2delta.apply.stage import StagedChanges, newest_commit_ts, reduce, stage_changes, table_changes
+from pg2delta.apply.targets import Target, live
+from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL
+from pg2delta.errors import DataError, SchemaError
+from pg2delta.faults import fault_point
+from pg2delta.lake.applied_log import Applied
+from pg2delta.lake.engine import Engine, Txn
+from pg2delta.lake.lakeside import Lakeside
+from pg2delta.memory import release_memory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TableReport:
+    schema: str
+    table: str
+    path: str
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    truncated: bool = False
+    rows_merged: int = 0
+    delta_version: int | None = None
+    skipped: bool = False
+    commit_ts: int | None = None  # microseconds since 1970 (UTC) of the newest transaction applied
+
+
+def merge_changes(
+    side: Lakeside,
+    report: TableReport,
+    run_id: str,
+    changes: pa.Table | StagedChanges | None,
+    key_names: list[str],
+    data_columns: Sequence[str],
+    *,
+    nullable_keys: bool,
+    lookup_version: int | None,
+    optional: set[str] | None = None,
+    reshape: Callable[[], frozenset[str] | None] | None = None,
+    reshaped: Callable[[], None] | None = None,
+    txn: Txn | None = None,
+) -> None:
+    """Reduce ``changes`` (commit order, after the last truncate) and MERGE them into ``report.path``.
+
+    ``data_columns`` may name meta columns (they are left out). ``report.truncated`` adds the
+    truncate (alone when there are no changes); unchanged TOAST the changes cannot fill is read
+    from the table at ``lookup_version``. ``reshape`` (after those reads, before anything is
+    written) changes the Delta table's shape and returns the columns it then has;
+    ``reshaped`` runs once the table has every column of the MERGE. ``txn``: Delta's
+    idempotent-write id of the commit. Shared by the run and by ``pg2delta backfill``.
+    """
+    schema, name, uri = report.schema, report.table, report.path
+    if isinstance(changes, StagedChanges):
+        try:
+            _merge_staged(
+                side, report, changes, key_names, data_columns, nullable_keys=nullable_keys,
+                lookup_version=lookup_version, optional=optional, reshape=reshape, reshaped=reshaped, txn=txn,
+            )
+        finally:
+            if changes.name is not None:
+                side.lake.unstage_dir(changes.name)
+        return
+    reducing = reduce(schema, name, changes, key_names, data_columns)
+    if reducing is None:
+        if report.truncated and side.lake.delta_version(uri) is not None:
+            side.engine.delete_all(uri, txn=txn)
+            report.delta_version = side.lake.delta_version(uri)
+        return
+    reduced, key_names, data_columns = reducing
+    # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
+    # crash between tables must not see what the crashed run already merged.
+    source = fill_lookups(
+        side.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional
+    )
+    report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
+    report.rows_merged = source.num_rows
+    existing = reshape() if reshape is not None else None
+    staged = side.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+    try:
+        side.engine.ensure_table(uri, staged, data_columns, existing)
+        if reshaped is not None:
+            reshaped()
+        side.engine.merge(
+            uri,
+            staged,
+            lambda target, view: merge_statement(
+                target, view, key_names, data_columns, truncate=report.truncated, nullable_keys=nullable_keys
+            ),
+            txn=txn,
+        )
+    finally:
+        side.lake.unstage(staged)
+    report.delta_version = side.lake.delta_version(uri)
+    log.info(
+        "applied %s.%s: %d inserts, %d updates, %d deletes%s -> delta version %s",
+        schema, name, report.inserts, report.updates, report.deletes,
+        ", truncated" if report.truncated else "", report.delta_version,
+    )
+
+
+def _merge_staged(
+    side: Lakeside,
+    report: TableReport,
+    staged: StagedChanges,
+    key_names: list[str],
+    data_columns: Sequence[str],
+    *,
+    nullable_keys: bool,
+    lookup_version: int | None,
+    optional: set[str] | None,
+    reshape: Callable[[], frozenset[str] | None] | None,
+    reshaped: Callable[[], None] | None,
+    txn: Txn | None,
+) -> None:
+    """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.decode.spill)."""
+    schema, name, uri = report.schema, report.table, report.path
+    if staged.rows == 0 or staged.uri is None or staged.name is None:
+        if report.truncated and side.lake.delta_version(uri) is not None:
+            side.engine.delete_all(uri, txn=txn)
+            report.delta_version = side.lake.delta_version(uri)
+        return
+    data_columns = [c for c in data_columns if c not in META_NAMES]
+    if not key_names:
+        if set(staged.ops) - {"I"}:
+            raise SchemaError(
+                f"table {schema}.{name} has no key but got updates or deletes; "
+                f"set [tables.\"{schema}.{name}\"] key = [...] in the config"
+            )
+        key_names = [LSN_COL, POS_COL]
+        data_columns = [*data_columns, LSN_COL, POS_COL]
+    report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
+    existing = reshape() if reshape is not None else None
+    side.engine.ensure_table(uri, staged.uri, data_columns, existing)
+    if reshaped is not None:
+        reshaped()
+    truncate = report.truncated
+    report.rows_merged = side.engine.merge_reduced(
+        uri,
+        staged.uri,
+        lambda target, view: merge_statement(
+            target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys
+        ),
+        work=f"{staged.name}-reduce",
+        key_names=key_names,
+        data_columns=data_columns,
+        toast_columns=staged.toast_columns,
+        lookup_version=lookup_version,
+        nullable_keys=nullable_keys,
+        optional=optional or (),
+        txn=txn,
+        rows=staged.rows,
+    )
+    report.delta_version = side.lake.delta_version(uri)
+    log.info(
+        "applied %s.%s (reduced by the engine, %d changes in %d staged files): %d inserts, %d updates, "
+        "%d deletes%s -> delta version %s",
+        schema, name, staged.rows, staged.files, report.inserts, report.updates, report.deletes,
+        ", truncated" if report.truncated else "", report.delta_version,
+    )
+
+
+def fill_lookups(
+    engine: Engine,
+    uri: str,
+    reduced: Reduced,
+    key_names: Sequence[str],
+    version: int | None,
+    *,
+    nullable_keys: bool,
+    optional: set[str] | None = None,
+) -> pa.Table:
+    """Unchanged-TOAST values the window does not hold, read from the Delta table at ``version``.
+
+    ``optional`` columns (kept after a drop) are NULL when the lake does not have the row.
+    """
+    table = reduced.table
+    if not reduced.lookups:
+        return table
+    columns = sorted({c for lk in reduced.lookups for c in lk.columns})
+    wanted = list(dict.fromkeys(lk.key for lk in reduced.lookups))
+    rows = (
+        []  # a negative version: the table is new (a backfill copy), there is nothing to read
+        if version is not None and version < 0
+        else engine.read_rows(uri, key_names, wanted, columns, version=version, nullable_keys=nullable_keys)
+    )
+    found = {tuple(r[k] for k in key_names): r for r in rows}
+    values = {c: table.column(c).to_pylist() for c in columns}
+    for lk in reduced.lookups:
+        row = found.get(lk.key)
+        if row is None and set(lk.columns) <= (optional or set()):
+            continue
+        if row is None:
+            raise DataError(
+                f"cannot recover the unchanged TOAST value of {', '.join(lk.columns)} in {uri}: "
+                "the row is neither in this window nor in the lake; run pg2delta bootstrap for this table "
+                "or set REPLICA IDENTITY FULL on it"
+            )
+        for c in lk.columns:
+            values[c][lk.row] = row[c]
+    for c in columns:
+        i = table.column_names.index(c)
+        table = table.set_column(i, c, pa.array(values[c], type=table.schema.field(c).type))
+    return table
+
+# --- keys -----------------------------------------------------------------------------
+
+
+def apply_tables(
+    workers: int, targets: Sequence[Target], apply: Callable[[Target], TableReport]
+) -> list[TableReport]:
+    """``apply`` every target, up to ``workers`` (``window.parallel_tables``) at once; reports in ``targets``' order.
+
+    The tables of one window are independent (each its own Delta table and commit), so Spark
+    runs their MERGEs as concurrent jobs. The first failure stops tables not yet started and is
+    raised once the running ones have finished: nothing is logged and the slot stays put, so
+    the next run applies the window again (tables that did commit are recognised, see :meth:`TableApplier.txn`).
+    """
+    workers = min(workers, len(targets))
+    if workers <= 1:
+        reports = []
+        for n, tgt in enumerate(targets):
+            if n > 0:
+                fault_point("between_tables")
+            reports.append(apply(tgt))
+        return reports
+    with ThreadPoolExecutor(workers, thread_name_prefix="pg2delta-apply") as pool:
+        futures: list[Future[TableReport]] = [pool.submit(apply, tgt) for tgt in targets]
+        pending: set[Future[TableReport]] = set(futures)
+        first = True
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            if any(f.exception() is not None for f in done):
+                for f in pending:
+                    f.cancel()
+                wait(pending)
+                break
+            if first and pending:
+                first = False
+                fault_point("between_tables")  # some tables committed, others not yet
+        for f in futures:  # the first failure in the targets' order
+            if f.done() and not f.cancelled() and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+
+def map_tables(workers: int, targets: Sequence[Target], fn: Callable[[Target], Any]) -> list[Any]:
+    """``fn`` of every target, up to ``workers`` at once, in ``targets``' order;
+    the first failure in that order is raised once all have finished (the plans, which write
+    nothing, and the histories, each idempotent on its own)."""
+    workers = min(workers, len(targets))
+    if workers <= 1:
+        return [fn(t) for t in targets]
+    with ThreadPoolExecutor(workers, thread_name_prefix="pg2delta-plan") as pool:
+        futures = [pool.submit(fn, t) for t in targets]
+        wait(futures)
+    return [f.result() for f in futures]
+
+
+class TableApplier:
+    """The run's apply of one target per window: a MERGE per Delta table, then its history.
+
+    ``app_id``: Delta's idempotent-write application id of this server and slot ("": none).
+    ``bootstrapped``: the lake was bootstrapped; a table without a copy is skipped (the next run
+    copies it). ``rewritten``: tables whose rows this run set anew (a column's default): their
+    commits are not recognised as done by Delta's idempotent-write id.
+    """
+
+    def __init__(self, side: Lakeside, app_id: str, *, bootstrapped: bool, rewritten: set[int] | None = None) -> None:
+        self.side = side
+        self.app_id = app_id
+        self.bootstrapped = bootstrapped
+        self.rewritten: set[int] = set() if rewritten is None else rewritten
+
+    def txn(self, version: int) -> Txn | None:
+        """Delta's idempotent-write id of a commit (the engine uses it where Delta has it): a table's
+        MERGE carries the commit LSN of its newest change in the window, the applied log's append
+        the window's end. Versions only grow from window to window, so a replayed window's MERGE
+        into a table that committed it before a crash is skipped by Delta itself (no second
+        commit), and the applied-log rule stays the guarantee on every engine."""
+        return Txn(self.app_id, version) if self.app_id else None
+
+    # --- which Delta table, in which shape ---------------------------------------------------
+
+    def apply(
+        self, run_id: str, tgt: Target, pl: Plan | None, applied: Applied | None, window_end: int
+    ) -> TableReport:
+        applied_lsn = applied.end_lsn if applied else 0
+        schema, name = tgt.schema, tgt.table
+        uri = self.side.lake.table_uri(schema, name)
+        report = TableReport(schema, name, uri)
+        if applied_lsn >= window_end:
+            report.skipped = True
+            return report
+        if applied is None and self.bootstrapped:
+            # Added to the publication after this run started: the next run copies it at a later snapshot.
+            log.info("skipped %s.%s: not copied yet, the next run copies it", schema, name)
+            report.skipped = True
+            return report
+        changes: pa.Table | StagedChanges | None
+        if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
+            truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+            changes, kept_by_update = stage_changes(self.side.lake, tgt, pl, applied_lsn, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+            release_memory()
+        else:
+            changes, truncates, kept_by_update = table_changes(tgt, pl, applied_lsn)
+        report.truncated = bool(truncates)
+        # The table's newest change in the window is its commit's idempotent-write version: a
+        # replay of the window holds the same changes (or more, then a higher version) for it.
+        newest = max(
+            [t.commit_lsn for t in truncates]
+            + [b.max_lsn for tw in tgt.parts for b in tw.batches if b.num_rows]
+            or [window_end]
+        )
+        txn = self.txn(newest)
+        report.commit_ts = newest_commit_ts(tgt, truncates, applied_lsn)
+        if pl is None:  # no changes to merge, perhaps a truncate
+            merge_changes(self.side, report, run_id, None, [], [], nullable_keys=False, lookup_version=None, txn=txn)
+            return report
+        nullable_keys = bool(self.side.config.table(schema, name).key) or any(
+            bool(self.side.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
+        )  # primary keys and identity indexes are NOT NULL
+        drop = pl.kept if self.side.config.table(schema, name).dropped_columns == "drop" else ()
+        # Rows already in the table get the value PostgreSQL reads for columns added with a default.
+        fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl.fill_table and pl.fills else None
+        if fill is not None:
+            # A replay sets the default in every row again, also in rows a crashed run's MERGEs
+            # wrote: those MERGEs (this window's and the later ones of this run) must then run
+            # again rather than be recognised as done.
+            self.rewritten.add(tgt.owner)
+        if tgt.owner in self.rewritten:
+            txn = None
+
+        def reshape() -> frozenset[str] | None:
+            if pl.widened or drop or fill is not None:
+                # One commit, before the MERGE: rows the window writes get their own values from it.
+                self.side.engine.rewrite(uri, {c: new for c, _, new in pl.widened}, drop=drop, fill=fill)
+            if not pl.existing:
+                return None
+            return (pl.existing - set(drop)) | frozenset(fill.column_names if fill is not None else ())
+
+        def reshaped() -> None:
+            fault_point("after_schema_change")
+
+        merge_changes(
+            self.side, report, run_id, changes, list(pl.key), [n for n, _ in pl.columns],
+            nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,
+            optional=kept_by_update, reshape=reshape, reshaped=reshaped, txn=txn,
+        )
+        return report
+
+
+    def history(self, run_id: str, tgt: Target, pl: Plan | None, applied: Applied | None, end: int) -> None:
+        """The window's versions of ``tgt`` into its history (pg2delta.apply.history), past the history's end.
+
+        Unchanged TOAST is filled from every change of the window since the table's applied LSN (a
+        replay that takes only the changes past the history's end still finds the values the changes
+        before it sent), else from the table as the last logged window left it. A window spilled past
+        ``window.memory_budget`` has its versions computed by the engine from staged files."""
+        schema, name = tgt.schema, tgt.table
+        applied_lsn = applied.end_lsn if applied else 0
+        if not self.side.history.enabled(schema, name) or applied_lsn >= end or (applied is None and self.bootstrapped):
+            return
+        uri = self.side.history.uri(schema, name)
+        high = self.side.history.high(self.side.engine, uri)
+        since = applied_lsn if high is None else max(applied_lsn, high + 1)
+        truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= since]
+        key_names = list(pl.key) if pl is not None else []
+        columns = [(n, t) for n, t in pl.columns if n not in META_NAMES] if pl is not None else []
+        nullable_keys = bool(self.side.config.table(schema, name).key) or any(
+            bool(self.side.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
+        )
+        fresh = high is None or high < applied_lsn  # nothing of this window in the history yet
+        fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl is not None and pl.fill_table and pl.fills else None
+        fill = fill if fresh else None
+        table_uri = self.side.lake.table_uri(schema, name)
+        lookup_version = applied.delta_version if applied else None
+        if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
+            staging = f"{run_id}/{schema}.{name}.history.{uuid.uuid4().hex[:8]}"
+            try:
+                staged, kept = stage_changes(self.side.lake, tgt, pl, applied_lsn, staging, whole=True)
+                if staged.rows and staged.uri is not None:
+                    window = StagedWindow(
+                        staged.uri, staged.rows, since,
+                        tuple(t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn),
+                        staged.toast_columns, table_uri,
+                        lookup_version, frozenset(kept),
+                    )
+                    self.side.history.write_staged(
+                        self.side.engine, uri, run_id, window, key_names, columns, nullable_keys=nullable_keys, fill=fill
+                    )
+                    return
+            finally:
+                self.side.lake.unstage_dir(staging)
+            changes: pa.Table | None = None
+        else:
+            changes, kept = conform(live(tgt, applied_lsn), pl) if pl is not None else (None, set())
+        if changes is not None:
+            changes = changes.filter(pc.and_(
+                pc.not_equal(changes.column(OP_COL), BEFORE_OP), pc.greater_equal(changes.column(LSN_COL), applied_lsn)
+            ))
+            if changes.num_rows and key_names:
+                changes = fill_lookups(
+                    self.side.engine, table_uri, fill_toast_in_order(changes, key_names), key_names, lookup_version,
+                    nullable_keys=nullable_keys, optional=kept,
+                )
+            changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), since))
+        versions = window_versions(changes, truncates, key_names, [n for n, _ in columns])
+        self.side.history.write(self.side.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill)
+
+
+__all__ = ["TableApplier", "TableReport", "apply_tables", "fill_lookups", "map_tables", "merge_changes"]

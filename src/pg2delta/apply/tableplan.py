@@ -1,0 +1,381 @@
+"""Decide: how each Delta table must change for a window's changes, or why it cannot.
+
+:class:`TablePlanner` takes a :class:`~pg2delta.apply.targets.Target` (the window's changes for one
+Delta table) and where the applied log left that table, and returns the table's
+:class:`~pg2delta.apply.schema.Plan` (columns added, widened, kept; the key; the values rows written
+before an ``ADD COLUMN`` hold) or raises the refusal (:class:`SchemaError`, exit 78): a narrowing,
+a TRUNCATE of some partitions of a root, a REPLICA IDENTITY FULL table whose key changed, a column
+renamed or dropped and added again (told apart by ``pg_attribute.attnum``), a column added with
+values PostgreSQL does not keep. Every table is planned before anything of the window is written.
+Nothing here writes; the run and ``pg2delta plan`` share it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pg2delta.apply.schema import Plan, Shape, plan, shape_of
+from pg2delta.apply.targets import Target, TargetResolver, live
+from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL
+from pg2delta.decode.typemap import ColumnCodec, value_of_text_array
+from pg2delta.errors import DataError, DecodeError, SchemaError
+from pg2delta.lake.applied_log import Applied
+from pg2delta.lake.lakeside import Lakeside
+from pg2delta.lsn import format_lsn
+from pg2delta.source.catalog import AddedColumn, PgTypeCatalog
+
+log = logging.getLogger(__name__)
+
+
+class TablePlanner:
+    """Plans each target of a window against its Delta table as the last logged window left it.
+
+    ``catalog`` / ``catalog_conn``: the source's catalog (None outside a run or a plan: no
+    added-column or attnum checks). ``bootstrapped``: the lake was bootstrapped, tables without
+    a copy are skipped. ``planned_types``: ``pg2delta plan``'s columns of each Delta table as the
+    windows planned so far would leave them (None in a run: the lake's own). ``attnums``: per
+    owner OID, the JSON of its Delta columns' attnums, recorded for the window's log row.
+    """
+
+    def __init__(
+        self,
+        lakeside: Lakeside,
+        targets: TargetResolver,
+        catalog: PgTypeCatalog | None,
+        catalog_conn: Any,
+        *,
+        bootstrapped: bool = False,
+        planned_types: dict[str, dict[str, str]] | None = None,
+        attnums: dict[int, str] | None = None,
+    ) -> None:
+        self.lakeside = lakeside
+        self.targets = targets
+        self.catalog = catalog
+        self.catalog_conn = catalog_conn
+        self.bootstrapped = bootstrapped
+        self.planned_types = planned_types
+        self.attnums: dict[int, str] = {} if attnums is None else attnums
+
+    def plan_or_refusal(self, tgt: Target, applied: Applied | None, start: int, end: int) -> Plan | SchemaError | None:
+        """:meth:`plan`, or the refusal itself for a table whose config says ``on_unfollowable = "resync"``."""
+        try:
+            return self.plan(tgt, applied, start, end)
+        except SchemaError as exc:
+            names = {(tgt.schema, tgt.table), *(tw.latest.qualified_name for tw in tgt.parts)}
+            if any(self.lakeside.config.table(*n).on_unfollowable == "resync" for n in names):
+                return exc
+            raise
+
+
+    def _check_partition_truncates(self, tgt: Target) -> None:
+        """A TRUNCATE of some partitions of a root that maps them into one Delta table is refused:
+        which of its rows were in those partitions is not known. TRUNCATE of the root (every leaf) is fine."""
+        if all(tw.oid == tgt.owner for tw in tgt.parts) or not any(tw.truncates for tw in tgt.parts):
+            return
+        leaves = {
+            int(r[0])
+            for r in self.catalog_conn.execute(
+                "SELECT relid::oid::int8 FROM pg_partition_tree(%s::oid::regclass) WHERE isleaf", (tgt.owner,)
+            ).fetchall()
+        }
+        for tw in tgt.parts:
+            for t in tw.truncates:
+                truncated = {v.oid for v in t.relations}
+                if not leaves <= truncated:
+                    raise SchemaError(
+                        f"TRUNCATE of partition(s) {', '.join('.'.join(v.qualified_name) for v in t.relations)} at "
+                        f"{format_lsn(t.commit_lsn)}, whose changes go to the Delta table of {tgt.schema}.{tgt.table} "
+                        "(partitions = \"root\"): pg2delta cannot tell which rows of that Delta table were in them; "
+                        "delete those rows in the lake yourself and move the slot past that transaction, or use "
+                        "partitions = \"leaf\" for this table"
+                    )
+
+    def _check_full_identity_key(self, tgt: Target, key: tuple[str, ...], applied: Applied | None) -> None:
+        """REPLICA IDENTITY FULL tables are keyed on the primary key the catalog has *now*; if that is
+        not the key the lake was last merged on, the pending changes may predate the change of key."""
+        if applied is None or applied.key is None or applied.key == key:
+            return
+        full = [tw for tw in tgt.parts if any(b.relation.relation.replica_identity == "f" for b in tw.batches)]
+        configured = any(self.lakeside.config.table(*tw.latest.qualified_name).key for tw in tgt.parts)
+        if not full or configured:
+            return
+        name = ".".join(full[0].latest.qualified_name)
+        raise SchemaError(
+            f"table {name} has REPLICA IDENTITY FULL and its primary key is now ({', '.join(key) or 'none'}), but "
+            f"the lake was last merged on ({', '.join(applied.key) or 'none'}): the changes waiting in the slot may "
+            "have been made under the old key, and PostgreSQL does not say which. Set [tables.\""
+            f"{name}\"] key = [...] to the key they were made under (the old one if the key changed after them, "
+            "running up to the change with --until-lsn), run, then remove the setting; nothing of this window was applied"
+        )
+
+    def plan(self, tgt: Target, applied: Applied | None, start: int, end: int) -> Plan | None:
+        """How the Delta table must change for the window's changes (None when it has none to merge)."""
+        if applied is not None and applied.end_lsn >= end:
+            return None
+        self._check_partition_truncates(tgt)
+        shapes: list[Shape] = []
+        for batches in live(tgt, applied.end_lsn if applied is not None else 0):
+            for b in batches:
+                shape = shape_of(b.relation)
+                if not shapes or shapes[-1].signature() != shape.signature():
+                    shapes.append(shape)
+        if not shapes:
+            return None
+        self._check_full_identity_key(tgt, shapes[0].key, applied)
+        uri = self.lakeside.lake.table_uri(tgt.schema, tgt.table)
+        where = f" (in the changes from {format_lsn(start)} to {format_lsn(end)})"
+        # The table as the last logged window left it: a replay after a crash plans the same
+        # changes the crashed run did (they are idempotent), whatever of them it committed.
+        planned = self.planned_types
+        pl = plan(
+            f"{tgt.schema}.{tgt.table}",
+            planned[uri] if planned is not None and uri in planned
+            else self.lakeside.engine.table_types(uri, version=applied.delta_version if applied else None),
+            shapes,
+            where=where,
+            narrowing=self.lakeside.config.table(tgt.schema, tgt.table).narrowing,
+            pg_type=lambda shape, column: self._pg_type(tgt, shape, column),
+        )
+        self._check_column_identity(tgt, pl, applied, uri, where)
+        return self._added_column_values(tgt, pl, applied, uri, where)
+
+    def _check_column_identity(self, tgt: Target, pl: Plan, applied: Applied | None, uri: str, where: str) -> None:
+        """Refuse columns pgoutput shows as new or unchanged that are neither (it names columns only by
+        name, so a rename looks like a drop and an add, and a column dropped and added again under its
+        old name looks unchanged); records the columns' ``attnum`` for the window's log row.
+
+        ``pg_attribute.attnum`` tells them apart: ``ADD COLUMN`` takes a number above every column the
+        table ever had, a rename keeps the number. Against the numbers logged with the table's last
+        window, a column new to the Delta table whose number is not above them all was there before
+        under another name (or outside the publication's column list): PostgreSQL holds values for
+        the rows the lake has that it never sent. A Delta column whose name has a new number was
+        dropped and added again: the lake's rows hold the old column's values. Either is refused
+        (exit 78, or ``on_unfollowable = "resync"``). Tables written from several partitions, whose
+        numbers differ, are not checked."""
+        catalog = self.catalog
+        if catalog is None or len(tgt.parts) != 1 or tgt.parts[0].oid != tgt.owner:
+            return
+        now = catalog.attnums(tgt.owner)
+        before = applied.attnums if applied is not None else None
+        lake_columns = set(pl.existing) | {n for n, _ in pl.columns}
+        record = {n: now[n] for n in lake_columns if n in now}
+        if before:  # columns gone from the table keep their number while the Delta table keeps them
+            record.update({n: k for n, k in before.items() if n in lake_columns and n not in now})
+        self.attnums[tgt.owner] = json.dumps(record, sort_keys=True)
+        if not before:
+            return
+        highest = max(before.values())
+        source = self.targets.source_name(tgt)
+        name = f"{tgt.schema}.{tgt.table}"
+        for c, _ in pl.columns:
+            if c not in now:
+                continue
+            if c not in pl.existing and now[c] <= highest and self._rows_before(tgt, pl, applied, uri, c):
+                raise SchemaError(
+                    f"column {c} of {source} is new to the lake but not to PostgreSQL (attnum {now[c]}: renamed "
+                    f"from a column the lake has, or added to the publication's column list){where}: PostgreSQL "
+                    f"holds values of it for rows it never sent again; copy the table again with pg2delta resync "
+                    f"--table {name} (or set on_unfollowable = \"resync\"); nothing of this window was applied"
+                )
+            if c in pl.existing and c in before and before[c] != now[c]:
+                raise SchemaError(
+                    f"column {c} of {source} was dropped and added again since the lake's last window of it "
+                    f"(attnum {before[c]} then, {now[c]} now){where}: the lake's rows hold the old column's values; "
+                    f"copy the table again with pg2delta resync --table {name} (or set on_unfollowable = "
+                    f"\"resync\"); nothing of this window was applied"
+                )
+
+    def _rows_before(self, tgt: Target, pl: Plan, applied: Applied | None, uri: str, column: str) -> bool:
+        """Whether rows need a value of ``column`` that PostgreSQL did not send: rows of the Delta table
+        as the last logged window left it, or rows of the window sent in a shape without it."""
+        applied_lsn = applied.end_lsn if applied is not None else 0
+        for tw in tgt.parts:
+            for b in tw.batches:
+                if column not in b.relation.column_names and b.num_rows and b.max_lsn >= applied_lsn:
+                    return True
+        return bool(pl.existing) and self.lakeside.engine.has_rows(
+            uri, version=applied.delta_version if applied is not None else None
+        )
+
+    def _added_column_values(self, tgt: Target, pl: Plan, applied: Applied | None, uri: str, where: str) -> Plan:
+        """The value the rows written before an ``ADD COLUMN`` hold in PostgreSQL, for the columns the
+        window adds to the Delta table (or adds inside its first transaction, after rows of it).
+
+        PostgreSQL sends nothing for those rows. Which rows need a value: every row of the Delta table as
+        the last logged window left it (unless the window truncates the table), and the rows the window
+        itself sent in a shape from before the column was added. For them, the catalog *as it is now*
+        (``pg_attribute`` of the table, or of each leaf partition of a partitioned one) decides:
+
+        * ``atthasmissing``: the column was added with a non-volatile default (a constant, ``now()``,
+          a domain's default ...) and PostgreSQL reads ``attmissingval`` for every row written before.
+          That value, converted by the column's codec from its text form, is set on every row of the
+          Delta table (one rewrite before the window's MERGE, see :meth:`Engine.rewrite`) and given to
+          the window's rows sent before the column (:func:`~pg2delta.apply.schema.conform`).
+        * no ``atthasmissing`` and no default of any kind (no ``pg_attrdef`` row, not generated, not
+          an identity, no type default): the column was added without a default, those rows read
+          NULL in PostgreSQL too. Nothing to do (as before).
+        * no ``atthasmissing`` but some default: PostgreSQL computed the rows' values and wrote them
+          in a rewrite that logical decoding does not send (a volatile default such as
+          ``clock_timestamp()`` or ``gen_random_uuid()``, an identity, a ``STORED`` generated column,
+          a domain default with constraints), or a rewrite since the column was added (``VACUUM
+          FULL``, ``CLUSTER``, ``ALTER … TYPE``) cleared ``attmissingval``. The values are not known
+          here: refused (:class:`SchemaError`, exit 78, nothing of the window applied) asking for
+          ``pg2delta resync --table s.t``. Only when rows need a value: a table that was empty in
+          the lake and got no rows before the column in the window goes on.
+        * partitions that disagree (different missing values, or some without one) are refused the
+          same way: the Delta table mixes their rows.
+        * a column the table no longer has under that name (dropped or renamed since): not knowable
+          either, but nothing is lost that PostgreSQL still shows; logged, NULL as before.
+
+        The catalog can only show the present, so some cases look alike and are refused although the
+        rows do read NULL in PostgreSQL: a column added without a default and given one later
+        (``ADD COLUMN c int, ALTER c SET DEFAULT 5``), or a default that evaluates to NULL. A column
+        that is new to the lake without being new in PostgreSQL (renamed, or added to the
+        publication's column list) was refused before this, by :meth:`_check_column_identity`.
+        """
+        catalog = self.catalog
+        if catalog is None or (applied is None and self.bootstrapped):
+            return pl  # not a run, or a table the run skips (not copied yet)
+        # The Delta table as the last logged window left it (a table a crashed run created is new).
+        before = pl.existing if applied is not None else frozenset()
+        candidates = [n for n, _ in pl.columns if n not in before]
+        if not candidates:
+            return pl
+        applied_lsn = applied.end_lsn if applied is not None else 0
+        truncates = [(t.commit_lsn, t.pos) for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+        last_truncate = max(truncates) if truncates else None
+        early, codecs = _early_rows(tgt, candidates, applied_lsn, last_truncate)
+        lake_rows = bool(before) and last_truncate is None and self.lakeside.engine.has_rows(
+            uri, version=applied.delta_version if applied is not None else None
+        )
+        needed = [c for c in candidates if lake_rows or early[c]]
+        if not needed:
+            return pl
+        found = catalog.added_columns(tgt.owner, needed)
+        source = self.targets.source_name(tgt)
+        types = dict(pl.columns)
+        fills: list[tuple[str, pa.Scalar]] = []
+        for c in needed:
+            entries = found.get(c, [])
+            if not entries:
+                log.warning(
+                    "column %s of %s is no longer in the source table (dropped or renamed since): pg2delta cannot "
+                    "tell the value rows written before it was added had there; they hold NULL in the lake", c, source,
+                )
+                continue
+            if all(e.missing is None and not e.has_default for e in entries):
+                continue  # added without a default: NULL, as PostgreSQL reads those rows
+            missing = {e.missing for e in entries}
+            if len(missing) != 1 or None in missing:
+                raise SchemaError(_unknown_values_message(c, source, entries, where))
+            fills.append((c, self._missing_value(source, c, entries[0], codecs[c], types[c])))
+            log.info(
+                "column %s of %s was added with a default: the rows written before hold PostgreSQL's "
+                "attmissingval (%s in the lake, %d in this window)",
+                c, source, "every row" if lake_rows else "none", early[c],
+            )
+        if not fills:
+            return pl
+        return dataclasses.replace(pl, fills=tuple(fills), fill_table=lake_rows)
+
+    @staticmethod
+    def _missing_value(
+        source: str, column: str, entry: AddedColumn, codec: ColumnCodec, arrow_type: pa.DataType
+    ) -> pa.Scalar:
+        """``attmissingval`` of ``column`` as the decoder would give its text form, in the plan's type."""
+        assert entry.missing is not None
+        notes: collections.Counter[str] = collections.Counter()
+        try:
+            value = value_of_text_array(codec, entry.missing, delim=entry.delim, notes=notes)
+            value = value.cast(arrow_type)
+        except (DecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise DataError(
+                f"cannot convert the default of column {column} of {source} (pg_attribute.attmissingval, "
+                f"{codec.pg_type}) to {arrow_type}: {exc}"
+            ) from exc
+        for name, count in sorted(notes.items()):
+            log.warning("window note: %s = %d (the default of column %s of %s)", name, count, column, source)
+        return value
+
+
+    def _pg_type(self, tgt: Target, shape: Shape, column: str) -> str | None:
+        """The PostgreSQL type of ``column`` as a Relation message of ``tgt`` in ``shape`` declared it."""
+        if self.catalog_conn is None:
+            return None
+        for tw in tgt.parts:
+            for b in tw.batches:
+                if shape_of(b.relation).signature() == shape.signature():
+                    for c in b.relation.relation.columns:
+                        if c.name == column:
+                            row = self.catalog_conn.execute(
+                                "SELECT format_type(%s::oid, %s)", (c.type_oid, c.type_modifier)
+                            ).fetchone()
+                            return None if row is None else str(row[0])
+        return None
+
+    # --- one table ----------------------------------------------------------------------------
+
+
+def _early_rows(
+    tgt: Target, candidates: Sequence[str], applied_lsn: int, last_truncate: tuple[int, int] | None
+) -> tuple[dict[str, int], dict[str, ColumnCodec]]:
+    """Per column of ``candidates``, the rows the window wrote to ``tgt`` in a shape from before the
+    column appeared (inserts and updates it applies), and the codec of the column where it appears."""
+    early: dict[str, int] = defaultdict(int)
+    codecs: dict[str, ColumnCodec] = {}
+    for tw in tgt.parts:
+        appeared: set[str] = set()
+        for b in tw.batches:
+            names = b.relation.column_names
+            for c in candidates:
+                if c in names:
+                    codecs.setdefault(c, b.relation.codecs[names.index(c)])
+            lacking = [c for c in candidates if c not in names and c not in appeared]
+            if lacking:
+                rows = _rows_written(b.load(), applied_lsn, last_truncate)
+                for c in lacking:
+                    early[c] += rows
+            appeared.update(names)
+    return early, codecs
+
+
+def _rows_written(batch: pa.RecordBatch, applied_lsn: int, last_truncate: tuple[int, int] | None) -> int:
+    """Inserts and updates of ``batch`` that the window applies (at or after the applied LSN, after its last truncate)."""
+    lsn, pos, op = batch.column(LSN_COL), batch.column(POS_COL), batch.column(OP_COL)
+    keep = pc.and_(pc.is_in(op, value_set=pa.array(["I", "U"])), pc.greater_equal(lsn, applied_lsn))
+    if last_truncate is not None:
+        t_lsn, t_pos = last_truncate
+        keep = pc.and_(keep, pc.or_(pc.greater(lsn, t_lsn), pc.and_(pc.equal(lsn, t_lsn), pc.greater(pos, t_pos))))
+    return int(pc.sum(pc.cast(keep, pa.int64())).as_py() or 0)
+
+
+def _unknown_values_message(column: str, source: str, entries: Sequence[AddedColumn], where: str) -> str:
+    if len({e.missing for e in entries}) > 1:
+        why = (
+            "its partitions hold different values for the rows written before it was added "
+            "(a partition created or rewritten since, or added with its own default)"
+        )
+    else:
+        why = (
+            "PostgreSQL computed its value in the rows written before it was added and keeps no record of it "
+            "(no pg_attribute.attmissingval: a volatile default such as clock_timestamp() or gen_random_uuid(), "
+            "an identity or STORED generated column, a domain default with constraints, or a table rewrite "
+            "since the column was added)"
+        )
+    return (
+        f"column {column} of {source} was added with a default{where}, but {why}; pg2delta cannot know what "
+        f"those rows hold there: make the lake's copy of the table again with pg2delta resync --table {source}; "
+        "nothing of this window was applied"
+    )
+
+
+__all__ = ["TablePlanner"]

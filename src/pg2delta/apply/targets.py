@@ -1,0 +1,260 @@
+"""Targets: which Delta table each relation's changes of a window go to, and whether the lake
+can still follow the publication's tables by changes alone.
+
+:class:`TargetResolver` groups a window's relations (:class:`~pg2delta.decode.window.TableWindow`) by
+their Delta table (:class:`Target`): named after the relation the first time and kept for its
+OID (renames keep their table), partitions of a ``partitions = "root"`` table into the root's.
+:func:`publication_state` reads what holds each published table in the publication (and a
+partitioned table's leaves) at a run's start, and :func:`added_back_tables` compares it with the
+applied log: a table removed from the publication and added back, a partition attached with rows
+in it, or one detached, cannot be followed by changes; those are copied again
+(``on_unfollowable = "resync"``) or refused. The run and ``pg2delta plan`` both call these.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pg2delta.bootstrap import partition_leaves, publication_memberships, relation_name, rows_before_attach
+from pg2delta.config import Config
+from pg2delta.decode.spill import Batch
+from pg2delta.decode.window import TableWindow
+from pg2delta.errors import SchemaError
+from pg2delta.lake.applied_log import LOG_TABLE, Applied
+from pg2delta.lake.engine import Lake
+from pg2delta.source.slot import SlotSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Target:
+    """The changes one window holds for one Delta table: of one relation, or of several partitions."""
+
+    owner: int  # the relation OID the applied log records for this Delta table
+    schema: str
+    table: str
+    parts: list[TableWindow] = field(default_factory=list)
+
+
+
+
+def live(tgt: Target, lsn: int) -> list[list[Batch]]:
+    """The batches of each part of ``tgt`` that hold changes at or after the table's applied LSN.
+
+    Normally all of them (a window starts where the last applied one ended); after a resync the
+    table is applied through the copy's snapshot, and changes before it, in whatever shape they
+    were made, are not the lake's concern any more.
+    """
+    return [
+        [b for b in tw.batches if b.num_rows and b.max_lsn >= lsn]
+        for tw in tgt.parts
+    ]
+
+
+
+@dataclass(frozen=True)
+class PublicationState:
+    """What holds each published table in the publication at a run's start (catalog row OIDs,
+    per table OID), and the leaf partitions of each partitioned table the lake writes as one."""
+
+    memberships: dict[int, str | None] = field(default_factory=dict)
+    leaves: dict[int, str | None] = field(default_factory=dict)
+
+
+def publication_state(config: Config, conn: Any) -> PublicationState:
+    """The publication's tables as the catalog holds them now (see :class:`PublicationState`)."""
+    published = publication_memberships(conn, config.source.publication)
+    leaves: dict[int, str | None] = {oid: parts for oid, (_, parts) in published.items() if parts is not None}
+    leaves.update(partition_leaves(conn, [n for n, t in config.tables.items() if t.partitions == "root"]))
+    return PublicationState({oid: m for oid, (m, _) in published.items()}, leaves)
+
+
+def added_back_tables(
+    config: Config, src: SlotSource, applied: dict[int, Applied], state: PublicationState
+) -> tuple[dict[int, str], SchemaError | None]:
+    """Published tables none of whose publication entries of their last logged window or copy
+    holds them now (what puts a table in the publication is catalog rows: a table dropped from
+    it and added again has new ones): the changes made while they were out were never
+    published, so the lake cannot follow them by changes alone. Returns the ones to copy again
+    (``on_unfollowable = "resync"``; OID -> name) and the refusal for the others."""
+    cfg = config
+    again: dict[int, str] = {}
+    refused: list[str] = []
+    for oid, now in state.memberships.items():
+        then = applied[oid].publication if oid in applied else None
+        # Still held by one of the catalog rows that held it then (say an explicit entry, and
+        # its schema added since): it never left.
+        if then is None or now is None or set(then.split(",")) & set(now.split(",")):
+            continue
+        a = applied[oid]
+        name = f"{a.schema}.{a.table}"
+        if cfg.table(a.schema, a.table).on_unfollowable == "resync":
+            again[oid] = name
+        else:
+            refused.append(name)
+    if refused:
+        return again, SchemaError(
+            f"{', '.join(refused)} left publication {cfg.source.publication!r} and came back since the lake's "
+            f"last window of {'it' if len(refused) == 1 else 'them'}: changes made in between were never "
+            f"published, so the lake cannot follow by changes alone; copy again with pg2delta resync "
+            f"{' '.join(f'--table {n}' for n in refused)} (or set on_unfollowable = \"resync\")"
+        )
+    return again, _attached_with_rows(config, src, applied, state, again) or _detached(config, src, applied, state, again)
+
+
+
+def _attached_with_rows(
+    config: Config, src: SlotSource, applied: dict[int, Applied], state: PublicationState, again: dict[int, str]
+) -> SchemaError | None:
+    """Partitions attached, with rows in them, to a partitioned table the lake writes as one
+    Delta table (published via its root, or ``partitions = "root"``) since its last logged
+    window or copy: PostgreSQL never sends the rows a partition had when it was attached. A
+    root published via itself is added to ``again`` where ``on_unfollowable = "resync"``;
+    otherwise the refusal. Each new partition is read once (it is logged with the root's next
+    window)."""
+    for root, now in state.leaves.items():
+        a = applied.get(root)
+        if a is None or a.partitions is None or now is None or root in again:
+            continue
+        new = sorted(set(now.split(",")) - set(a.partitions.split(",")))
+        holding = [name for leaf in new if (name := rows_before_attach(src.conn, int(leaf))) is not None]
+        if not holding:
+            continue
+        name = f"{a.schema}.{a.table}"
+        via_root = root in state.memberships
+        if via_root and config.table(a.schema, a.table).on_unfollowable == "resync":
+            log.warning(
+                "%s was attached to %s with rows in it; on_unfollowable = \"resync\": copying %s again",
+                ", ".join(holding), name, name,
+            )
+            again[root] = name
+            continue
+        what = f"{', '.join(holding)} {'was' if len(holding) == 1 else 'were'} attached to {name} with rows in it"
+        if via_root:
+            return SchemaError(
+                f"{what} since the lake's last window of it, and PostgreSQL does not send the rows a partition "
+                f"has when it is attached: copy it again with pg2delta resync --table {name} "
+                f"(or set on_unfollowable = \"resync\")"
+            )
+        return SchemaError(
+            f"{what} since the lake's last window of it, and PostgreSQL does not send the rows a partition has "
+            f"when it is attached; pg2delta does not copy partitions into their root's Delta table "
+            f"(partitions = \"root\"): publish {name} with publish_via_partition_root = true and resync it, "
+            f"or rewrite those rows after the attach (UPDATE … SET c = c) so that they are sent"
+        )
+    return None
+
+
+
+def _detached(
+    config: Config, src: SlotSource, applied: dict[int, Applied], state: PublicationState, again: dict[int, str]
+) -> SchemaError | None:
+    """Partitions detached or dropped, since its last logged window or copy, from a partitioned
+    table the lake writes as one Delta table: PostgreSQL sends nothing for their rows, so the
+    lake still holds them. ``detached_partitions = "keep"`` keeps them; a root published via
+    itself is added to ``again`` where ``on_unfollowable = "resync"``; otherwise the refusal."""
+    for root, now in state.leaves.items():
+        a = applied.get(root)
+        if a is None or a.partitions is None or now is None or root in again:
+            continue
+        gone = sorted(set(a.partitions.split(",")) - set(now.split(",")) - {""}, key=int)
+        tc = config.table(a.schema, a.table)
+        if not gone or tc.detached_partitions == "keep":
+            continue
+        names = [".".join(n) if (n := relation_name(src.conn, int(oid))) else f"a dropped partition (OID {oid})"
+                 for oid in gone]
+        name = f"{a.schema}.{a.table}"
+        what = f"{', '.join(names)} left {name} (DETACH PARTITION or DROP) since the lake's last window of it"
+        if root in state.memberships and tc.on_unfollowable == "resync":
+            log.warning("%s; on_unfollowable = \"resync\": copying %s again", what, name)
+            again[root] = name
+            continue
+        keep = f"or set [tables.\"{name}\"] detached_partitions = \"keep\" to keep its rows in the lake"
+        if root in state.memberships:
+            return SchemaError(
+                f"{what}, and PostgreSQL sends nothing for the rows that leave with it: copy it again with "
+                f"pg2delta resync --table {name} (or set on_unfollowable = \"resync\"), {keep}"
+            )
+        return SchemaError(
+            f"{what}, and PostgreSQL sends nothing for the rows that leave with it; pg2delta does not copy "
+            f"partitions into their root's Delta table (partitions = \"root\"): publish {name} with "
+            f"publish_via_partition_root = true and resync it, {keep} (delete them there yourself if they should go)"
+        )
+    return None
+
+
+
+class TargetResolver:
+    """Maps a window's relations to Delta tables; caches each relation's partition root."""
+
+    def __init__(self, config: Config, lake: Lake, catalog_conn: Any) -> None:
+        self.config = config
+        self.lake = lake
+        self.catalog_conn = catalog_conn  # None: no partition roots are looked up
+        self._roots: dict[int, tuple[int, str, str] | None] = {}
+
+    def partition_root(self, oid: int) -> tuple[int, str, str] | None:
+        """The top partitioned table ``oid`` belongs to, when its config asks for ``partitions = "root"``."""
+        if oid not in self._roots:
+            self._roots[oid] = None
+            if any(t.partitions == "root" for t in self.config.tables.values()) and self.catalog_conn is not None:
+                row = self.catalog_conn.execute(
+                    "SELECT r.oid::int8, n.nspname, r.relname FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace "
+                    "WHERE r.oid = pg_partition_root(%s::oid) AND r.oid <> %s::oid",
+                    (oid, oid),
+                ).fetchone()
+                if row is not None and self.config.table(str(row[1]), str(row[2])).partitions == "root":
+                    self._roots[oid] = (int(row[0]), str(row[1]), str(row[2]))
+        return self._roots[oid]
+
+
+    def group(self, tables: dict[int, TableWindow], applied: dict[int, Applied]) -> list[Target]:
+        """Group the window's relations by the Delta table their changes go to.
+
+        A relation's Delta table is named after it the first time pg2delta writes it and stays the
+        same for its OID afterwards (the applied log records it): a table renamed or moved to another
+        schema keeps its Delta table. Partitions of a table configured with ``partitions = "root"`` go
+        to the root's Delta table. A Delta table already written for another relation OID (a table
+        dropped and created again under the same name) is refused rather than mixed.
+        """
+        owners = {(a.schema, a.table): oid for oid, a in applied.items() if a.table}
+        out: dict[tuple[str, str], Target] = {}
+        for oid, tw in tables.items():
+            owner = oid
+            schema, name = tw.latest.qualified_name
+            root = self.partition_root(oid)
+            if root is not None:
+                owner, schema, name = root
+            known = applied.get(owner)
+            if known is not None and known.table:
+                if (known.schema, known.table) != (schema, name):
+                    log.info("%s.%s (relation %d) keeps its Delta table %s.%s", schema, name, owner, known.schema, known.table)
+                schema, name = known.schema, known.table
+            elif owners.get((schema, name), owner) != owner:
+                raise SchemaError(
+                    f"the Delta table {self.lake.table_uri(schema, name)} holds relation OID {owners[(schema, name)]}, "
+                    f"but {schema}.{name} is now relation OID {owner} (was the table dropped and created again, or "
+                    "renamed and another created under its name?): move or delete that Delta table (and its rows in "
+                    f"{self.lake.table_uri(LOG_TABLE)}), or name the new table differently, then run again"
+                )
+            tgt = out.setdefault((schema, name), Target(owner, schema, name))
+            if tgt.owner != owner:
+                raise SchemaError(f"relations {tgt.owner} and {owner} both map to the Delta table {schema}.{name}")
+            tgt.parts.append(tw)
+        return list(out.values())
+
+
+    def source_name(self, tgt: Target) -> str:
+        """The source table whose rows ``tgt``'s Delta table holds, as PostgreSQL names it now."""
+        for tw in tgt.parts:
+            if tw.oid == tgt.owner:
+                return ".".join(tw.latest.qualified_name)
+        root = self.partition_root(tgt.parts[0].oid) if tgt.parts else None
+        return f"{root[1]}.{root[2]}" if root is not None else f"{tgt.schema}.{tgt.table}"
+
+
+
+__all__ = ["PublicationState", "Target", "TargetResolver", "added_back_tables", "live", "publication_state"]

@@ -1,0 +1,215 @@
+"""The applied log: the Delta table under the lake root that says what the lake holds.
+
+Every window a run applies appends one row per Delta table it wrote (``kind = 'window'``), after
+all of the window's Delta commits and before the slot advances; a copy (bootstrap, resync) appends
+``kind = 'bootstrap'`` rows, a backfill ``kind = 'backfill'`` rows. Reading it back (:func:`applied_lsns`) gives, per
+relation OID, where the lake's table stands: the window's end, the Delta version it made, the key
+it was merged on, its publication membership, partitions and column numbers as last logged. A
+change at or before a table's applied LSN is not applied again: that is what makes a replayed
+window harmless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from pg2delta.lake.engine import Engine, Lake, Txn
+from pg2delta.lsn import format_lsn
+
+LOG_TABLE = "_pg2delta/applied_log"
+
+LOG_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("slot", pa.string()),
+        ("window_start", pa.int64()),
+        ("window_end", pa.int64()),
+        ("window_end_lsn", pa.string()),
+        ("relation_oid", pa.int64()),
+        ("schema_name", pa.string()),
+        ("table_name", pa.string()),
+        ("delta_version", pa.int64()),
+        ("inserts", pa.int64()),
+        ("updates", pa.int64()),
+        ("deletes", pa.int64()),
+        ("truncated", pa.bool_()),
+        ("applied_at", pa.timestamp("us", tz="UTC")),
+        ("key_columns", pa.string()),  # JSON list of the columns the window merged on
+        ("kind", pa.string()),  # KIND_WINDOW, KIND_BOOTSTRAP or KIND_BACKFILL (below)
+        # Commit time of the newest transaction the window applied to the table (null for bootstrap
+        # and backfill rows, and in lakes written before pg2delta recorded it): pg2delta status's lag
+        # in time. Appended with mergeSchema, so an older applied log gains the column.
+        ("commit_ts", pa.timestamp("us", tz="UTC")),
+        # What put the table in the publication when the window was applied or the copy made
+        # (catalog row OIDs; bootstrap._MEMBERSHIP), to notice a table removed from it and added back.
+        ("publication", pa.string()),
+        # A partitioned table's leaf partitions (OIDs) then, to notice one attached with rows.
+        ("partitions", pa.string()),
+        # JSON {column: pg_attribute.attnum} of the Delta table's columns, to tell a renamed column,
+        # or one dropped and added again under its old name, from a new one.
+        ("attnums", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """Where a table's last logged window left it: the window's end and the Delta version it made."""
+
+    end_lsn: int
+    delta_version: int | None
+    schema: str = ""  # the Delta table the relation's changes go to (kept across renames)
+    table: str = ""
+    key: tuple[str, ...] | None = None  # the columns it was last merged on (None: not logged)
+    publication: str | None = None  # its publication membership as last logged (None: not logged)
+    partitions: str | None = None  # a partitioned table's leaf partitions as last logged
+    attnums: dict[str, int] | None = None  # its columns' attnums as last logged
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedTable:
+    """One Delta table a window wrote, as its applied-log row records it."""
+
+    oid: int  # the relation OID the Delta table belongs to
+    schema: str
+    table: str
+    delta_version: int | None
+    inserts: int
+    updates: int
+    deletes: int
+    truncated: bool
+    commit_ts: int | None  # microseconds since 1970 (UTC) of the newest transaction applied
+    key: tuple[str, ...] | None
+    publication: str | None
+    partitions: str | None
+    attnums: str | None  # JSON {column: attnum}
+
+
+def utc_now() -> Any:
+    """The current time as the log's ``applied_at`` holds it (microseconds, UTC)."""
+    return pa.scalar(int(time.time() * 1_000_000), type=pa.int64()).cast(pa.timestamp("us", tz="UTC")).as_py()
+
+
+def applied_lsns(lake: Lake, slot: str) -> dict[int, Applied]:
+    """Per relation OID, the last window logged for its Delta table by ``slot``'s runs (see :func:`applied_of`)."""
+    return applied_of(log_rows(lake), slot)
+
+
+def log_rows(lake: Lake) -> list[dict[str, Any]]:
+    """Every row of the applied log, read from its files with pyarrow (no engine: a run reads it
+    before its engine has started). The log is only appended to and compacted, never deleted
+    from, so the files its Delta log lists are its rows."""
+    table = lake.read_delta(lake.table_uri(LOG_TABLE))
+    return [] if table is None else table.to_pylist()
+
+
+def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
+    """Per relation OID, the last window logged for its Delta table, the version it made, and the
+    key the table was last merged on (and its membership, partitions and attnums as last logged)."""
+    out: dict[int, Applied] = {}
+    keys: dict[int, tuple[int, tuple[str, ...]]] = {}
+    memberships: dict[int, tuple[int, str]] = {}
+    leaves: dict[int, tuple[int, str]] = {}
+    attnums: dict[int, tuple[int, str]] = {}
+    for r in rows:
+        if r.get("slot") != slot or r.get("relation_oid") is None:
+            continue
+        oid, end = int(r["relation_oid"]), int(r["window_end"])
+        if oid not in out or end > out[oid].end_lsn:
+            version = r.get("delta_version")
+            out[oid] = Applied(
+                end, None if version is None else int(version),
+                str(r.get("schema_name") or ""), str(r.get("table_name") or ""),
+            )
+        key = r.get("key_columns")
+        if key and (oid not in keys or end > keys[oid][0]):
+            keys[oid] = (end, tuple(json.loads(key)))
+        member = r.get("publication")
+        if member and (oid not in memberships or end >= memberships[oid][0]):
+            memberships[oid] = (end, str(member))
+        parts = r.get("partitions")
+        if parts and (oid not in leaves or end >= leaves[oid][0]):
+            leaves[oid] = (end, str(parts))
+        # The newest row's, null included (a backfill's rows, or rows of older pg2delta versions,
+        # carry none): numbers from before a row that did not record them judge nothing.
+        nums = r.get("attnums")
+        if oid not in attnums or end > attnums[oid][0] or (end == attnums[oid][0] and nums):
+            attnums[oid] = (end, str(nums) if nums else "")
+    for oid, (_, key_columns) in keys.items():
+        out[oid] = dataclasses.replace(out[oid], key=key_columns)
+    for oid, (_, member) in memberships.items():
+        out[oid] = dataclasses.replace(out[oid], publication=member)
+    for oid, (_, parts) in leaves.items():
+        out[oid] = dataclasses.replace(out[oid], partitions=parts)
+    for oid, (_, nums) in attnums.items():
+        if nums:
+            out[oid] = dataclasses.replace(out[oid], attnums={str(k): int(v) for k, v in json.loads(nums).items()})
+    return out
+
+
+KIND_WINDOW = "window"  # a run's window
+KIND_BOOTSTRAP = "bootstrap"  # a copy (bootstrap, resync): a table as of its snapshot, or the lake's start
+KIND_BACKFILL = "backfill"  # a chunk of ``pg2delta backfill`` (rows of older versions carry none)
+
+
+def log_row(slot: str, run_id: str, start: int, end: int, t: LoggedTable | None, *, kind: str) -> dict[str, Any]:
+    """One applied-log row: the Delta table ``t`` stands at ``end`` (no table: the lake's start)."""
+    return {
+        "run_id": run_id,
+        "slot": slot,
+        "window_start": start,
+        "window_end": end,
+        "window_end_lsn": format_lsn(end),
+        "relation_oid": t.oid if t else None,
+        "schema_name": t.schema if t else None,
+        "table_name": t.table if t else None,
+        "delta_version": t.delta_version if t else None,
+        "inserts": t.inserts if t else 0,
+        "updates": t.updates if t else 0,
+        "deletes": t.deletes if t else 0,
+        "truncated": t.truncated if t else False,
+        "applied_at": utc_now(),
+        "key_columns": None if t is None or t.key is None else json.dumps(list(t.key)),
+        "kind": kind,
+        "commit_ts": t.commit_ts if t else None,
+        "publication": t.publication if t else None,
+        "partitions": t.partitions if t else None,
+        "attnums": t.attnums if t else None,
+    }
+
+
+def window_rows(slot: str, run_id: str, start: int, end: int, tables: Sequence[LoggedTable]) -> pa.Table:
+    """The ``kind = 'window'`` rows of one window: one per Delta table it wrote."""
+    return pa.Table.from_pylist([log_row(slot, run_id, start, end, t, kind=KIND_WINDOW) for t in tables],
+                                schema=LOG_SCHEMA)
+
+
+def append(engine: Engine, lake: Lake, rows: pa.Table | Sequence[dict[str, Any]], *, txn: Txn | None = None) -> None:
+    """Append ``rows`` (a table in :data:`LOG_SCHEMA`, or dicts of its columns) to ``lake``'s applied log."""
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=LOG_SCHEMA)
+    engine.append(lake.table_uri(LOG_TABLE), table, txn=txn)
+
+
+def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
+    """Where a table stands once the window logged as ``t`` is applied (what :func:`applied_lsns`
+    would read back): the window's key, membership, partitions and attnums, else the ones before."""
+    key = t.key if t.key is not None else (before.key if before is not None else None)
+    return Applied(
+        end, t.delta_version, t.schema, t.table, key,
+        publication=t.publication or (before.publication if before else None),
+        partitions=t.partitions or (before.partitions if before else None),
+        attnums=json.loads(t.attnums) if t.attnums else (before.attnums if before else None),
+    )
+
+
+__all__ = [
+    "KIND_BACKFILL", "KIND_BOOTSTRAP", "KIND_WINDOW", "LOG_SCHEMA", "LOG_TABLE", "Applied", "LoggedTable",
+    "after_window", "append", "applied_lsns", "applied_of", "log_row", "log_rows", "utc_now", "window_rows",
+]

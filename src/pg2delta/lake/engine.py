@@ -1,0 +1,60 @@
+"""Everything that touches Spark or Delta, behind one small class.
+
+The rest of pg2delta never imports pyspark. Three engines, chosen in config:
+
+* ``embedded`` (default): pysail, a Spark Connect server started in this process (no JVM);
+* ``spark``: Apache Spark with delta-spark, a classic session (what ``spark-submit`` gives);
+* ``connect``: any Spark Connect server at ``remote = "sc://host:port"``.
+
+Only APIs that pyspark 3.5 and 4.x share are used, and only SQL that both Apache Spark
+with delta-spark and pysail accept: data reaches Spark as Parquet files read with
+``spark.read.parquet`` (``createDataFrame`` from Arrow exists only from 4.0), tables are
+created and widened with (empty) appends using ``mergeSchema`` (pysail has no
+``ALTER TABLE ADD COLUMNS``), and every change lands through ``MERGE INTO delta.`path```.
+
+The engine is one object, :class:`Engine`, made of parts that each hold one kind of work, in
+modules next to this one:
+
+* :mod:`pg2delta.lake.engine_session`: starting and stopping the session, per-thread sessions,
+  SQL whose failures become :class:`LakeError`, Delta's idempotent writes, engine differences;
+* :mod:`pg2delta.lake.engine_reads`: reads of Delta tables (schemas, rows, versions, time travel);
+* :mod:`pg2delta.lake.engine_writes`: commits (create and widen, rewrite, MERGE, append, delete);
+* :mod:`pg2delta.lake.engine_staged`: a spilled window's changes reduced and filled in the engine;
+* :mod:`pg2delta.lake.engine_maintain`: compaction, vacuum and checkpoints (delta-rs on pysail);
+* :mod:`pg2delta.lake.lake_files`: the lake's files through pyarrow alone (:class:`Lake`: Delta logs,
+  staging), no engine.
+
+Each part is a class over :class:`pg2delta.lake.engine_session.EngineSession` and :class:`Engine`
+inherits them all, so the parts share one session (and its per-thread sessions) and callers keep
+calling ``engine.merge(...)``; a part that needs another's methods inherits that part
+(writes and the staged reduce read tables as of a version). Import what the rest of pg2delta
+needs from here: ``Engine``, ``EngineConfig``, ``Lake``, ``Txn``. The parts log as
+``pg2delta.lake.engine``, as the one module did.
+"""
+
+from __future__ import annotations
+
+from pg2delta.lake.engine_maintain import DeltaMaintenance
+from pg2delta.lake.engine_session import ENGINES, TXN_APP_ID, TXN_VERSION, EngineConfig, Txn, open_session
+from pg2delta.lake.engine_staged import StagedReduce
+from pg2delta.lake.engine_writes import DeltaWrites
+from pg2delta.lake.lake_files import Lake
+
+__all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "Engine", "EngineConfig", "Lake", "Txn"]
+
+
+class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
+    """A SparkSession that applies staged changes to Delta tables: the parts above, on one session.
+
+    Safe to use from several threads at once (see :class:`pg2delta.lake.engine_session.EngineSession`).
+    """
+
+    @classmethod
+    def start(cls, config: EngineConfig, lake: Lake) -> Engine:
+        """Start the engine ``config`` names (:func:`pg2delta.lake.engine_session.open_session`) on ``lake``."""
+        opened = open_session(config)
+        return cls(opened.spark, lake, stop=opened.stop, classic=opened.classic, session_conf=opened.session_conf)
+
+    def with_lake(self, lake: Lake) -> Engine:
+        """An engine on the same session writing another lake (its owner stops the session)."""
+        return Engine(self._main, lake, classic=self.classic, session_conf=self._session_conf)

@@ -1,0 +1,221 @@
+"""Reads of Delta tables through the engine: schemas, rows, time travel, small aggregates.
+
+Everything pg2delta asks a Delta table without changing it: its columns and types (as of a
+version), whether it has rows, the rows of some keys (to fill unchanged TOAST), a version as a
+DataFrame or temporary view, a bounded slice as Arrow, the high-water marks of the changelog
+and the history. Where pysail 0.7.2 cannot time-travel (below its latest checkpoint) an old
+version is read from the files its log lists instead (:meth:`pg2delta.lake.lake_files.Lake.snapshot_at`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pg2delta.errors import LakeError
+from pg2delta.lake.engine_session import EngineSession
+
+# The lake layer (engine.py and its parts) logs under one name, as when it was one module.
+log = logging.getLogger("pg2delta.lake.engine")
+
+
+class DeltaReads(EngineSession):
+    """What the engine reads from Delta tables (no commit is made here)."""
+
+    def table_types(self, uri: str, *, version: int | None = None) -> dict[str, str] | None:
+        """The Delta table's columns and their Spark type names, in order (as of ``version``, default
+        the latest); None if there is no table."""
+        if self.lake.delta_version(uri) is None:
+            return None
+        try:
+            reader = self.spark.read.format("delta")
+            if version is not None:
+                reader = reader.option("versionAsOf", version)
+            schema = reader.load(uri).schema
+        except Exception as exc:
+            if version is None:
+                raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+            # pysail 0.7.2 cannot time-travel below its latest checkpoint: the log has the schema.
+            from pyspark.sql.types import StructType
+
+            _, text = self.lake.snapshot_at(uri, version)
+            if text is None:
+                raise LakeError(f"cannot read the schema of {uri} at version {version}: no metadata") from exc
+            schema = StructType.fromJson(json.loads(text))
+        return {f.name: f.dataType.simpleString() for f in schema.fields}
+
+    def has_rows(self, uri: str, *, version: int | None = None) -> bool:
+        """Whether the Delta table at ``uri`` (as of ``version``) holds any row; False if there is no table."""
+        if self.lake.delta_version(uri) is None:
+            return False
+        try:
+            return bool(self._read_version(uri, version).limit(1).count())
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def read_rows(
+        self,
+        uri: str,
+        key_names: Sequence[str],
+        keys: Sequence[tuple[object, ...]],
+        columns: Sequence[str],
+        *,
+        version: int | None = None,
+        nullable_keys: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Rows of the Delta table whose key is one of ``keys`` (few: used to fill unchanged TOAST).
+
+        With ``version``, the table as of that Delta version (time travel); columns the table
+        did not have then come back as None. ``nullable_keys`` matches keys null-safely.
+        """
+        from pg2delta.apply.merge import quote
+
+        if not keys or self.lake.delta_version(uri) is None:
+            return []
+        keyset = pa.table({k: [key[i] for key in keys] for i, k in enumerate(key_names)})
+        staged = self.lake.stage(keyset, f"lookup-{uuid.uuid4().hex}")
+        key_view = f"pg2delta_keys_{uuid.uuid4().hex[:12]}"
+        table_view = f"pg2delta_table_{uuid.uuid4().hex[:12]}"
+        try:
+            table = self._read_version(uri, version)
+            present = set(table.columns)
+            table.createOrReplaceTempView(table_view)
+            self.spark.read.parquet(staged).createOrReplaceTempView(key_view)
+        except Exception as exc:
+            self.lake.unstage(staged)
+            raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
+        try:
+            eq = "<=>" if nullable_keys else "="
+            on = " AND ".join(f"t.{quote(k)} {eq} k.{quote(k)}" for k in key_names)
+            cols = ", ".join(
+                f"t.{quote(c)}" if c in present else f"NULL AS {quote(c)}" for c in dict.fromkeys([*key_names, *columns])
+            )
+            rows = self._sql(f"SELECT {cols} FROM {table_view} AS t JOIN {key_view} AS k ON {on}", f"lookup in {uri}")
+            return [r.asDict(recursive=True) for r in rows]
+        finally:
+            for view in (key_view, table_view):
+                try:
+                    self.spark.catalog.dropTempView(view)
+                except Exception:
+                    log.debug("could not drop temp view %s", view)
+            self.lake.unstage(staged)
+
+    @contextmanager
+    def version_view(self, uri: str, version: int) -> Iterator[str]:
+        """A temporary view of the Delta table at ``uri`` as of ``version``, dropped afterwards."""
+        view = f"pg2delta_version_{uuid.uuid4().hex[:12]}"
+        try:
+            self._read_version(uri, version).createOrReplaceTempView(view)
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
+        try:
+            yield view
+        finally:
+            try:
+                self.spark.catalog.dropTempView(view)
+            except Exception:
+                log.debug("could not drop temp view %s", view)
+
+    def read_version(self, uri: str, version: int | None) -> Any:
+        """The Delta table at ``uri`` as of ``version`` (None: the latest) as a DataFrame."""
+        return self._read_version(uri, version)
+
+    def _read_version(self, uri: str, version: int | None) -> Any:
+        """The Delta table at ``uri`` (as of ``version``) as a DataFrame."""
+        if version is None:
+            return self.spark.read.format("delta").load(uri)
+        try:
+            table = self.spark.read.format("delta").option("versionAsOf", version).load(uri)
+            table.columns  # noqa: B018 -- resolves the snapshot now, so a failure is caught here
+            return table
+        except Exception as exc:
+            # pysail 0.7.2 cannot time-travel below its latest checkpoint: read the files the
+            # JSON commits list at that version instead, with that version's schema.
+            log.debug("time travel to version %d of %s failed (%s); reading its files", version, uri, exc)
+            files, text = self.lake.snapshot_at(uri, version)
+            if text is None:
+                raise LakeError(f"cannot read {uri} at version {version}: no metadata") from exc
+            from pyspark.sql.types import StructType
+
+            schema = StructType.fromJson(json.loads(text))
+            return self.spark.read.schema(schema).parquet(*files) if files else self.spark.createDataFrame([], schema)
+
+    def read_table(self, uri: str) -> list[dict[str, Any]]:
+        """All rows of a (small) Delta table, or [] if it does not exist."""
+        if self.lake.delta_version(uri) is None:
+            return []
+        try:
+            return [r.asDict(recursive=True) for r in self.spark.read.format("delta").load(uri).collect()]
+        except Exception as exc:
+            raise LakeError(f"cannot read {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def max_of(self, uri: str, column: str) -> int | None:
+        """The largest value of an integer column of the Delta table at ``uri`` (None: empty or missing)."""
+        from pg2delta.apply.merge import quote
+
+        if self.lake.delta_version(uri) is None:
+            return None
+        rows = self._sql(f"SELECT max({quote(column)}) AS m FROM {self.target(uri)}", f"reading max({column}) of {uri}")
+        value = rows[0]["m"] if rows else None
+        return None if value is None else int(value)
+
+    def history_high(self, uri: str, pairs: Sequence[tuple[str, str]]) -> int | None:
+        """The largest of the ``(lsn, pos)`` column pairs' LSNs over rows whose position is not negative
+        (an SCD2 history's window-written bounds, see history.py; None: empty or missing)."""
+        from pg2delta.apply.merge import quote
+
+        if self.lake.delta_version(uri) is None:
+            return None
+        parts = ", ".join(
+            f"max(CASE WHEN {quote(pos)} >= 0 THEN {quote(lsn)} END) AS m{i}" for i, (lsn, pos) in enumerate(pairs)
+        )
+        rows = self._sql(f"SELECT {parts} FROM {self.target(uri)}", f"reading the high-water LSN of {uri}")
+        values = [int(v) for v in (rows[0] if rows else []) if v is not None]
+        return max(values) if values else None
+
+    def read_arrow(self, uri: str, where: str) -> pa.Table:
+        """The rows of the Delta table at ``uri`` matching the SQL condition ``where``, as Arrow.
+
+        They travel through a Parquet directory under the lake's staging area (Spark 3.5 has no
+        Arrow collect); use it for bounded slices, not whole large tables.
+        """
+        rel = f"_pg2delta/staging/export-{uuid.uuid4().hex}"
+        local = f"{self.lake.path}/{rel}"
+        try:
+            self.spark.read.format("delta").load(uri).where(where).write.mode("overwrite").parquet(self.lake.table_uri(rel))
+            infos = self.lake.fs.get_file_info(pafs.FileSelector(local, allow_not_found=True, recursive=True))
+            files = sorted(i.path for i in infos if i.is_file and i.base_name.endswith(".parquet"))
+            tables = [pq.read_table(f, filesystem=self.lake.fs) for f in files]
+        except Exception as exc:
+            raise LakeError(f"cannot read {uri} where {where}: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            try:
+                self.lake.fs.delete_dir(local)
+            except (OSError, pa.ArrowException):
+                log.debug("could not remove export directory %s", local)
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def check_version(self, uri: str, version: int) -> None:
+        """Raise :class:`LakeError` unless the Delta table at ``uri`` can be read as of ``version``."""
+        try:
+            _ = self._read_version(uri, version).columns
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(
+                f"cannot read {uri} as of Delta version {version} (time travel): {' '.join(str(exc).split())[:300]}"
+            ) from exc

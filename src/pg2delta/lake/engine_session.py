@@ -1,0 +1,253 @@
+"""The Spark session under the engine, and what differs between the engines.
+
+Starting one of the three engines (:func:`open_session`: pysail in this process, Apache Spark
+with delta-spark, a Spark Connect server) and :class:`EngineSession`, the base every part of
+:class:`pg2delta.lake.engine.Engine` builds on: this thread's session, SQL whose failures become
+:class:`LakeError`, Delta's idempotent-write settings, and the few SQL spellings that differ.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from pg2delta.errors import ConfigError, LakeError
+from pg2delta.lake.lake_files import Lake
+
+ENGINES = ("embedded", "spark", "connect")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    kind: str = "embedded"  # embedded | spark | connect
+    remote: str | None = None  # sc://host:port for kind = "connect"
+    app_name: str = "pg2delta"
+    spark_conf: tuple[tuple[str, str], ...] = ()
+
+
+# pyspark 3.5's Spark Connect client deadlocks when a SparkSession is garbage-collected on one of
+# its own release threads: __del__ closes the client, which joins the class-wide thread pool it is
+# running on while SparkSession.stop() in the main thread holds the pool's lock (seen here with
+# pyspark 3.5.9 after a few runs in one process; pyspark 4 no longer joins). Connect sessions are
+# therefore kept referenced until the process exits, so their __del__ never runs mid-run: one per
+# run, stopped, a few kilobytes each.
+_CONNECT_SESSIONS: list[Any] = []
+
+# Session settings of a classic Spark session, unless the config names them. Staged Parquet comes
+# from pyarrow, which writes dates and timestamps in the proleptic Gregorian calendar as PostgreSQL
+# does; Spark 3.5 refuses to read (or write) one before 1582-10-15 or 1900-01-01 unless told
+# which calendar the file uses (READ_ANCIENT_DATETIME). Spark 4 defaults to CORRECTED already.
+# Spark writes timestamps as INT96 unless told otherwise; other Delta readers (delta-rs, DuckDB)
+# read INT96 as nanoseconds and cannot hold PostgreSQL's range (years 1 to 9999) that way.
+_CLASSIC_SQL_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+}
+
+
+# Delta's idempotent-write identifiers as session settings: a MERGE, DELETE or append made with
+# them is skipped by Delta itself when the table already recorded a transaction of that app id
+# with a version at least as high (delta-io/delta#1555, Delta 2.3 and later).
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """An idempotent-write identifier: the application and its monotonically growing version."""
+
+    app_id: str
+    version: int
+
+
+def _delta_jars_named(conf: dict[str, str]) -> bool:
+    """Whether Spark will have jars it was told about: under ``spark-submit`` (the JVM is up, with
+    its ``--packages``/``--jars``), or ``spark.jars``/``spark.jars.packages`` in the config or in
+    Spark's own ``spark-defaults.conf`` (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``)."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ or {"spark.jars", "spark.jars.packages"} & set(conf):
+        return True
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    if conf_dir is None:
+        return False
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as f:
+            keys = {line.split(None, 1)[0] for line in f if line.strip() and not line.lstrip().startswith("#")}
+    except OSError:
+        return False
+    return bool({"spark.jars", "spark.jars.packages"} & keys)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedSession:
+    """A started session: the SparkSession, how to stop what was started for it, whether it is a
+    classic one, and the SQL settings a classic session's other threads need too."""
+
+    spark: Any
+    stop: Callable[[], None] | None = None
+    classic: bool = False
+    session_conf: dict[str, str] = field(default_factory=dict)
+
+
+def open_session(config: EngineConfig) -> OpenedSession:
+    """Start the engine ``config`` names; :class:`ConfigError` when it is unknown or not installed."""
+    # pyspark warns about the installed pandas version on import, which we never use.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark(\.|$)")
+    if config.kind not in ENGINES:
+        raise ConfigError(f"unknown engine {config.kind!r}; choose one of {', '.join(ENGINES)}")
+    try:
+        if config.kind == "embedded":
+            return _open_embedded()
+        if config.kind == "connect":
+            if not config.remote:
+                raise ConfigError("engine 'connect' needs remote = \"sc://host:port\"")
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.builder.remote(config.remote).getOrCreate()
+            _CONNECT_SESSIONS.append(spark)
+            return OpenedSession(spark)
+        return _open_classic(config)
+    except ImportError as exc:
+        extra = "embedded" if config.kind != "spark" else "spark"
+        raise ConfigError(f"engine {config.kind!r} is not installed: {exc} (pip install 'pg2delta[{extra}]')") from exc
+
+
+def _open_embedded() -> OpenedSession:
+    from pysail.spark import SparkConnectServer
+    from pyspark.sql import SparkSession
+
+    # pysail logs session starts at info and task aborts at shutdown at warn, straight to
+    # stderr; our own log and one-line errors must stay readable there.
+    os.environ.setdefault("RUST_LOG", "error")
+    server = SparkConnectServer("127.0.0.1", 0)
+    server.start(background=True)
+    _, port = server.listening_address
+    spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+    _CONNECT_SESSIONS.append(spark)
+
+    def stop() -> None:
+        try:
+            spark.stop()
+        finally:
+            server.stop()
+
+    return OpenedSession(spark, stop=stop)
+
+
+def _open_classic(config: EngineConfig) -> OpenedSession:
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(config.app_name)
+    conf = dict(config.spark_conf)
+    conf.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+    conf.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    if not _delta_jars_named(conf):
+        try:  # outside spark-submit: let delta-spark name its jars for this pyspark
+            from delta import configure_spark_with_delta_pip
+
+            builder = configure_spark_with_delta_pip(builder)
+        except ImportError:
+            pass
+    spark = builder.getOrCreate()
+    session_conf = {k: v for k, v in _CLASSIC_SQL_CONF.items() if k not in conf}
+    for key, value in session_conf.items():
+        spark.conf.set(key, value)
+    return OpenedSession(spark, classic=True, session_conf=session_conf)
+
+
+class EngineSession:
+    """The session the engine's parts share, and the helpers they all use.
+
+    Safe to use from several threads at once (``Job`` merges independent tables concurrently).
+    A classic session gives every other thread a session of its own (``newSession()``: the same
+    SparkContext, its own SQL settings and temporary views), so the per-statement idempotent-write
+    settings of one thread never reach another's statement. A Spark Connect session (embedded,
+    connect) is shared: its statements carry no per-thread settings.
+    """
+
+    def __init__(
+        self, spark: Any, lake: Lake, *, stop: Any = None, classic: bool = False, session_conf: dict[str, str] | None = None
+    ) -> None:
+        self._main = spark
+        self.lake = lake
+        self._stop = stop
+        self.classic = classic
+        self._session_conf = dict(session_conf or {})
+        self._owner = threading.get_ident()
+        self._local = threading.local()
+
+    @property
+    def spark(self) -> Any:
+        """This thread's session: the main one, or for a classic engine in another thread its own."""
+        if not self.classic or threading.get_ident() == self._owner:
+            return self._main
+        session = getattr(self._local, "spark", None)
+        if session is None:
+            session = self._main.newSession()
+            for key, value in self._session_conf.items():
+                session.conf.set(key, value)
+            self._local.spark = session
+        return session
+
+    @property
+    def idempotent_writes(self) -> bool:
+        """Whether Delta itself recognises a replayed commit (:class:`Txn`); delta-spark does,
+        pysail 0.7 has no ``txnAppId``."""
+        return self.classic
+
+    @contextmanager
+    def _txn(self, txn: Txn | None) -> Iterator[None]:
+        """Statements in this block carry ``txn`` as Delta's idempotent-write session settings."""
+        if txn is None or not self.idempotent_writes:
+            yield
+            return
+        conf = self.spark.conf
+        conf.set(TXN_APP_ID, txn.app_id)
+        conf.set(TXN_VERSION, str(txn.version))
+        try:
+            yield
+        finally:
+            conf.unset(TXN_APP_ID)
+            conf.unset(TXN_VERSION)
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop()
+
+    # --- SQL ------------------------------------------------------------------------------
+
+    @staticmethod
+    def target(uri: str) -> str:
+        return "delta.`" + uri.replace("`", "``") + "`"
+
+    def _sql(self, statement: str, what: str) -> list[Any]:
+        try:
+            return list(self.spark.sql(statement).collect())
+        except Exception as exc:  # pyspark raises many unrelated types; keep the cause chain
+            raise LakeError(f"{what} failed: {' '.join(str(exc).split())[:500]}") from exc
+
+    def query(self, statement: str, what: str) -> list[Any]:
+        """The rows of a (small: aggregates, a few rows) Spark SQL query; :class:`LakeError` on failure."""
+        return self._sql(statement, what)
+
+    def decimal_text(self, expr: str, scale: int) -> str:
+        """Spark SQL for the plain text of a decimal with ``scale`` digits (``-0.0500``, never ``5.00E-2``).
+
+        Apache Spark prints small decimals and zeros with a scale in scientific notation (Java's
+        ``BigDecimal.toString``); ``format_number`` is exact for decimals there. pysail casts plainly,
+        and its ``format_number`` goes through a double (wrong past 15 digits).
+        """
+        if self.classic:
+            return f"replace(format_number({expr}, {scale}), ',', '')"
+        return f"CAST({expr} AS STRING)"

@@ -1,0 +1,285 @@
+"""A spilled window's changes, reduced and filled inside the engine.
+
+A window too large for memory reaches the lake as staged Parquet (see :mod:`pg2delta.decode.spill`); the
+engine then does in SQL what :mod:`pg2delta.apply.merge` does in Arrow for a small one: orders each
+key's changes, fills unchanged TOAST values from earlier changes of the row or from the table,
+and keeps one final row per key (:meth:`StagedReduce.merge_reduced`, then the MERGE) or every
+change (:meth:`StagedReduce.stage_filled`, for the SCD2 history). Each step is written out as
+Parquet and read back (:class:`_Steps`), so the next starts from files rather than a growing plan;
+past :data:`REDUCE_BUCKET_ROWS` staged changes the reduce runs one hash bucket of the keys at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from pg2delta.errors import DataError, LakeError
+from pg2delta.lake.engine_reads import DeltaReads
+from pg2delta.lake.engine_session import Txn
+from pg2delta.memory import release_memory
+
+# The lake layer (engine.py and its parts) logs under one name, as when it was one module.
+log = logging.getLogger("pg2delta.lake.engine")
+
+# Staged changes per query of a bucketed reduce (StagedReduce.merge_reduced).
+REDUCE_BUCKET_ROWS = 500_000
+
+
+class StagedReduce(DeltaReads):
+    """The reduce of staged changes in the engine, and what is computed from them."""
+
+    def merge_reduced(
+        self,
+        uri: str,
+        changes_dir: str,
+        statement_for: Any,
+        *,
+        work: str,
+        key_names: Sequence[str],
+        data_columns: Sequence[str],
+        toast_columns: Sequence[str],
+        lookup_version: int | None,
+        nullable_keys: bool,
+        optional: Collection[str] = (),
+        txn: Txn | None = None,
+        rows: int = 0,
+    ) -> int:
+        """Reduce the staged changes under ``changes_dir`` to one row per key in the engine and MERGE them
+        (a spilled window, see :mod:`pg2delta.decode.spill`); returns the number of rows merged.
+
+        ``toast_columns``: the columns some change sent as unchanged TOAST; their values come from
+        earlier changes of the row, else from the table at ``lookup_version``. ``work``: a name in the
+        staging area for the intermediate results (removed here). ``rows``: how many changes are
+        staged; past :data:`REDUCE_BUCKET_ROWS` the reduce runs as several queries, each over the keys
+        of one hash bucket, so the engine's memory does not follow the window's size (not with
+        unchanged TOAST, whose values follow a row through key changes, from one key to another).
+        The one MERGE reads every bucket's rows.
+        """
+        steps = _Steps(self, work)
+        buckets = 1 if toast_columns else max(1, -(-rows // REDUCE_BUCKET_ROWS))
+        try:
+            final = steps.filled(
+                uri, changes_dir, key_names=key_names, data_columns=data_columns, toast_columns=toast_columns,
+                lookup_version=lookup_version, nullable_keys=nullable_keys, optional=optional, every_row=False,
+                buckets=buckets,
+            )
+            merged = int(self.spark.sql(f"SELECT count(*) AS n FROM {final}").collect()[0]["n"])
+            log.debug("%s: %d rows to merge", uri, merged)
+            with self._txn(txn):
+                self._sql(statement_for(self.target(uri), final), f"MERGE into {uri}")
+            return merged
+        except (LakeError, DataError):
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot reduce the staged changes of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            steps.close()
+
+    def stage_filled(
+        self,
+        uri: str,
+        changes_dir: str,
+        then: Sequence[Any],
+        summary: Any,
+        *,
+        out: str,
+        work: str,
+        key_names: Sequence[str],
+        data_columns: Sequence[str],
+        toast_columns: Sequence[str],
+        lookup_version: int | None,
+        nullable_keys: bool,
+        optional: Collection[str] = (),
+        truncates: Sequence[tuple[int, int]] = (),
+    ) -> tuple[str, dict[str, Any]]:
+        """Every staged change under ``changes_dir`` (a spilled window of the table at ``uri``) with its
+        unchanged TOAST filled in the engine, as :meth:`merge_reduced` fills the final rows, then each
+        of the SQL builders ``then`` (``view -> statement``) applied in turn, every result written to
+        Parquet and read back; the last one is written to the staging area's ``out``. Returns its URI
+        and the first row of ``summary(view of it)`` (a small aggregate). ``work`` as in :meth:`merge_reduced`;
+        ``truncates``: (commit LSN, position) of the truncates among the changes (see
+        :func:`pg2delta.apply.merge.ordered_changes_sql`)."""
+        steps = _Steps(self, work)
+        try:
+            current = steps.filled(
+                uri, changes_dir, key_names=key_names, data_columns=data_columns, toast_columns=toast_columns,
+                lookup_version=lookup_version, nullable_keys=nullable_keys, optional=optional, every_row=True,
+                truncates=truncates,
+            )
+            target = self.lake.staging_uri(out)
+            for n, build in enumerate(then):
+                last = n == len(then) - 1
+                current = steps.materialized(self.spark.sql(build(current)), f"then-{n}", target=target if last else None)
+            rows = self.spark.sql(summary(current)).collect()
+            return target, (rows[0].asDict() if rows else {})
+        except (LakeError, DataError):
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot compute from the staged changes of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            steps.close()
+
+
+class _Steps:
+    """The temporary views and intermediate Parquet results of a computation over staged changes
+    (:meth:`StagedReduce.merge_reduced`, :meth:`StagedReduce.stage_filled`); :meth:`close` drops and removes them."""
+
+    def __init__(self, engine: StagedReduce, work: str) -> None:
+        self.engine = engine
+        self.work = work
+        self.views: list[str] = []
+
+    def view(self, df: Any) -> str:
+        name = f"pg2delta_{uuid.uuid4().hex[:12]}"
+        df.createOrReplaceTempView(name)
+        self.views.append(name)
+        return name
+
+    def write(self, df: Any, target: str) -> bool:
+        """``df`` written to ``target`` as Parquet; False when nothing was written: pysail writes
+        nothing at all for an empty result (Apache Spark a file with the schema)."""
+        lake = self.engine.lake
+        df.write.mode("overwrite").parquet(target)
+        release_memory()
+        return bool(lake.fs.get_file_info(lake._local(target)).type != pafs.FileType.NotFound)
+
+    def materialized(self, df: Any, part: str, *, target: str | None = None) -> str:
+        # Written out and read back: the next step starts from files, not from a growing plan.
+        target = target or self.engine.lake.staging_uri(f"{self.work}/{part}")
+        if not self.write(df, target):
+            return self.view(df)  # the plan itself, which yields no rows either
+        return self.view(self.engine.spark.read.parquet(target))
+
+    def filled(
+        self,
+        uri: str,
+        changes_dir: str,
+        *,
+        key_names: Sequence[str],
+        data_columns: Sequence[str],
+        toast_columns: Sequence[str],
+        lookup_version: int | None,
+        nullable_keys: bool,
+        optional: Collection[str],
+        every_row: bool,
+        truncates: Sequence[tuple[int, int]] = (),
+        buckets: int = 1,
+    ) -> str:
+        """The view of the staged changes' final rows per key (``every_row``: of every change), their
+        unchanged TOAST filled from earlier changes of the row, else from the table at ``lookup_version``;
+        :class:`DataError` when neither has a value. ``buckets`` > 1 (no ``toast_columns``): computed
+        one hash bucket of the keys at a time, each written out before the next starts."""
+        from pg2delta.apply import merge as m
+
+        spark = self.engine.spark
+        if buckets > 1 and not toast_columns:
+            return self._reduced_in_buckets(
+                uri, changes_dir, key_names=key_names, data_columns=data_columns, nullable_keys=nullable_keys,
+                optional=optional, every_row=every_row, truncates=truncates, buckets=buckets,
+            )
+        changes = self.view(spark.read.parquet(changes_dir))
+        ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, toast_columns, truncates)))
+        chain = lake = None
+        if toast_columns:
+            chain = self._toast_chain(uri, ordered, key_names, toast_columns, every_row=every_row)
+            lake = self._lake_values(uri, key_names, toast_columns, lookup_version)
+        final_sql = m.final_source_sql(
+            ordered, chain, lake, key_names, data_columns, toast_columns,
+            nullable_keys=nullable_keys, optional=optional, every_row=every_row,
+        )
+        final = self.materialized(spark.sql(final_sql), "final")
+        log.debug("%s: the staged changes with their unchanged TOAST filled", uri)
+        if chain is not None:
+            lost = spark.sql(f"SELECT {m.LAKE_KEY} FROM {final} WHERE {m.MISSING} LIMIT 1").collect()
+            if lost:
+                raise DataError(
+                    f"cannot recover an unchanged TOAST value in {uri} (row {lost[0][0].asDict()}): the row is "
+                    "neither in this window nor in the lake; run pg2delta bootstrap for this table "
+                    "or set REPLICA IDENTITY FULL on it"
+                )
+        return final
+
+    def _reduced_in_buckets(
+        self,
+        uri: str,
+        changes_dir: str,
+        *,
+        key_names: Sequence[str],
+        data_columns: Sequence[str],
+        nullable_keys: bool,
+        optional: Collection[str],
+        every_row: bool,
+        truncates: Sequence[tuple[int, int]],
+        buckets: int,
+    ) -> str:
+        """:meth:`filled` without unchanged TOAST, one hash bucket of the keys at a time."""
+        from pg2delta.apply import merge as m
+
+        engine, spark = self.engine, self.engine.spark
+        by_key = ", ".join(m.quote(k) for k in key_names)
+        source = spark.read.parquet(changes_dir)
+        parts: list[str] = []
+        last = ""
+        for i in range(buckets):
+            changes = self.view(source.where(f"pmod(hash({by_key}), {buckets}) = {i}"))
+            ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, (), truncates)))
+            last = m.final_source_sql(
+                ordered, None, None, key_names, data_columns, (),
+                nullable_keys=nullable_keys, optional=optional, every_row=every_row,
+            )
+            target = engine.lake.staging_uri(f"{self.work}/final-{i:04d}")
+            if self.write(spark.sql(last), target):
+                parts.append(target)
+        log.debug("%s: the staged changes reduced in %d buckets", uri, buckets)
+        return self.view(spark.read.parquet(*parts)) if parts else self.view(spark.sql(last))
+
+    def _toast_chain(
+        self, uri: str, ordered: str, key_names: Sequence[str], toast_columns: Sequence[str], *, every_row: bool
+    ) -> str:
+        """The view of each change's unchanged TOAST values filled from earlier changes of the row,
+        following it through key changes: resolved one step at a time (at most 64), each written out."""
+        from pg2delta.apply import merge as m
+
+        spark = self.engine.spark
+        chain = self.materialized(
+            spark.sql(m.toast_chain_sql(ordered, key_names, toast_columns, every_row=every_row)), "chain-0"
+        )
+        step = 0
+        while spark.sql(f"SELECT 1 FROM {chain} WHERE {m.unresolved_sql(chain, toast_columns)} LIMIT 1").collect():
+            step += 1
+            if step > 64:
+                raise LakeError(f"unchanged TOAST of {uri}: the chain of key changes did not resolve in 64 steps")
+            chain = self.materialized(spark.sql(m.resolve_step_sql(chain, toast_columns)), f"chain-{step}")
+        return chain
+
+    def _lake_values(
+        self, uri: str, key_names: Sequence[str], toast_columns: Sequence[str], lookup_version: int | None
+    ) -> str | None:
+        """The view of the table's keys and TOAST columns at ``lookup_version`` (a negative one: none
+        to look at), each row marked present; None when there is no table."""
+        from pg2delta.apply import merge as m
+
+        engine = self.engine
+        if (lookup_version is None or lookup_version >= 0) and engine.lake.delta_version(uri) is not None:
+            table = engine.read_version(uri, lookup_version)
+            present = set(table.columns)
+            cols = [
+                m.quote(c) if c in present else f"NULL AS {m.quote(c)}"
+                for c in dict.fromkeys([*key_names, *toast_columns])
+            ]
+            return self.view(table.selectExpr(*cols, f"true AS {m.PRESENT}"))
+        return None
+
+    def close(self) -> None:
+        spark = self.engine.spark
+        for name in self.views:
+            try:
+                spark.catalog.dropTempView(name)
+            except Exception:
+                log.debug("could not drop temp view %s", name)
+        self.engine.lake.unstage_dir(self.work)

@@ -1,0 +1,206 @@
+"""Commits to Delta tables through the engine: MERGE, appends, deletes, rewrites.
+
+Every statement that makes a Delta commit from staged Parquet: creating and widening a table,
+rewriting it with wider types, the MERGE of a window's changes (with Delta's idempotent-write
+settings where the engine has them, :class:`pg2delta.lake.engine_session.Txn`), appends, deletes, a
+table replaced by a copy, and a copy of a table as of an old version (backfill's seed).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from pg2delta.errors import LakeError
+from pg2delta.lake.engine_reads import DeltaReads
+from pg2delta.lake.engine_session import Txn
+
+# The lake layer (engine.py and its parts) logs under one name, as when it was one module.
+log = logging.getLogger("pg2delta.lake.engine")
+
+
+class DeltaWrites(DeltaReads):
+    """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
+
+    def ensure_table(self, uri: str, staged: str, columns: Sequence[str], current: Collection[str] | None = None) -> bool:
+        """Create the Delta table, or add columns it lacks, with the schema of ``columns`` of ``staged``.
+
+        ``current``: the table's columns when the caller knows them (saves reading its schema).
+        Returns True when the table's schema changed.
+        """
+        from pg2delta.apply.merge import quote
+
+        existing = self.lake.delta_version(uri)
+        try:
+            df = self.spark.read.parquet(staged).select(*[quote(c) for c in columns]).limit(0)
+            if existing is None:
+                df.write.format("delta").mode("append").save(uri)
+                log.info("created delta table %s", uri)
+                return True
+            if current is None:
+                current = set(self.spark.read.format("delta").load(uri).columns)
+            if set(columns) - set(current):
+                df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+                log.info("added columns %s to %s", sorted(set(columns) - set(current)), uri)
+                return True
+            return False
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot create or widen delta table {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def rewrite(
+        self, uri: str, casts: dict[str, str], *, drop: Sequence[str] = (), fill: pa.Table | None = None
+    ) -> None:
+        """Rewrite the Delta table with the columns in ``casts`` cast to wider Spark types, without ``drop``,
+        and with every row holding the values of the one row of ``fill`` in its columns (added at the
+        end when the table lacks them, replaced when it has them).
+
+        One commit (an overwrite with ``overwriteSchema``) that both Apache Spark with delta-spark
+        and pysail accept; pysail has no ``ALTER TABLE``, and Delta's in-place type widening needs a
+        table feature that not every reader supports. Earlier versions stay readable (time travel).
+        """
+        from pg2delta.apply.merge import quote
+
+        staged = self.lake.stage(fill, f"fill-{uuid.uuid4().hex}") if fill is not None else None
+        filled = list(fill.column_names) if fill is not None else []
+        try:
+            df = self.spark.read.format("delta").load(uri)
+            cols = [
+                f"CAST({quote(c)} AS {casts[c]}) AS {quote(c)}" if c in casts else quote(c)
+                for c in df.columns
+                if c not in drop and c not in filled
+            ]
+            out = df.selectExpr(*cols)
+            if staged is not None:
+                # One row: every row of the table gets its values.
+                order = [c for c in df.columns if c not in drop] + [c for c in filled if c not in df.columns]
+                out = out.crossJoin(self.spark.read.parquet(staged)).selectExpr(*[quote(c) for c in order])
+            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(uri)
+        except Exception as exc:
+            raise LakeError(f"cannot rewrite {uri} with new column types or values: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            if staged is not None:
+                self.lake.unstage(staged)
+        log.info(
+            "rewrote %s: wider columns %s, dropped columns %s, columns set in every row %s",
+            uri, ", ".join(f"{c} {t}" for c, t in sorted(casts.items())) or "none", ", ".join(drop) or "none",
+            ", ".join(filled) or "none",
+        )
+
+    def merge(self, uri: str, staged: str, statement_for: Any, *, txn: Txn | None = None) -> None:
+        """Run the MERGE built by ``statement_for(target, source_view)`` with ``staged`` as the source.
+
+        With ``txn``, Delta skips the MERGE when the table already committed that transaction
+        (where the engine supports it, :attr:`idempotent_writes`).
+        """
+        view = f"pg2delta_src_{uuid.uuid4().hex[:12]}"
+        try:
+            self.spark.read.parquet(staged).createOrReplaceTempView(view)
+        except Exception as exc:
+            raise LakeError(f"cannot read staged changes {staged}: {' '.join(str(exc).split())[:500]}") from exc
+        try:
+            with self._txn(txn):
+                self._sql(statement_for(self.target(uri), view), f"MERGE into {uri}")
+        finally:
+            try:
+                self.spark.catalog.dropTempView(view)
+            except Exception:
+                log.debug("could not drop temp view %s", view)
+
+    def delete_where(self, uri: str, condition: str) -> None:
+        """``DELETE FROM`` the table the rows matching the Spark SQL ``condition`` (one commit)."""
+        self._sql(f"DELETE FROM {self.target(uri)} WHERE {condition}", f"DELETE FROM {uri}")
+
+    def replace_table(self, uri: str, staged_dir: str) -> None:
+        """Make the Delta table at ``uri`` hold exactly the Parquet files under ``staged_dir``, in one commit.
+
+        The table is created when missing; an existing one is overwritten (schema included),
+        so readers see either the old table or the whole new one, never part of it.
+        """
+        try:
+            (
+                self.spark.read.parquet(staged_dir)
+                .write.format("delta")
+                .mode("overwrite")
+                .option("overwriteSchema", "true")
+                .save(uri)
+            )
+        except Exception as exc:
+            raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def delete_all(self, uri: str, *, txn: Txn | None = None) -> None:
+        with self._txn(txn):
+            self._sql(f"DELETE FROM {self.target(uri)}", f"DELETE FROM {uri}")
+
+    def append(self, uri: str, table: pa.Table, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
+        """Append ``table`` to the Delta table at ``uri`` (created if missing; new columns added).
+
+        ``fill_missing``: columns of the table that ``table`` lacks are written as NULL (pysail
+        refuses an append without them). ``txn``: skipped by Delta when already committed.
+        """
+        staged = self.lake.stage(table, f"append-{uuid.uuid4().hex}")
+        try:
+            self.append_staged(uri, staged, fill_missing=fill_missing, txn=txn)
+        finally:
+            self.lake.unstage(staged)
+
+    def append_staged(self, uri: str, staged: str, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
+        """:meth:`append` of the staged Parquet file or directory ``staged`` (its files' schemas merged)."""
+        try:
+            df = self.spark.read.option("mergeSchema", "true").parquet(staged)
+            if fill_missing and self.lake.delta_version(uri) is not None:
+                from pyspark.sql import functions as F
+
+                have = set(df.columns)
+                for f in self.spark.read.format("delta").load(uri).schema.fields:
+                    if f.name not in have:
+                        df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
+            writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
+            if txn is not None and self.idempotent_writes:
+                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
+            writer.save(uri)
+        except Exception as exc:
+            raise LakeError(f"cannot append to {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def merge_from_copy(
+        self, uri: str, staged_dir: str, extra: Sequence[str], statement_for: Any, *, internal: Collection[str] = ()
+    ) -> None:
+        """MERGE the rows of the Parquet files under ``staged_dir`` (a table's copy), with the
+        ``extra`` SQL expressions as further columns, into ``uri`` (created, or widened with the
+        columns it lacks, first; ``internal`` columns of the source are not the table's):
+        ``statement_for(target, source_view, columns)`` builds the statement."""
+        view = f"pg2delta_copy_{uuid.uuid4().hex[:12]}"
+        try:
+            df = self.spark.read.option("mergeSchema", "true").parquet(staged_dir).selectExpr("*", *extra)
+            columns = [c for c in df.columns if c not in internal]
+            empty = df.select(*[df[c] for c in columns]).limit(0)
+            if self.lake.delta_version(uri) is None:
+                empty.write.format("delta").mode("append").save(uri)
+            elif set(columns) - set(self.spark.read.format("delta").load(uri).columns):
+                empty.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+            df.createOrReplaceTempView(view)
+        except Exception as exc:
+            raise LakeError(f"cannot stage the copy for {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        try:
+            self._sql(statement_for(self.target(uri), view, columns), f"MERGE into {uri}")
+        finally:
+            try:
+                self.spark.catalog.dropTempView(view)
+            except Exception:
+                log.debug("could not drop temp view %s", view)
+
+    def copy_table(self, source: str, version: int, target: str) -> None:
+        """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
+        try:
+            self._read_version(source, version).write.format("delta").mode("append").save(target)
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(
+                f"cannot copy {source} at version {version} to {target}: {' '.join(str(exc).split())[:500]}"
+            ) from exc

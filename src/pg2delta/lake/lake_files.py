@@ -1,0 +1,202 @@
+"""The lake's files, read and written with pyarrow alone: no Spark session.
+
+What pg2delta needs from a lake without asking an engine: whether it is writable, a Delta
+table's latest version and its files replayed from the log (the applied log is read this way,
+and old versions where the engine cannot time-travel), and the staging area where changes wait
+as Parquet for the engine to read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections import defaultdict
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pg2delta.errors import LakeError
+
+# The lake layer (engine.py and its parts) logs under one name, as when it was one module.
+log = logging.getLogger("pg2delta.lake.engine")
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's filesystem for a lake URI (Hadoop's s3a:// is plain S3 to pyarrow)."""
+    if uri.startswith("s3a://"):
+        uri = "s3://" + uri[len("s3a://") :]
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowInvalid, ValueError):
+        fs, path = pafs.LocalFileSystem(), uri
+    return fs, path
+
+
+class Lake:
+    """Files under the lake root: Delta logs and staged Parquet, through pyarrow's filesystems."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/")
+        self.fs, self.path = _filesystem(self.root)
+
+    def table_uri(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def _local(self, uri: str) -> str:
+        return _filesystem(uri)[1]
+
+    def check_writable(self) -> None:
+        probe = f"{self.path}/_pg2delta/.write-probe-{uuid.uuid4().hex}"
+        try:
+            self.fs.create_dir(f"{self.path}/_pg2delta", recursive=True)
+            with self.fs.open_output_stream(probe) as out:
+                out.write(b"ok")
+            self.fs.delete_file(probe)
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot write to the lake at {self.root}: {exc}") from exc
+
+    def delta_version(self, uri: str) -> int | None:
+        """The latest commit version of the Delta table at ``uri``, or None if there is none."""
+        log_dir = f"{self._local(uri)}/_delta_log"
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot list {log_dir}: {exc}") from exc
+        versions = [int(m.group(1)) for i in infos if (m := re.fullmatch(r"(\d{20})\.json", i.base_name))]
+        return max(versions) if versions else None
+
+    def snapshot_at(self, uri: str, version: int) -> tuple[list[str], str | None]:
+        """The data files and the schema (Spark's StructType JSON) of the Delta table at ``uri`` as
+        of ``version``, replayed from its JSON commits.
+
+        For reading an old version where the engine cannot time-travel (pysail 0.7.2 fails for any
+        version below its latest checkpoint, though the commits are all there). Refuses what
+        plain Parquet files cannot express: deletion vectors and column mapping.
+        """
+        local = self._local(uri)
+        files: dict[str, None] = {}
+        schema: str | None = None
+        for v in range(version + 1):
+            name = f"{local}/_delta_log/{v:020d}.json"
+            try:
+                with self.fs.open_input_stream(name) as f:
+                    lines = f.read().decode().splitlines()
+            except (OSError, pa.ArrowException) as exc:
+                raise LakeError(f"cannot read version {version} of {uri}: commit {v} is gone ({exc})") from exc
+            for line in lines:
+                action = json.loads(line) if line.strip() else {}
+                if "add" in action:
+                    if action["add"].get("deletionVector"):
+                        raise LakeError(f"cannot read version {version} of {uri} from its files: it has deletion vectors")
+                    files[unquote(action["add"]["path"])] = None
+                elif "remove" in action:
+                    files.pop(unquote(action["remove"]["path"]), None)
+                elif "metaData" in action:
+                    conf = action["metaData"].get("configuration") or {}
+                    if conf.get("delta.columnMapping.mode", "none") != "none":
+                        raise LakeError(f"cannot read version {version} of {uri} from its files: it uses column mapping")
+                    schema = action["metaData"].get("schemaString")
+        return [p if "://" in p or p.startswith("/") else f"{uri}/{p}" for p in files], schema
+
+    def files_now(self, uri: str) -> tuple[int, dict[str, int]] | None:
+        """The latest version of the Delta table at ``uri`` and its data files with their sizes in
+        bytes (paths as the log names them), from its log alone: the newest classic checkpoint
+        (single or multi-part Parquet) and the JSON commits after it. None when there is no table;
+        a LakeError when the log cannot be read this way (a V2 checkpoint and no JSON commits
+        before it)."""
+        local = self._local(uri)
+        log_dir = f"{local}/_delta_log"
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot list {log_dir}: {exc}") from exc
+        commits: set[int] = set()
+        parts: dict[tuple[int, int], set[str]] = defaultdict(set)  # (version, parts) -> files
+        for info in infos:
+            if m := re.fullmatch(r"(\d{20})\.json", info.base_name):
+                commits.add(int(m.group(1)))
+            elif m := re.fullmatch(r"(\d{20})\.checkpoint\.parquet", info.base_name):
+                parts[(int(m.group(1)), 1)].add(info.path)
+            elif m := re.fullmatch(r"(\d{20})\.checkpoint\.\d{10}\.(\d{10})\.parquet", info.base_name):
+                parts[(int(m.group(1)), int(m.group(2)))].add(info.path)
+        if not commits:
+            return None
+        latest = max(commits)
+        complete = [v for (v, n), names in parts.items() if len(names) == n and v <= latest]
+        start = max(complete) if complete else -1
+        files: dict[str, int] = {}
+        try:
+            if start >= 0:
+                n = next(n for (v, n) in parts if v == start and len(parts[(v, n)]) == n)
+                for name in sorted(parts[(start, n)]):
+                    with self.fs.open_input_file(name) as f:
+                        table = pq.read_table(f, columns=["add"])
+                    for add in table.column("add").to_pylist():
+                        if add is not None:
+                            files[unquote(add["path"])] = int(add.get("size") or 0)
+            for v in range(start + 1, latest + 1):
+                with self.fs.open_input_stream(f"{log_dir}/{v:020d}.json") as f:
+                    lines = f.read().decode().splitlines()
+                for line in lines:
+                    action = json.loads(line) if line.strip() else {}
+                    if "add" in action:
+                        files[unquote(action["add"]["path"])] = int(action["add"].get("size") or 0)
+                    elif "remove" in action:
+                        files.pop(unquote(action["remove"]["path"]), None)
+        except (OSError, pa.ArrowException, KeyError, StopIteration) as exc:
+            raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
+        return latest, files
+
+    def read_delta(self, uri: str) -> pa.Table | None:
+        """A small, unpartitioned Delta table pg2delta wrote (its applied log), read with pyarrow from
+        the files its log lists: no engine. Columns added later are null in older files."""
+        found = self.files_now(uri)
+        if found is None:
+            return None
+        _, files = found
+        pieces = []
+        try:
+            for path in sorted(files):
+                full = path if "://" in path or path.startswith("/") else f"{self._local(uri)}/{path}"
+                with self.fs.open_input_file(self._local(full)) as f:
+                    pieces.append(pq.read_table(f))
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot read {uri}: {exc}") from exc
+        if not pieces:
+            return pa.table({})
+        return pa.concat_tables(pieces, promote_options="permissive")
+
+    def stage(self, table: pa.Table, name: str) -> str:
+        """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""
+        rel = f"_pg2delta/staging/{name}.parquet"
+        local = f"{self.path}/{rel}"
+        try:
+            self.fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
+            with self.fs.open_output_stream(local) as out:
+                pq.write_table(table, out, compression="zstd")
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot write staging file {local}: {exc}") from exc
+        return self.table_uri(rel)
+
+    def staging_uri(self, name: str) -> str:
+        """The URI of ``name`` (a file or directory) in the lake's staging area."""
+        return self.table_uri(f"_pg2delta/staging/{name}")
+
+    def unstage_dir(self, name: str) -> None:
+        """Remove the directory ``name`` of the staging area, with everything in it."""
+        try:
+            self.fs.delete_dir(f"{self.path}/_pg2delta/staging/{name}")
+        except FileNotFoundError:
+            pass
+        except (OSError, pa.ArrowException):
+            log.warning("could not remove staging directory %s", name)
+
+    def unstage(self, uri: str) -> None:
+        try:
+            self.fs.delete_file(self._local(uri))
+        except (OSError, pa.ArrowException):
+            log.warning("could not remove staging file %s", uri)

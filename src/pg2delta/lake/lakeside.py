@@ -1,0 +1,71 @@
+"""The lake side every operation shares: its configuration, the lake, the engine, the history.
+
+``run``, ``plan``, ``bootstrap``, ``resync``, ``backfill``, ``maintain`` and ``verify`` each
+open one :class:`Lakeside`; the engine (Spark or the embedded one) starts on first use, so an
+operation that only reads the source or the file system (a bootstrap's copy worker) never
+starts one. :class:`pg2delta.job.Job` is the run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from pg2delta.apply.history import HistoryWriter
+from pg2delta.config import Config
+from pg2delta.lake.engine import Engine, Lake
+
+
+class Lakeside:
+    """The configuration, the lake under its root, its engine (started on first use) and its history tables."""
+
+    def __init__(self, config: Config, *, engine_factory: Callable[[Lake], Engine] | None = None) -> None:
+        self.config = config
+        self.lake = Lake(config.lake_root)
+        self._engine_factory = engine_factory or (lambda lake: Engine.start(config.engine, lake))
+        self._engine: Engine | None = None
+        self._starting: Future[Engine] | None = None
+        self._engine_lock = threading.Lock()
+        self.history = HistoryWriter(config, self.lake)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            with self._engine_lock:  # the tables of a window may ask from several threads at once
+                if self._engine is None:
+                    starting, self._starting = self._starting, None
+                    self._engine = starting.result() if starting is not None else self._engine_factory(self.lake)
+        return self._engine
+
+    def start_engine_early(self) -> None:
+        """Start the engine in a background thread now, for a run that will need it: it then starts
+        while the source is checked and the server prepares the first window (the peek sends its
+        first row only once it has decoded the whole window). :attr:`engine` waits for it, and
+        raises what the start raised. Not for the classic engine, whose session belongs to the
+        thread that made it (:class:`pg2delta.lake.engine.Engine`)."""
+        if self._engine is not None or self._starting is not None or self.config.engine.kind == "spark":
+            return
+        future: Future[Engine] = Future()
+
+        def start() -> None:
+            try:
+                future.set_result(self._engine_factory(self.lake))
+            except BaseException as exc:  # handed to the thread that asks for the engine
+                future.set_exception(exc)
+
+        threading.Thread(target=start, name="pg2delta engine start", daemon=True).start()
+        self._starting = future
+
+    def close(self) -> None:
+        starting, self._starting = self._starting, None
+        if self._engine is None and starting is not None:  # a start under way finishes, then stops
+            with contextlib.suppress(Exception):  # one that failed has nothing to stop
+                self._engine = starting.result()
+        if self._engine is not None:
+            self._engine.stop()
+            self._engine = None
+
+
+__all__ = ["Lakeside"]
