@@ -271,7 +271,6 @@ class WindowDecoder:
         self._order = CommitOrder()
         self._relations: dict[int, RelationVersion] = {}
         self._versions = 0
-        self._types: dict[int, po.Type] = {}
         self._pending = RowChunk(b"", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     # Public API ---------------------------------------------------------------------------
@@ -345,7 +344,7 @@ class WindowDecoder:
             i = int(np.flatnonzero(starts >= ends)[0])
             raise DecodeError("empty message", offset=0, lsn=int(lsns[i]))
         tags = u8[starts]
-        scan = TransactionScan(rows, u8, tags, self._order, out.notes, self._types)
+        scan = TransactionScan(rows, u8, tags, self._order, out.notes)
         scan.run(final=final)
         out.messages.extend(MessageEvent(None, 0, msg.lsn, msg) for msg in scan.loose_messages)
         out.last_commit_end_lsn = scan.last_commit_end_lsn

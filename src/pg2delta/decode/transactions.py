@@ -190,8 +190,7 @@ class TransactionScan:
     counts it as sent, the Stream Commit or Stream Prepare of a streamed one; -1 for aborted
     streams). Also the Truncate and transactional Message rows (``event_rows``), the Relation rows
     (``relation_rows``), those messages parsed (``parsed``), the non-transactional messages
-    (``loose_messages``) and the end LSN of the last commit. Counts go to ``notes``; Type messages
-    to ``types``.
+    (``loose_messages``) and the end LSN of the last commit. Counts go to ``notes``.
     """
 
     def __init__(
@@ -201,7 +200,6 @@ class TransactionScan:
         tags: U8,
         order: CommitOrder,
         notes: collections.Counter[str],
-        types: dict[int, po.Type],
     ) -> None:
         n = len(rows)
         self.rows, self.u8, self.tags = rows, u8, tags
@@ -220,7 +218,6 @@ class TransactionScan:
         self._order = order
         self._continued = order.open_commit_lsn  # a transaction given out in parts before
         self._notes = notes
-        self._types = types
         self._plain_begin: int | None = None
         self._plain_xid: int | None = None
         self._plain_origin: str | None = None
@@ -320,7 +317,7 @@ class TransactionScan:
         self.relation_rows.append(i)
 
     def _type(self, i: int, msg: po.Type) -> None:
-        self._types[msg.oid] = msg
+        """Nothing kept: columns' types are looked up in the catalog (``typemap.resolve``)."""
 
     def _event(self, i: int, msg: po.Truncate | po.LogicalMessage) -> None:
         self.parsed[i] = msg
