@@ -24,6 +24,13 @@ from pg2delta.decode.window import TableWindow
 from pg2delta.errors import SchemaError
 from pg2delta.lake.applied_log import LOG_TABLE, Applied
 from pg2delta.lake.engine import Lake
+from pg2delta.source.rewrites import (
+    DecodeUnavailable,
+    filenodes_of,
+    leaf_filenodes,
+    rewritten_leaves,
+    truncated_alone,
+)
 from pg2delta.source.slot import SlotSource
 
 log = logging.getLogger(__name__)
@@ -187,6 +194,63 @@ def _detached(
 
 
 
+def recorded_filenodes(state: PublicationState, applied: dict[int, Applied]) -> dict[int, dict[int, int] | None]:
+    """Per root published via itself, its leaves' relfilenodes as the applied log last recorded
+    them (None: not recorded)."""
+    return {oid: filenodes_of(applied[oid].filenodes) if oid in applied else None
+            for oid in state.memberships if oid in state.leaves}
+
+
+def rewritten_partitions(
+    conn: Any, known: dict[int, dict[int, int] | None]
+) -> tuple[dict[int, dict[int, int]], dict[int, list[int]]]:
+    """The relfilenodes of the leaves of the roots ``known`` has now, and per root the leaves
+    rewritten since ``known`` (see :func:`pg2delta.source.rewrites.rewritten_leaves`)."""
+    now = leaf_filenodes(conn, known) if known else {}
+    return now, {root: leaves for root, nodes in now.items() if (leaves := rewritten_leaves(known.get(root), nodes))}
+
+
+def truncated_partitions(
+    config: Config, src: SlotSource, applied: dict[int, Applied], changed: dict[int, list[int]], again: dict[int, str]
+) -> SchemaError | None:
+    """Roots published via themselves whose leaves ``changed`` (relfilenodes not the ones last
+    recorded; :func:`pg2delta.source.rewrites.rewritten_leaves`): a leaf truncated alone, which
+    pgoutput does not send, leaves its rows in the lake. The backlog tells a ``TRUNCATE`` from a
+    ``VACUUM FULL`` or ``CLUSTER`` (:func:`pg2delta.source.rewrites.truncated_alone`); where it
+    cannot be decoded, any rewrite counts. A root truncated so is added to ``again`` where
+    ``on_unfollowable = "resync"``; otherwise the refusal."""
+    roots = {root: (applied[root].end_lsn if root in applied else 0, leaves) for root, leaves in changed.items()}
+    unknown: str | None = None
+    try:
+        found = truncated_alone(config.source.dsn, config.source.slot, roots, connect_timeout=config.source.connect_timeout)
+    except DecodeUnavailable as exc:
+        unknown = str(exc)
+        found = {root: [".".join(n) if (n := relation_name(src.conn, oid)) else f"OID {oid}" for oid in leaves]
+                 for root, leaves in changed.items()}
+    for root, leaves in sorted(found.items()):
+        a = applied.get(root)
+        schema, table = (a.schema, a.table) if a is not None and a.table else (relation_name(src.conn, root) or ("", ""))
+        name = f"{schema}.{table}"
+        if unknown is not None:
+            what = (f"a partition of {name} ({', '.join(leaves)}) was rewritten (TRUNCATE, VACUUM FULL or CLUSTER) since the lake's "
+                    f"last window of it, and pg2delta cannot tell which: the test_decoding plugin it decodes the slot's "
+                    f"backlog with is unavailable ({unknown})")
+        else:
+            what = (f"{', '.join(leaves)} {'was' if len(leaves) == 1 else 'were'} truncated alone since the "
+                    f"lake's last window of {name}, and PostgreSQL does not send a TRUNCATE of a partition when the "
+                    f"root is published via itself")
+        if config.table(schema, table).on_unfollowable == "resync":
+            log.warning("%s; on_unfollowable = \"resync\": copying %s again", what, name)
+            again[root] = name
+            continue
+        return SchemaError(
+            f"{what}, so the lake would keep those rows: copy it again with pg2delta resync --table {name} "
+            f"(or set on_unfollowable = \"resync\")"
+        )
+    return None
+
+
+
 class TargetResolver:
     """Maps a window's relations to Delta tables; caches each relation's partition root."""
 
@@ -257,4 +321,7 @@ class TargetResolver:
 
 
 
-__all__ = ["PublicationState", "Target", "TargetResolver", "added_back_tables", "live", "publication_state"]
+__all__ = [
+    "PublicationState", "Target", "TargetResolver", "added_back_tables", "live", "publication_state",
+    "recorded_filenodes", "rewritten_partitions", "truncated_partitions",
+]

@@ -1,0 +1,53 @@
+"""Leaf partitions rewritten under a root published via itself (pg2delta.source.rewrites): the
+test_decoding TRUNCATE lines parsed, relfilenodes compared; the e2e run is in test_resync.py."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from pg2delta.apply.targets import truncated_partitions
+from pg2delta.config import Config, SourceConfig, TableConfig
+from pg2delta.source.rewrites import DecodeUnavailable, rewritten_leaves, truncate_names, truncated_alone
+from pg2delta.source.slot import SlotSource
+
+
+def test_truncate_lines() -> None:
+    assert truncate_names("table public.m2: TRUNCATE: (no-flags)") == ["public.m2"]
+    assert truncate_names('table public.m, public."M 2", "a,b"."x: y": TRUNCATE: restart_seqs cascade') == [
+        "public.m", 'public."M 2"', '"a,b"."x: y"',
+    ]
+    assert truncate_names('table "q""t".m: TRUNCATE: cascade') == ['"q""t".m']
+    # an INSERT whose value holds the words, and lines that are not TRUNCATEs
+    assert truncate_names("table public.t: INSERT: v[text]:'a: TRUNCATE: b'") is None
+    assert truncate_names("COMMIT 731") is None
+    assert truncate_names('table public."m: TRUNCATE:') is None
+
+
+def test_rewritten_leaves() -> None:
+    assert rewritten_leaves(None, {5: 9}) == []  # nothing recorded: nothing to compare
+    assert rewritten_leaves({5: 5, 6: 6}, {5: 5, 6: 8}) == [6]
+    assert rewritten_leaves({5: 5}, {5: 5, 7: 7, 8: 12}) == [8]  # new leaves: relfilenode starts as the OID
+    assert rewritten_leaves({5: 5, 6: 6}, {5: 5}) == []  # a leaf gone is _detached's case
+
+
+@pytest.mark.integration
+def test_backlog_not_decodable(pgdb: str) -> None:
+    """Where the backlog cannot be decoded (here: the slot's copy fails), any rewrite counts."""
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m (id int, k int) PARTITION BY LIST (k)")
+        conn.execute("CREATE TABLE m2 PARTITION OF m FOR VALUES IN (2)")
+        root, leaf = (int(conn.execute("SELECT %s::regclass::oid::int8", (n,)).fetchone()[0]) for n in ("m", "m2"))
+    with pytest.raises(DecodeUnavailable, match="no_such_slot"):
+        truncated_alone(pgdb, "no_such_slot", {root: (0, [leaf])})
+    cfg = Config(source=SourceConfig(dsn=pgdb, slot="no_such_slot"))
+    with SlotSource(pgdb, "no_such_slot", "p") as src:
+        refusal = truncated_partitions(cfg, src, {}, {root: [leaf]}, again := {})
+        assert refusal is not None and not again
+        assert str(refusal).startswith(
+            "a partition of public.m (public.m2) was rewritten (TRUNCATE, VACUUM FULL or CLUSTER) since the lake's "
+            "last window of it, and pg2delta cannot tell which: the test_decoding plugin"
+        ), str(refusal)
+        assert str(refusal).endswith('pg2delta resync --table public.m (or set on_unfollowable = "resync")')
+        resync = Config(source=cfg.source, tables={"public.m": TableConfig(on_unfollowable="resync")})
+        assert truncated_partitions(resync, src, {}, {root: [leaf]}, again) is None and again == {root: "public.m"}
