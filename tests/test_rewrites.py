@@ -8,7 +8,15 @@ import pytest
 
 from pg2delta.apply.targets import truncated_partitions
 from pg2delta.config import Config, SourceConfig, TableConfig
-from pg2delta.source.rewrites import DecodeUnavailable, rewritten_leaves, truncate_names, truncated_alone
+from pg2delta.source.rewrites import (
+    DecodeUnavailable,
+    Truncated,
+    leaf_filenodes,
+    match_truncates,
+    rewritten_leaves,
+    truncate_names,
+    truncated_alone,
+)
 from pg2delta.source.slot import SlotSource
 
 
@@ -29,6 +37,43 @@ def test_rewritten_leaves() -> None:
     assert rewritten_leaves({5: 5, 6: 6}, {5: 5, 6: 8}) == [6]
     assert rewritten_leaves({5: 5}, {5: 5, 7: 7, 8: 12}) == [8]  # new leaves: relfilenode starts as the OID
     assert rewritten_leaves({5: 5, 6: 6}, {5: 5}) == []  # a leaf gone is _detached's case
+
+
+def test_match_truncates() -> None:
+    names = {1: "public.m", 2: "public.m1", 3: "public.m2"}
+    truncates = [
+        ({"public.m", "public.m1", "public.m2"}, 100),  # the root's: sent
+        ({"public.m2"}, 200),
+        ({"public.other", "public.old_name"}, 300),  # a name no relation has now
+    ]
+    roots = {1: (0, [2, 3])}
+    assert match_truncates(truncates, roots, names, set()) == {1: Truncated(["public.m2"], [])}
+    assert match_truncates(truncates, roots, names, {"public.old_name"}) == {1: Truncated(["public.m2"], ["public.old_name"])}
+    assert match_truncates(truncates, {1: (200, [2, 3])}, names, set()) == {}  # at or before its copy: in it
+    assert match_truncates(truncates, {1: (0, [2])}, names, set()) == {}
+
+
+@pytest.mark.integration
+def test_backlog_decoded(pgdb: str) -> None:
+    """A real backlog: a TRUNCATE of the root (sent), of a leaf alone, and of a leaf renamed since."""
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m (id int, k int) PARTITION BY LIST (k)")
+        for k in (1, 2, 3):
+            conn.execute(f'CREATE TABLE "m {k}" PARTITION OF m FOR VALUES IN ({k})')
+        conn.execute("SELECT pg_create_logical_replication_slot('backlog', 'pgoutput')")
+        oids = [int(conn.execute("SELECT %s::regclass::oid::int8", (n,)).fetchone()[0]) for n in ('m', '"m 1"', '"m 2"')]
+        before = leaf_filenodes(conn, [oids[0]])[oids[0]]
+        conn.execute("INSERT INTO m VALUES (1, 1), (2, 2), (3, 3)")
+        conn.execute("TRUNCATE m")
+        conn.execute('TRUNCATE "m 1"')
+        conn.execute('VACUUM FULL "m 2"')
+        conn.execute('TRUNCATE "m 3"')
+        conn.execute('ALTER TABLE "m 3" RENAME TO m3')
+        now = leaf_filenodes(conn, [oids[0]])[oids[0]]
+    changed = rewritten_leaves(before, now)
+    assert len(changed) == 3
+    found = truncated_alone(pgdb, "backlog", {oids[0]: (0, changed)})
+    assert found == {oids[0]: Truncated(['public."m 1"'], ['public."m 3"'])}
 
 
 @pytest.mark.integration

@@ -26,6 +26,7 @@ from pg2delta.lake.applied_log import LOG_TABLE, Applied
 from pg2delta.lake.engine import Lake
 from pg2delta.source.rewrites import (
     DecodeUnavailable,
+    Truncated,
     filenodes_of,
     leaf_filenodes,
     rewritten_leaves,
@@ -220,33 +221,33 @@ def truncated_partitions(
     cannot be decoded, any rewrite counts. A root truncated so is added to ``again`` where
     ``on_unfollowable = "resync"``; otherwise the refusal."""
     roots = {root: (applied[root].end_lsn if root in applied else 0, leaves) for root, leaves in changed.items()}
-    unknown: str | None = None
+    unavailable: str | None = None
     try:
         found = truncated_alone(config.source.dsn, config.source.slot, roots, connect_timeout=config.source.connect_timeout)
     except DecodeUnavailable as exc:
-        unknown = str(exc)
-        found = {root: [".".join(n) if (n := relation_name(src.conn, oid)) else f"OID {oid}" for oid in leaves]
-                 for root, leaves in changed.items()}
-    for root, leaves in sorted(found.items()):
+        unavailable, found = str(exc), {root: Truncated([], []) for root in changed}
+    for root, truncated in sorted(found.items()):
         a = applied.get(root)
         schema, table = (a.schema, a.table) if a is not None and a.table else (relation_name(src.conn, root) or ("", ""))
         name = f"{schema}.{table}"
-        if unknown is not None:
-            what = (f"a partition of {name} ({', '.join(leaves)}) was rewritten (TRUNCATE, VACUUM FULL or CLUSTER) since the lake's "
-                    f"last window of it, and pg2delta cannot tell which: the test_decoding plugin it decodes the slot's "
-                    f"backlog with is unavailable ({unknown})")
+        rewritten = ", ".join(".".join(n) if (n := relation_name(src.conn, oid)) else f"OID {oid}" for oid in changed[root])
+        if truncated.leaves:
+            what = (f"{', '.join(truncated.leaves)} {'was' if len(truncated.leaves) == 1 else 'were'} truncated alone "
+                    f"since the lake's last window of {name}, and PostgreSQL does not send a TRUNCATE of a partition "
+                    f"when the root is published via itself, so the lake would keep those rows")
+        elif truncated.unknown:
+            what = (f"a partition of {name} ({rewritten}) was rewritten since the lake's last window of it, and the "
+                    f"slot's backlog truncates {', '.join(truncated.unknown)}, a name no relation has now (renamed or "
+                    f"dropped since): pg2delta cannot tell whether that was the partition")
         else:
-            what = (f"{', '.join(leaves)} {'was' if len(leaves) == 1 else 'were'} truncated alone since the "
-                    f"lake's last window of {name}, and PostgreSQL does not send a TRUNCATE of a partition when the "
-                    f"root is published via itself")
+            what = (f"a partition of {name} ({rewritten}) was rewritten (TRUNCATE, VACUUM FULL or CLUSTER) since the "
+                    f"lake's last window of it, and pg2delta cannot tell which: the test_decoding plugin it decodes "
+                    f"the slot's backlog with is unavailable ({unavailable})")
         if config.table(schema, table).on_unfollowable == "resync":
             log.warning("%s; on_unfollowable = \"resync\": copying %s again", what, name)
             again[root] = name
             continue
-        return SchemaError(
-            f"{what}, so the lake would keep those rows: copy it again with pg2delta resync --table {name} "
-            f"(or set on_unfollowable = \"resync\")"
-        )
+        return SchemaError(f"{what}; copy it again with pg2delta resync --table {name} (or set on_unfollowable = \"resync\")")
     return None
 
 

@@ -16,6 +16,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -40,6 +41,9 @@ SELECT c.oid::int8, quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = ANY(%s::oid[])
 """
+
+# The names (as test_decoding wrote them) no relation has now.
+_GONE_QUERY = "SELECT n FROM unnest(%s::text[]) AS n WHERE to_regclass(n) IS NULL"
 
 # The backlog's TRUNCATE lines with the commit position of their transactions (test_decoding
 # writes ``table s.a, s.b: TRUNCATE: <flags>``, one line per TRUNCATE, and ``COMMIT <xid>`` at the
@@ -126,22 +130,52 @@ class DecodeUnavailable(Exception):
     """The backlog could not be decoded with test_decoding (not installed, no free slot, ...)."""
 
 
-def truncated_alone(dsn: str, slot: str, roots: Mapping[int, tuple[int, Sequence[int]]], *, connect_timeout: int = 10) -> dict[int, list[str]]:
-    """Per root of ``roots`` (``{root: (its applied LSN, leaves to look for)}``), the leaves (names
-    as PostgreSQL has them now) the slot's backlog truncates without the root, in transactions
-    that commit after the root's applied LSN (before it, a copy of the root holds them already).
+@dataclass(frozen=True, slots=True)
+class Truncated:
+    """What the backlog holds for one root: its leaves truncated without it (names as they are
+    now), and relations truncated without it that no longer go by the name they had then
+    (renamed or dropped since: maybe a leaf of it)."""
+
+    leaves: list[str]
+    unknown: list[str]
+
+
+def match_truncates(
+    truncates: Sequence[tuple[set[str], int]], roots: Mapping[int, tuple[int, Sequence[int]]],
+    names: Mapping[int, str], gone: set[str],
+) -> dict[int, Truncated]:
+    """Per root of ``roots`` (``{root: (its applied LSN, leaves)}``), the TRUNCATEs of
+    ``truncates`` (relation names, commit LSN) after its applied LSN that do not name it (those
+    are sent) and name one of its leaves (``names``: relations by OID, quoted) or a relation of
+    ``gone`` (names that resolve to nothing now)."""
+    out: dict[int, Truncated] = {}
+    for root, (applied, leaves) in roots.items():
+        alone = [t for t, lsn in truncates if lsn > applied and names.get(root) not in t]
+        found = [names[leaf] for leaf in leaves if leaf in names and any(names[leaf] in t for t in alone)]
+        unknown = sorted({n for t in alone for n in t & gone})
+        if found or unknown:
+            out[root] = Truncated(found, unknown)
+    return out
+
+
+def truncated_alone(
+    dsn: str, slot: str, roots: Mapping[int, tuple[int, Sequence[int]]], *, connect_timeout: int = 10
+) -> dict[int, Truncated]:
+    """Per root of ``roots`` (``{root: (its applied LSN, leaves to look for)}``), the TRUNCATEs in
+    the slot's backlog of its leaves without it (:func:`match_truncates`), in transactions that
+    commit after the root's applied LSN (before it, a copy of the root holds them already).
 
     The backlog is decoded from a temporary copy of ``slot`` made with the ``test_decoding``
     plugin on a connection of its own (same confirmed position; dropped at the end, and by the
-    server if we die), up to the end of the WAL. Names are matched as they are now: a leaf renamed
-    after its TRUNCATE is not recognised. Raises :class:`DecodeUnavailable` when the copy or the
-    decode fails.
+    server if we die), up to the end of the WAL. test_decoding names relations as they were
+    then: a name that resolves to nothing now is reported as unknown rather than taken for
+    another table. Raises :class:`DecodeUnavailable` when the copy or the decode fails.
     """
     conn = connect(dsn, application_name="pg2delta truncates", connect_timeout=connect_timeout)
     tmp = f"pg2delta_trunc_{uuid.uuid4().hex[:16]}"
     try:
         wanted = {oid for root, (_, leaves) in roots.items() for oid in (root, *leaves)}
-        quoted = {int(str(o)): str(q) for o, q in conn.execute(_QUOTED_QUERY, (sorted(wanted),)).fetchall()}
+        names = {int(str(o)): str(q) for o, q in conn.execute(_QUOTED_QUERY, (sorted(wanted),)).fetchall()}
         try:
             conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true, 'test_decoding')", (slot, tmp))
             lines = [(str(d), parse_lsn(str(c))) for d, c in conn.execute(_TRUNCATES_QUERY, (tmp,)).fetchall()]
@@ -149,24 +183,19 @@ def truncated_alone(dsn: str, slot: str, roots: Mapping[int, tuple[int, Sequence
             raise ConnectionFailed(f"lost the connection while decoding the backlog: {' '.join(str(exc).split())}") from exc
         except psycopg.Error as exc:
             raise DecodeUnavailable(" ".join(str(exc).split())) from exc
-        truncated = [(set(names), lsn) for line, lsn in lines if (names := truncate_names(line)) is not None]
-        out: dict[int, list[str]] = {}
-        for root, (applied, leaves) in roots.items():
-            found = [
-                quoted[leaf] for leaf in leaves if leaf in quoted and any(
-                    quoted[leaf] in names and quoted.get(root) not in names and lsn > applied for names, lsn in truncated
-                )
-            ]
-            if found:
-                out[root] = found
-        log.info("decoded the backlog of slot %s for TRUNCATEs of %d partition(s): %d found",
-                 slot, sum(len(v) for _, v in roots.values()), sum(len(v) for v in out.values()))
+        truncates = [(set(t), lsn) for line, lsn in lines if (t := truncate_names(line)) is not None]
+        every = sorted({n for t, _ in truncates for n in t})
+        gone = {str(n) for (n,) in conn.execute(_GONE_QUERY, (every,)).fetchall()} if every else set()
+        out = match_truncates(truncates, roots, names, gone)
+        log.info("decoded the backlog of slot %s for TRUNCATEs of %d partition(s): %d found, %d unknown",
+                 slot, sum(len(v) for _, v in roots.values()), sum(len(v.leaves) for v in out.values()),
+                 sum(len(v.unknown) for v in out.values()))
         return out
     finally:
         conn.close()  # the temporary slot goes with the session
 
 
 __all__ = [
-    "DecodeUnavailable", "filenodes_json", "filenodes_of", "leaf_filenodes", "rewritten_leaves",
-    "truncate_names", "truncated_alone",
+    "DecodeUnavailable", "Truncated", "filenodes_json", "filenodes_of", "leaf_filenodes", "match_truncates",
+    "rewritten_leaves", "truncate_names", "truncated_alone",
 ]
