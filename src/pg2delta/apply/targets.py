@@ -8,7 +8,9 @@ OID (renames keep their table), partitions of a ``partitions = "root"`` table in
 partitioned table's leaves) at a run's start, and :func:`added_back_tables` compares it with the
 applied log: a table removed from the publication and added back, a partition attached with rows
 in it, or one detached, cannot be followed by changes; those are copied again
-(``on_unfollowable = "resync"``) or refused. The run and ``pg2delta plan`` both call these.
+(``on_unfollowable = "resync"``) or refused. :func:`truncated_partitions` does the same for a
+leaf truncated alone under a root published via itself, where a leaf's relfilenode changed
+(:func:`rewritten_partitions`). The run and ``pg2delta plan`` both call these.
 """
 
 from __future__ import annotations
