@@ -7,10 +7,12 @@ import psycopg
 import pytest
 
 from pg2delta.apply.targets import truncated_partitions
+from pg2delta.bootstrap import published_tables
 from pg2delta.config import Config, SourceConfig, TableConfig
 from pg2delta.source.rewrites import (
     DecodeUnavailable,
     Truncated,
+    filenodes_of,
     leaf_filenodes,
     match_truncates,
     rewritten_leaves,
@@ -37,6 +39,7 @@ def test_rewritten_leaves() -> None:
     assert rewritten_leaves({5: 5, 6: 6}, {5: 5, 6: 8}) == [6]
     assert rewritten_leaves({5: 5}, {5: 5, 7: 7, 8: 12}) == [8]  # new leaves: relfilenode starts as the OID
     assert rewritten_leaves({5: 5, 6: 6}, {5: 5}) == []  # a leaf gone is _detached's case
+    assert rewritten_leaves({}, {7: 7, 8: 9}) == [8]  # a root that had no leaves when it was logged
 
 
 def test_match_truncates() -> None:
@@ -63,6 +66,11 @@ def test_backlog_decoded(pgdb: str) -> None:
         conn.execute("SELECT pg_create_logical_replication_slot('backlog', 'pgoutput')")
         oids = [int(conn.execute("SELECT %s::regclass::oid::int8", (n,)).fetchone()[0]) for n in ('m', '"m 1"', '"m 2"')]
         before = leaf_filenodes(conn, [oids[0]])[oids[0]]
+        # A copy records them too (read in its snapshot); a root without partitions records none.
+        conn.execute("CREATE TABLE e (id int, k int) PARTITION BY LIST (k)")
+        conn.execute("CREATE PUBLICATION backlog FOR TABLE m, e WITH (publish_via_partition_root = true)")
+        copied = {t.relation.name: filenodes_of(t.filenodes) for t in published_tables(conn, "backlog")}
+        assert copied == {"m": before, "e": {}}
         conn.execute("INSERT INTO m VALUES (1, 1), (2, 2), (3, 3)")
         conn.execute("TRUNCATE m")
         conn.execute('TRUNCATE "m 1"')

@@ -148,8 +148,8 @@ _LEAVES = """(SELECT string_agg(l.relid::int8::text, ',' ORDER BY l.relid::int8)
         FROM pg_partition_tree(c.oid) l WHERE l.isleaf AND c.relkind = 'p')"""
 # ``filenodes``: a partitioned table's leaves' relfilenodes, to notice a TRUNCATE of one of them
 # (source/rewrites.py); read in the copy's snapshot, like the rest, they are the ones of its rows.
-_FILENODES = """(SELECT json_object_agg(l.relid::int8, k.relfilenode::int8)::text
-        FROM pg_partition_tree(c.oid) l JOIN pg_class k ON k.oid = l.relid WHERE l.isleaf AND c.relkind = 'p')"""
+_FILENODES = """CASE WHEN c.relkind = 'p' THEN coalesce((SELECT json_object_agg(l.relid::int8, k.relfilenode::int8)
+        FROM pg_partition_tree(c.oid) l JOIN pg_class k ON k.oid = l.relid WHERE l.isleaf), '{}')::text END"""
 _TABLES_QUERY = """
 SELECT c.oid::int8, pt.schemaname::text, pt.tablename::text, c.relkind::text, c.relreplident::text,
        pt.attnames::text[], pt.rowfilter::text, c.reltuples::float8,
@@ -163,7 +163,7 @@ ORDER BY 2, 3
 """
 
 _MEMBERSHIPS_QUERY = """
-SELECT c.oid::int8, """ + _MEMBERSHIP + """, """ + _LEAVES + """
+SELECT c.oid::int8, """ + _MEMBERSHIP + """, """ + _LEAVES + """, c.relkind = 'p'
 FROM pg_publication_tables pt
 JOIN pg_publication pub ON pub.pubname = pt.pubname
 JOIN pg_namespace n ON n.nspname = pt.schemaname
@@ -172,10 +172,12 @@ WHERE pt.pubname = %s
 """
 
 
-def publication_memberships(conn: psycopg.Connection[Any], publication: str) -> dict[int, tuple[str | None, str | None]]:
-    """Per published table (OID), what puts it in the publication (see ``_MEMBERSHIP``) and, for a
-    partitioned table (published via its root), its leaf partitions; one query."""
-    return {int(oid): (m, leaves) for oid, m, leaves in conn.execute(_MEMBERSHIPS_QUERY, (publication,)).fetchall()}
+def publication_memberships(
+    conn: psycopg.Connection[Any], publication: str
+) -> dict[int, tuple[str | None, str | None, bool]]:
+    """Per published table (OID), what puts it in the publication (see ``_MEMBERSHIP``), for a
+    partitioned table (published via its root) its leaf partitions, and whether it is one; one query."""
+    return {int(oid): (m, leaves, bool(p)) for oid, m, leaves, p in conn.execute(_MEMBERSHIPS_QUERY, (publication,)).fetchall()}
 
 
 def partition_leaves(conn: psycopg.Connection[Any], names: Sequence[str]) -> dict[int, str | None]:

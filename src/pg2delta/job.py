@@ -243,7 +243,7 @@ class Job(Lakeside):
                 if {c.relation_oid for c in copied} != set(again):
                     raise SchemaError(f"cannot copy {', '.join(sorted(again.values()))} again: no longer published")
                 run.applied.update(applied_lsns(self.lake, self.config.source.slot))
-                now.update({root: nodes for root in again if (nodes := filenodes_of(run.applied[root].filenodes))})
+                now.update({root: nodes for root in again if (nodes := filenodes_of(run.applied[root].filenodes)) is not None})
         run.filenodes.update(now)
 
     def _apply_window(self, run: _Run, rd: ReadWindow, t0: float) -> WindowReport:
@@ -347,8 +347,8 @@ class Job(Lakeside):
         if not any(c.relation_oid == tgt.owner for c in copied):  # not published any more: nothing to copy it from
             raise refusal
         run.applied.update(applied_lsns(self.lake, self.config.source.slot))
-        if tgt.owner in run.filenodes:  # the copy's, read in its snapshot
-            run.filenodes[tgt.owner] = filenodes_of(run.applied[tgt.owner].filenodes) or run.filenodes[tgt.owner]
+        if tgt.owner in run.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
+            run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

@@ -72,14 +72,17 @@ class PublicationState:
 
     memberships: dict[int, str | None] = field(default_factory=dict)
     leaves: dict[int, str | None] = field(default_factory=dict)
+    partitioned: frozenset[int] = frozenset()  # the published partitioned tables (published via themselves)
 
 
 def publication_state(config: Config, conn: Any) -> PublicationState:
     """The publication's tables as the catalog holds them now (see :class:`PublicationState`)."""
     published = publication_memberships(conn, config.source.publication)
-    leaves: dict[int, str | None] = {oid: parts for oid, (_, parts) in published.items() if parts is not None}
+    leaves: dict[int, str | None] = {oid: parts for oid, (_, parts, _) in published.items() if parts is not None}
     leaves.update(partition_leaves(conn, [n for n, t in config.tables.items() if t.partitions == "root"]))
-    return PublicationState({oid: m for oid, (m, _) in published.items()}, leaves)
+    return PublicationState(
+        {oid: m for oid, (m, _, _) in published.items()}, leaves, frozenset(oid for oid, (_, _, p) in published.items() if p)
+    )
 
 
 def added_back_tables(
@@ -199,9 +202,8 @@ def _detached(
 
 def recorded_filenodes(state: PublicationState, applied: dict[int, Applied]) -> dict[int, dict[int, int] | None]:
     """Per root published via itself, its leaves' relfilenodes as the applied log last recorded
-    them (None: not recorded)."""
-    return {oid: filenodes_of(applied[oid].filenodes) if oid in applied else None
-            for oid in state.memberships if oid in state.leaves}
+    them (None: not recorded; ``{}`` for a root that had no partitions)."""
+    return {oid: filenodes_of(applied[oid].filenodes) if oid in applied else None for oid in state.partitioned}
 
 
 def rewritten_partitions(

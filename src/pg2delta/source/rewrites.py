@@ -12,6 +12,7 @@ in it) from the others.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -60,9 +61,10 @@ GROUP BY t.data, t.xid
 
 
 def leaf_filenodes(conn: Any, roots: Iterable[int]) -> dict[int, dict[int, int]]:
-    """Per partitioned table of ``roots`` (missing ones left out), ``{leaf OID: relfilenode}``."""
-    out: dict[int, dict[int, int]] = {}
-    for root, leaf, node in conn.execute(_FILENODES_QUERY, (list(roots),)).fetchall():
+    """Per partitioned table of ``roots``, ``{leaf OID: relfilenode}`` (empty: no leaves, or gone)."""
+    roots = list(roots)
+    out: dict[int, dict[int, int]] = {root: {} for root in roots}
+    for root, leaf, node in conn.execute(_FILENODES_QUERY, (roots,)).fetchall():
         out.setdefault(int(root), {})[int(leaf)] = int(node)
     return out
 
@@ -167,7 +169,8 @@ def truncated_alone(
 
     The backlog is decoded from a temporary copy of ``slot`` made with the ``test_decoding``
     plugin on a connection of its own (same confirmed position; dropped at the end, and by the
-    server if we die), up to the end of the WAL. test_decoding names relations as they were
+    server if we die), up to the end of the WAL, not the run's bound: the relfilenodes that sent
+    us here may show a rewrite committed past it. test_decoding names relations as they were
     then: a name that resolves to nothing now is reported as unknown rather than taken for
     another table. Raises :class:`DecodeUnavailable` when the copy or the decode fails.
     """
@@ -192,7 +195,9 @@ def truncated_alone(
                  sum(len(v.unknown) for v in out.values()))
         return out
     finally:
-        conn.close()  # the temporary slot goes with the session
+        with contextlib.suppress(psycopg.Error):  # (it would go with the session, a moment after)
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (tmp,))
+        conn.close()
 
 
 __all__ = [
