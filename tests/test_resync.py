@@ -385,3 +385,40 @@ def test_partition_detached_from_a_root_written_as_one_table(pgdb: str, tmp_path
     keep = _config(tmp_path, common, "public.m", 'partitions = "root"\ndetached_partitions = "keep"')
     _ok("run", "--config", keep)
     assert (2, 2) in _lake_rows(lake)
+
+
+def test_partition_truncated_alone_under_a_root_published_via_itself(pgdb: str, tmp_path: Path) -> None:
+    """pgoutput sends no TRUNCATE of one partition when the root is published via itself: its
+    changed relfilenode makes the run decode the backlog, which tells a VACUUM FULL (go on) from a
+    TRUNCATE (stop naming resync, or resync by itself)."""
+    lake = tmp_path / "lake"
+    slot, common = _partitioned(pgdb, lake, via_root=True)
+    _partition_with_rows(pgdb, "m2", 2)
+    _ok("run", *common)
+    _sql(pgdb, "VACUUM FULL m2", "CLUSTER m1 USING m1_pkey", "UPDATE m SET v = 'after the vacuum' WHERE id <= 3",
+         "TRUNCATE m")  # the root's TRUNCATE is sent: it empties the Delta table
+    _partition_with_rows(pgdb, "m3", 3)
+    _sql(pgdb, "INSERT INTO m SELECT g, k, 'again' FROM generate_series(1, 20) g, (VALUES (1), (2)) AS ks(k)")
+    done = cli("run", *common, "-v")
+    assert done.returncode == 0 and "TRUNCATEs of 2 partition(s): 0 found" in done.stderr, done.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, [M], context="VACUUM FULL, CLUSTER and TRUNCATE of the root")
+
+    _sql(pgdb, "TRUNCATE m2", "INSERT INTO m VALUES (300, 2, 'after the truncate')", "UPDATE m SET v = 'x' WHERE k = 1")
+    before, kept = confirmed_lsn(pgdb, slot), _lake_rows(lake)
+    planned = cli("plan", *common, "--json")
+    assert planned.returncode == 78 and "public.m2 was truncated alone" in planned.stdout, planned.stderr[-2000:]
+    stopped = cli("run", *common)
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "public.m2 was truncated alone" in stopped.stderr and "pg2delta resync --table public.m" in stopped.stderr
+    assert confirmed_lsn(pgdb, slot) == before and _lake_rows(lake) == kept
+    _ok("resync", *common, "--table", "public.m")
+    _sql(pgdb, "VACUUM FULL m3")  # the backlog's TRUNCATE of m2 is older than the copy: not counted again
+    done = cli("run", *common, "-v")
+    assert done.returncode == 0 and "TRUNCATEs of 1 partition(s): 0 found" in done.stderr, done.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, [M], context="truncated alone, resync")
+
+    _sql(pgdb, "TRUNCATE m1, m3", "INSERT INTO m VALUES (301, 1, 'after')")
+    done = cli("run", "--config", _config(tmp_path, common, "public.m"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "public.m1, public.m3 were truncated alone" in done.stderr and "copying public.m again" in done.stderr
+    assert_lake_matches(pgdb, lake, [M], context="truncated alone, resynced by the run")

@@ -79,6 +79,7 @@ from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
+from pg2delta.source.rewrites import filenodes_json, filenodes_of
 from pg2delta.source.slot import SlotSource, connect
 
 log = logging.getLogger(__name__)
@@ -145,10 +146,14 @@ _MEMBERSHIP = """(SELECT string_agg(m, ',' ORDER BY m) FROM (
 # ``leaves``: a partitioned table's leaf partitions (OIDs), to notice one attached with rows in it.
 _LEAVES = """(SELECT string_agg(l.relid::int8::text, ',' ORDER BY l.relid::int8)
         FROM pg_partition_tree(c.oid) l WHERE l.isleaf AND c.relkind = 'p')"""
+# ``filenodes``: a partitioned table's leaves' relfilenodes, to notice a TRUNCATE of one of them
+# (source/rewrites.py); read in the copy's snapshot, like the rest, they are the ones of its rows.
+_FILENODES = """CASE WHEN c.relkind = 'p' THEN coalesce((SELECT json_object_agg(l.relid::int8, k.relfilenode::int8)
+        FROM pg_partition_tree(c.oid) l JOIN pg_class k ON k.oid = l.relid WHERE l.isleaf), '{}')::text END"""
 _TABLES_QUERY = """
 SELECT c.oid::int8, pt.schemaname::text, pt.tablename::text, c.relkind::text, c.relreplident::text,
        pt.attnames::text[], pt.rowfilter::text, c.reltuples::float8,
-       """ + _MEMBERSHIP + """, """ + _LEAVES + """
+       """ + _MEMBERSHIP + """, """ + _LEAVES + """, """ + _FILENODES + """
 FROM pg_publication_tables pt
 JOIN pg_publication pub ON pub.pubname = pt.pubname
 JOIN pg_namespace n ON n.nspname = pt.schemaname
@@ -158,7 +163,7 @@ ORDER BY 2, 3
 """
 
 _MEMBERSHIPS_QUERY = """
-SELECT c.oid::int8, """ + _MEMBERSHIP + """, """ + _LEAVES + """
+SELECT c.oid::int8, """ + _MEMBERSHIP + """, """ + _LEAVES + """, c.relkind = 'p'
 FROM pg_publication_tables pt
 JOIN pg_publication pub ON pub.pubname = pt.pubname
 JOIN pg_namespace n ON n.nspname = pt.schemaname
@@ -167,10 +172,12 @@ WHERE pt.pubname = %s
 """
 
 
-def publication_memberships(conn: psycopg.Connection[Any], publication: str) -> dict[int, tuple[str | None, str | None]]:
-    """Per published table (OID), what puts it in the publication (see ``_MEMBERSHIP``) and, for a
-    partitioned table (published via its root), its leaf partitions; one query."""
-    return {int(oid): (m, leaves) for oid, m, leaves in conn.execute(_MEMBERSHIPS_QUERY, (publication,)).fetchall()}
+def publication_memberships(
+    conn: psycopg.Connection[Any], publication: str
+) -> dict[int, tuple[str | None, str | None, bool]]:
+    """Per published table (OID), what puts it in the publication (see ``_MEMBERSHIP``), for a
+    partitioned table (published via its root) its leaf partitions, and whether it is one; one query."""
+    return {int(oid): (m, leaves, bool(p)) for oid, m, leaves, p in conn.execute(_MEMBERSHIPS_QUERY, (publication,)).fetchall()}
 
 
 def partition_leaves(conn: psycopg.Connection[Any], names: Sequence[str]) -> dict[int, str | None]:
@@ -247,6 +254,7 @@ class PublishedTable:
     membership: str | None = None  # why the publication holds it (catalog row OIDs, see _TABLES_QUERY)
     leaves: str | None = None  # a partitioned table's leaf partitions (OIDs), when it was read
     attnums: str | None = None  # JSON {column: pg_attribute.attnum} of the published columns
+    filenodes: str | None = None  # a partitioned table's leaves' relfilenodes (JSON), when it was read
 
     @property
     def oid(self) -> int:
@@ -260,7 +268,7 @@ class PublishedTable:
 def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[PublishedTable]:
     """The publication's tables with their published columns (PostgreSQL 15+ column lists) and row filters."""
     out: list[PublishedTable] = []
-    for oid, schema, name, relkind, replident, attnames, rowfilter, reltuples, membership, leaves in conn.execute(
+    for oid, schema, name, relkind, replident, attnames, rowfilter, reltuples, membership, leaves, nodes in conn.execute(
         _TABLES_QUERY, (publication,)
     ).fetchall():
         wanted = None if attnames is None else set(attnames)
@@ -280,7 +288,7 @@ def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[Pu
         rel = po.Relation(None, int(oid), str(schema), str(name), str(replident), tuple(columns))
         estimate = int(reltuples) if reltuples is not None and reltuples >= 0 else None
         out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate, membership, leaves,
-                                  json.dumps(attnums, sort_keys=True)))
+                                  json.dumps(attnums, sort_keys=True), filenodes_json(filenodes_of(nodes))))
     return out
 
 
@@ -873,7 +881,7 @@ def append_log_row(
     """A ``kind = 'bootstrap'`` row: a table copied as of ``lsn`` (keyed on ``key``), or (no table) the lake's start."""
     logged = None if table is None else LoggedTable(
         table.oid, table.relation.namespace, table.relation.name, version, rows, 0, 0, False, None,
-        None if key is None else tuple(key), table.membership, table.leaves, table.attnums,
+        None if key is None else tuple(key), table.membership, table.leaves, table.attnums, table.filenodes,
     )
     append_log(job.engine, job.lake, [log_row(job.config.source.slot, run_id, lsn, lsn, logged, kind=KIND_BOOTSTRAP)])
 

@@ -40,6 +40,9 @@ from pg2delta.apply.targets import (
     TargetResolver,
     added_back_tables,
     publication_state,
+    recorded_filenodes,
+    rewritten_partitions,
+    truncated_partitions,
 )
 from pg2delta.config import Config
 from pg2delta.decode.spill import Spiller
@@ -54,6 +57,7 @@ from pg2delta.lsn import format_lsn
 from pg2delta.maintain import due, maintain_lake
 from pg2delta.progress import Progress
 from pg2delta.source.catalog import PgTypeCatalog
+from pg2delta.source.rewrites import filenodes_json, filenodes_of
 from pg2delta.source.slot import SlotSource, connect
 
 log = logging.getLogger(__name__)
@@ -103,6 +107,9 @@ class _Run:
     keys: KeyResolver
     progress: Progress
     progress_start: int
+    # Per root published via itself, its leaves' relfilenodes as last read after a peek (or as the
+    # applied log has them; None: not recorded), to notice a partition truncated alone.
+    filenodes: dict[int, dict[int, int] | None] = field(default_factory=dict)
 
 
 class Job(Lakeside):
@@ -148,6 +155,7 @@ class Job(Lakeside):
                 run = _Run(
                     src, uuid.uuid4().hex, applied, publication, planner, applier,
                     catalog, key_resolver(cfg, catalog_conn), run_progress(start, upper), start,
+                    recorded_filenodes(publication, applied),
                 )
                 try:
                     self._windows(run, report)
@@ -201,9 +209,42 @@ class Job(Lakeside):
             rd = read_window(
                 run.src, self.config, start, upper, run.catalog, run.keys, spiller, (run.progress, run.progress_start)
             )
+            self._truncated_partitions(run)  # after the peek returned: see there
             return self._apply_window(run, rd, t0)
         finally:
             spiller.remove()
+
+    def _truncated_partitions(self, run: _Run) -> None:
+        """Stop (exit 78), or copy the root again where ``on_unfollowable = "resync"``, before
+        anything of the window is applied, when a leaf partition of a root published via itself
+        was truncated alone since the lake's last window or copy of the root (pgoutput does not
+        send that: :mod:`pg2delta.source.rewrites`).
+
+        Called after the window's peek returned, so the relfilenodes read now show every rewrite
+        committed up to the window's end (the peek reads no further than the run's bound, the
+        server's flush position before it), and they are what the window records. One that
+        differs from the map read after the previous peek, or recorded by the applied log, comes
+        from a rewrite committed after that map was read: for a map read after a peek, after the
+        bound of that run, so past the end of every window that run read; for a copy's map (read
+        in its snapshot), past the copy's LSN. Either way past the slot's position of then. Where
+        the slot has moved since, each window it moved over compared its own read, so a rewrite
+        it passed was looked at by the run that passed it (looking again finds nothing). So one
+        decode of the slot's backlog, the only extra cost, paid only when a relfilenode changed,
+        finds every TRUNCATE of a leaf alone the lake has not seen.
+        """
+        now, changed = rewritten_partitions(run.src.conn, run.filenodes)
+        if changed:
+            again: dict[int, str] = {}
+            refusal = truncated_partitions(self.config, run.src, run.applied, changed, again)
+            if refusal is not None:
+                raise refusal
+            if again:  # copied at a snapshot after the window's end: the window's changes of it are skipped
+                copied = copying.copy_at_new_snapshot(self, run.src, set(again), parallel=copying.DEFAULT_PARALLEL)
+                if {c.relation_oid for c in copied} != set(again):
+                    raise SchemaError(f"cannot copy {', '.join(sorted(again.values()))} again: no longer published")
+                run.applied.update(applied_lsns(self.lake, self.config.source.slot))
+                now.update({root: nodes for root in again if (nodes := filenodes_of(run.applied[root].filenodes)) is not None})
+        run.filenodes.update(now)
 
     def _apply_window(self, run: _Run, rd: ReadWindow, t0: float) -> WindowReport:
         """Decide every table's shape, write the changelog and histories, MERGE every table, then
@@ -268,7 +309,7 @@ class Job(Lakeside):
             tgt.owner, rep.schema, rep.table, rep.delta_version, rep.inserts, rep.updates, rep.deletes,
             rep.truncated, rep.commit_ts, pl.key if pl is not None else None,
             run.publication.memberships.get(tgt.owner), run.publication.leaves.get(tgt.owner),
-            run.planner.attnums.get(tgt.owner),
+            run.planner.attnums.get(tgt.owner), filenodes_json(run.filenodes.get(tgt.owner)),
         )
 
     def _plan_window(self, run: _Run, ordered: Sequence[Target], start: int, end: int) -> dict[tuple[str, str], Plan | None]:
@@ -306,6 +347,8 @@ class Job(Lakeside):
         if not any(c.relation_oid == tgt.owner for c in copied):  # not published any more: nothing to copy it from
             raise refusal
         run.applied.update(applied_lsns(self.lake, self.config.source.slot))
+        if tgt.owner in run.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
+            run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

@@ -37,7 +37,15 @@ from pg2delta.apply.keys import KeyResolver, key_resolver
 from pg2delta.apply.schema import Plan, spark_type
 from pg2delta.apply.stage import reduce, stage_changes, table_changes
 from pg2delta.apply.tableplan import TablePlanner
-from pg2delta.apply.targets import Target, TargetResolver, added_back_tables, publication_state
+from pg2delta.apply.targets import (
+    Target,
+    TargetResolver,
+    added_back_tables,
+    publication_state,
+    recorded_filenodes,
+    rewritten_partitions,
+    truncated_partitions,
+)
 from pg2delta.bootstrap import tables_to_copy
 from pg2delta.decode.spill import Spiller
 from pg2delta.decode.window import ReadWindow, read_window
@@ -120,7 +128,12 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
             return report  # a run would stop here too, before copying anything
         bootstrapped, _, report.would_copy = tables_to_copy(side, src)
         applied = applied_lsns(side.lake, cfg.source.slot)
-        again, refusal = added_back_tables(cfg, src, applied, publication_state(cfg, src.conn))
+        publication = publication_state(cfg, src.conn)
+        again, refusal = added_back_tables(cfg, src, applied, publication)
+        # A partition truncated alone: the run finds it after its first peek, before applying.
+        _, rewritten = rewritten_partitions(src.conn, recorded_filenodes(publication, applied))
+        if refusal is None and rewritten:
+            refusal = truncated_partitions(cfg, src, applied, rewritten, again)
         report.would_copy = sorted({*report.would_copy, *again.values()})
         if refusal is not None:  # the run stops before reading anything
             stopped = WindowPlan(start, start)

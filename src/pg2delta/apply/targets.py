@@ -8,7 +8,9 @@ OID (renames keep their table), partitions of a ``partitions = "root"`` table in
 partitioned table's leaves) at a run's start, and :func:`added_back_tables` compares it with the
 applied log: a table removed from the publication and added back, a partition attached with rows
 in it, or one detached, cannot be followed by changes; those are copied again
-(``on_unfollowable = "resync"``) or refused. The run and ``pg2delta plan`` both call these.
+(``on_unfollowable = "resync"``) or refused. :func:`truncated_partitions` does the same for a
+leaf truncated alone under a root published via itself, where a leaf's relfilenode changed
+(:func:`rewritten_partitions`). The run and ``pg2delta plan`` both call these.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ from pg2delta.decode.window import TableWindow
 from pg2delta.errors import SchemaError
 from pg2delta.lake.applied_log import LOG_TABLE, Applied
 from pg2delta.lake.engine import Lake
+from pg2delta.source.rewrites import (
+    DecodeUnavailable,
+    Truncated,
+    filenodes_of,
+    leaf_filenodes,
+    rewritten_leaves,
+    truncated_alone,
+)
 from pg2delta.source.slot import SlotSource
 
 log = logging.getLogger(__name__)
@@ -62,14 +72,17 @@ class PublicationState:
 
     memberships: dict[int, str | None] = field(default_factory=dict)
     leaves: dict[int, str | None] = field(default_factory=dict)
+    partitioned: frozenset[int] = frozenset()  # the published partitioned tables (published via themselves)
 
 
 def publication_state(config: Config, conn: Any) -> PublicationState:
     """The publication's tables as the catalog holds them now (see :class:`PublicationState`)."""
     published = publication_memberships(conn, config.source.publication)
-    leaves: dict[int, str | None] = {oid: parts for oid, (_, parts) in published.items() if parts is not None}
+    leaves: dict[int, str | None] = {oid: parts for oid, (_, parts, _) in published.items() if parts is not None}
     leaves.update(partition_leaves(conn, [n for n, t in config.tables.items() if t.partitions == "root"]))
-    return PublicationState({oid: m for oid, (m, _) in published.items()}, leaves)
+    return PublicationState(
+        {oid: m for oid, (m, _, _) in published.items()}, leaves, frozenset(oid for oid, (_, _, p) in published.items() if p)
+    )
 
 
 def added_back_tables(
@@ -187,6 +200,62 @@ def _detached(
 
 
 
+def recorded_filenodes(state: PublicationState, applied: dict[int, Applied]) -> dict[int, dict[int, int] | None]:
+    """Per root published via itself, its leaves' relfilenodes as the applied log last recorded
+    them (None: not recorded; ``{}`` for a root that had no partitions)."""
+    return {oid: filenodes_of(applied[oid].filenodes) if oid in applied else None for oid in state.partitioned}
+
+
+def rewritten_partitions(
+    conn: Any, known: dict[int, dict[int, int] | None]
+) -> tuple[dict[int, dict[int, int]], dict[int, list[int]]]:
+    """The relfilenodes of the leaves of the roots ``known`` has now, and per root the leaves
+    rewritten since ``known`` (see :func:`pg2delta.source.rewrites.rewritten_leaves`)."""
+    now = leaf_filenodes(conn, known) if known else {}
+    return now, {root: leaves for root, nodes in now.items() if (leaves := rewritten_leaves(known.get(root), nodes))}
+
+
+def truncated_partitions(
+    config: Config, src: SlotSource, applied: dict[int, Applied], changed: dict[int, list[int]], again: dict[int, str]
+) -> SchemaError | None:
+    """Roots published via themselves whose leaves ``changed`` (relfilenodes not the ones last
+    recorded; :func:`pg2delta.source.rewrites.rewritten_leaves`): a leaf truncated alone, which
+    pgoutput does not send, leaves its rows in the lake. The backlog tells a ``TRUNCATE`` from a
+    ``VACUUM FULL`` or ``CLUSTER`` (:func:`pg2delta.source.rewrites.truncated_alone`); where it
+    cannot be decoded, any rewrite counts. A root truncated so is added to ``again`` where
+    ``on_unfollowable = "resync"``; otherwise the refusal."""
+    roots = {root: (applied[root].end_lsn if root in applied else 0, leaves) for root, leaves in changed.items()}
+    unavailable: str | None = None
+    try:
+        found = truncated_alone(config.source.dsn, config.source.slot, roots, connect_timeout=config.source.connect_timeout)
+    except DecodeUnavailable as exc:
+        unavailable, found = str(exc), {root: Truncated([], []) for root in changed}
+    for root, truncated in sorted(found.items()):
+        a = applied.get(root)
+        schema, table = (a.schema, a.table) if a is not None and a.table else (relation_name(src.conn, root) or ("", ""))
+        name = f"{schema}.{table}"
+        rewritten = ", ".join(".".join(n) if (n := relation_name(src.conn, oid)) else f"OID {oid}" for oid in changed[root])
+        if truncated.leaves:
+            what = (f"{', '.join(truncated.leaves)} {'was' if len(truncated.leaves) == 1 else 'were'} truncated alone "
+                    f"since the lake's last window of {name}, and PostgreSQL does not send a TRUNCATE of a partition "
+                    f"when the root is published via itself, so the lake would keep those rows")
+        elif truncated.unknown:
+            what = (f"a partition of {name} ({rewritten}) was rewritten since the lake's last window of it, and the "
+                    f"slot's backlog truncates {', '.join(truncated.unknown)}, a name no relation has now (renamed or "
+                    f"dropped since): pg2delta cannot tell whether that was the partition")
+        else:
+            what = (f"a partition of {name} ({rewritten}) was rewritten (TRUNCATE, VACUUM FULL or CLUSTER) since the "
+                    f"lake's last window of it, and pg2delta cannot tell which: the test_decoding plugin it decodes "
+                    f"the slot's backlog with is unavailable ({unavailable})")
+        if config.table(schema, table).on_unfollowable == "resync":
+            log.warning("%s; on_unfollowable = \"resync\": copying %s again", what, name)
+            again[root] = name
+            continue
+        return SchemaError(f"{what}; copy it again with pg2delta resync --table {name} (or set on_unfollowable = \"resync\")")
+    return None
+
+
+
 class TargetResolver:
     """Maps a window's relations to Delta tables; caches each relation's partition root."""
 
@@ -257,4 +326,7 @@ class TargetResolver:
 
 
 
-__all__ = ["PublicationState", "Target", "TargetResolver", "added_back_tables", "live", "publication_state"]
+__all__ = [
+    "PublicationState", "Target", "TargetResolver", "added_back_tables", "live", "publication_state",
+    "recorded_filenodes", "rewritten_partitions", "truncated_partitions",
+]

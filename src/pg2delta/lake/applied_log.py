@@ -55,6 +55,10 @@ LOG_SCHEMA = pa.schema(
         # JSON {column: pg_attribute.attnum} of the Delta table's columns, to tell a renamed column,
         # or one dropped and added again under its old name, from a new one.
         ("attnums", pa.string()),
+        # JSON {leaf OID: pg_class.relfilenode} of a root published via itself, read after the
+        # window's peek (or in a copy's snapshot), to notice a TRUNCATE of one partition, which
+        # pgoutput does not send (source/rewrites.py). Appended with mergeSchema like commit_ts.
+        ("filenodes", pa.string()),
     ]
 )
 
@@ -71,6 +75,7 @@ class Applied:
     publication: str | None = None  # its publication membership as last logged (None: not logged)
     partitions: str | None = None  # a partitioned table's leaf partitions as last logged
     attnums: dict[str, int] | None = None  # its columns' attnums as last logged
+    filenodes: str | None = None  # a root's leaves' relfilenodes as last logged (JSON; None: not logged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,7 @@ class LoggedTable:
     publication: str | None
     partitions: str | None
     attnums: str | None  # JSON {column: attnum}
+    filenodes: str | None = None  # JSON {leaf OID: relfilenode} of a root published via itself
 
 
 def utc_now() -> Any:
@@ -112,12 +118,14 @@ def log_rows(lake: Lake) -> list[dict[str, Any]]:
 
 def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
     """Per relation OID, the last window logged for its Delta table, the version it made, and the
-    key the table was last merged on (and its membership, partitions and attnums as last logged)."""
+    key the table was last merged on (and its membership, partitions, attnums and relfilenodes as
+    last logged)."""
     out: dict[int, Applied] = {}
     keys: dict[int, tuple[int, tuple[str, ...]]] = {}
     memberships: dict[int, tuple[int, str]] = {}
     leaves: dict[int, tuple[int, str]] = {}
     attnums: dict[int, tuple[int, str]] = {}
+    filenodes: dict[int, tuple[int, str]] = {}
     for r in rows:
         if r.get("slot") != slot or r.get("relation_oid") is None:
             continue
@@ -137,6 +145,9 @@ def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
         parts = r.get("partitions")
         if parts and (oid not in leaves or end >= leaves[oid][0]):
             leaves[oid] = (end, str(parts))
+        nodes = r.get("filenodes")
+        if nodes and (oid not in filenodes or end >= filenodes[oid][0]):
+            filenodes[oid] = (end, str(nodes))
         # The newest row's, null included (a backfill's rows, or rows of older pg2delta versions,
         # carry none): numbers from before a row that did not record them judge nothing.
         nums = r.get("attnums")
@@ -148,6 +159,8 @@ def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
         out[oid] = dataclasses.replace(out[oid], publication=member)
     for oid, (_, parts) in leaves.items():
         out[oid] = dataclasses.replace(out[oid], partitions=parts)
+    for oid, (_, nodes) in filenodes.items():
+        out[oid] = dataclasses.replace(out[oid], filenodes=nodes)
     for oid, (_, nums) in attnums.items():
         if nums:
             out[oid] = dataclasses.replace(out[oid], attnums={str(k): int(v) for k, v in json.loads(nums).items()})
@@ -182,6 +195,7 @@ def log_row(slot: str, run_id: str, start: int, end: int, t: LoggedTable | None,
         "publication": t.publication if t else None,
         "partitions": t.partitions if t else None,
         "attnums": t.attnums if t else None,
+        "filenodes": t.filenodes if t else None,
     }
 
 
@@ -199,13 +213,15 @@ def append(engine: Engine, lake: Lake, rows: pa.Table | Sequence[dict[str, Any]]
 
 def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
     """Where a table stands once the window logged as ``t`` is applied (what :func:`applied_lsns`
-    would read back): the window's key, membership, partitions and attnums, else the ones before."""
+    would read back): the window's key, membership, partitions, attnums and relfilenodes, else the
+    ones before."""
     key = t.key if t.key is not None else (before.key if before is not None else None)
     return Applied(
         end, t.delta_version, t.schema, t.table, key,
         publication=t.publication or (before.publication if before else None),
         partitions=t.partitions or (before.partitions if before else None),
         attnums=json.loads(t.attnums) if t.attnums else (before.attnums if before else None),
+        filenodes=t.filenodes or (before.filenodes if before else None),
     )
 
 

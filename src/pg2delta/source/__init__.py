@@ -1,6 +1,7 @@
 """Source: what comes from PostgreSQL.
 
 ``slot`` (checks, the run's lock, bounded and streamed peeks of the replication slot, the advance),
-``catalog`` (type look-ups for user-defined types), ``throwaway`` (a throwaway server with
+``catalog`` (type look-ups for user-defined types), ``rewrites`` (leaf partitions' relfilenodes, and
+a TRUNCATE of one alone found in the slot's backlog), ``throwaway`` (a throwaway server with
 ``wal_level=logical`` for tests, the demo and benchmarks).
 """
