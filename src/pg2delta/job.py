@@ -21,6 +21,7 @@ Re-applying them is harmless: MERGE of final states is idempotent, a truncate is
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -110,6 +111,9 @@ class _Run:
     # Per root published via itself, its leaves' relfilenodes as last read after a peek (or as the
     # applied log has them; None: not recorded), to notice a partition truncated alone.
     filenodes: dict[int, dict[int, int] | None] = field(default_factory=dict)
+    # Roots whose leaves were rewritten without a TRUNCATE (VACUUM FULL, CLUSTER), to be logged with
+    # the next window even if it has no changes of them: else every run would decode the backlog again.
+    rewritten: set[int] = field(default_factory=set)
 
 
 class Job(Lakeside):
@@ -244,6 +248,7 @@ class Job(Lakeside):
                     raise SchemaError(f"cannot copy {', '.join(sorted(again.values()))} again: no longer published")
                 run.applied.update(applied_lsns(self.lake, self.config.source.slot))
                 now.update({root: nodes for root in again if (nodes := filenodes_of(run.applied[root].filenodes)) is not None})
+            run.rewritten.update(set(changed) - set(again))
         run.filenodes.update(now)
 
     def _apply_window(self, run: _Run, rd: ReadWindow, t0: float) -> WindowReport:
@@ -278,6 +283,7 @@ class Job(Lakeside):
             for tgt, rep in zip(ordered, window.tables, strict=True)
             if not rep.skipped
         ]
+        logged += self._rewritten_roots(run, {t.oid for t in logged}, end)
         self._log_and_advance(run, window, changelog_log, logged)
         window.seconds = time.monotonic() - t0
         log.info(
@@ -301,6 +307,26 @@ class Job(Lakeside):
             run.src.advance(end)
         for t in logged:
             run.applied[t.oid] = after_window(run.applied.get(t.oid), end, t)
+
+    @staticmethod
+    def _rewritten_roots(run: _Run, logged: set[int], end: int) -> list[LoggedTable]:
+        """Applied-log entries, without changes, of the roots whose leaves were rewritten without a
+        TRUNCATE (:meth:`_truncated_partitions`) and that this window did not change: they record
+        the relfilenodes read after its peek, which the next run compares with. The root stands
+        at the window's end (it has nothing in the window) with its Delta version, key, membership,
+        partitions and attnums as before."""
+        out = []
+        for root in sorted(run.rewritten - logged):
+            a = run.applied.get(root)
+            if a is None or not a.table or a.end_lsn >= end:  # a copy past this window logged it already
+                continue
+            out.append(LoggedTable(
+                root, a.schema, a.table, a.delta_version, 0, 0, 0, False, None, a.key,
+                run.publication.memberships.get(root), run.publication.leaves.get(root),
+                json.dumps(a.attnums) if a.attnums else None, filenodes_json(run.filenodes.get(root)),
+            ))
+        run.rewritten.clear()
+        return out
 
     @staticmethod
     def _logged(run: _Run, tgt: Target, rep: TableReport, pl: Plan | None) -> LoggedTable:
