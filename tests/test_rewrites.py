@@ -13,6 +13,7 @@ from pg2delta.source.rewrites import (
     DecodeUnavailable,
     Truncated,
     filenodes_of,
+    fresh_leaves,
     leaf_filenodes,
     match_truncates,
     rewritten_leaves,
@@ -37,9 +38,13 @@ def test_truncate_lines() -> None:
 def test_rewritten_leaves() -> None:
     assert rewritten_leaves(None, {5: 9}) == []  # nothing recorded: nothing to compare
     assert rewritten_leaves({5: 5, 6: 6}, {5: 5, 6: 8}) == [6]
-    assert rewritten_leaves({5: 5}, {5: 5, 7: 7, 8: 12}) == [8]  # new leaves: relfilenode starts as the OID
+    # New leaves count (a TRUNCATE in the transaction that created one keeps its relfilenode);
+    # those never rewritten (relfilenode still the OID) are "fresh".
+    assert rewritten_leaves({5: 5}, {5: 5, 7: 7, 8: 12}) == [7, 8]
+    assert fresh_leaves({5: 5}, {5: 5, 7: 7, 8: 12}) == {7}
+    assert fresh_leaves(None, {7: 7}) == set()
     assert rewritten_leaves({5: 5, 6: 6}, {5: 5}) == []  # a leaf gone is _detached's case
-    assert rewritten_leaves({}, {7: 7, 8: 9}) == [8]  # a root that had no leaves when it was logged
+    assert rewritten_leaves({}, {7: 7, 8: 9}) == [7, 8]  # a root that had no leaves when it was logged
 
 
 def test_match_truncates() -> None:
@@ -104,3 +109,7 @@ def test_backlog_not_decodable(pgdb: str) -> None:
         assert str(refusal).endswith('pg2delta resync --table public.m (or set on_unfollowable = "resync")')
         resync = Config(source=cfg.source, tables={"public.m": TableConfig(on_unfollowable="resync")})
         assert truncated_partitions(resync, src, {}, {root: [leaf]}, again) is None and again == {root: "public.m"}
+        # A partition only new since (never rewritten): let through with a warning, as refusing
+        # would stop at every new partition wherever test_decoding is missing.
+        assert truncated_partitions(cfg, src, {}, {root: [leaf]}, fresh_again := {}, fresh={leaf}) is None
+        assert not fresh_again

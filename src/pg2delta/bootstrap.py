@@ -197,16 +197,21 @@ def partition_leaves(conn: psycopg.Connection[Any], names: Sequence[str]) -> dic
 
 def rows_before_attach(conn: psycopg.Connection[Any], leaf: int) -> str | None:
     """The name of partition ``leaf`` if it holds rows older than its place in its partition tree
-    (a row's ``xmin`` at least as old as the newest ``pg_inherits`` link between it and the root):
-    rows it had when it was attached, which PostgreSQL never sends. None otherwise (or gone).
-    Reads the partition once; rows frozen past XID wraparound are not told apart."""
+    (a row's ``xmin`` older than the newest ``pg_inherits`` link between it and the root, or the
+    same transaction and an earlier command, ``cmin``): rows it had when it was attached, which
+    PostgreSQL never sends. Rows inserted after the link in the transaction that made it (``CREATE
+    TABLE … PARTITION OF`` then ``INSERT``) are sent. None otherwise (or gone). Reads the partition
+    once; rows frozen past XID wraparound are not told apart."""
     name = relation_name(conn, leaf)
     if name is None:
         return None
     found = conn.execute(
         sql.SQL(
-            "SELECT EXISTS (SELECT 1 FROM ONLY {} t WHERE age(t.xmin) >= ("
-            "SELECT min(age(i.xmin)) FROM pg_inherits i WHERE i.inhrelid IN (SELECT relid FROM pg_partition_ancestors(%s))))"
+            "SELECT EXISTS (SELECT 1 FROM ONLY {} t, ("
+            "SELECT i.xmin AS x, i.cmin::text::int8 AS c FROM pg_inherits i "
+            "WHERE i.inhrelid IN (SELECT relid FROM pg_partition_ancestors(%s)) "
+            "ORDER BY age(i.xmin), i.cmin::text::int8 DESC LIMIT 1) l "
+            "WHERE age(t.xmin) > age(l.x) OR (t.xmin = l.x AND t.cmin::text::int8 < l.c))"
         ).format(sql.Identifier(*name)),
         (leaf,),
     ).fetchone()

@@ -43,7 +43,6 @@ from pg2delta.apply.targets import (
     publication_state,
     recorded_filenodes,
     rewritten_partitions,
-    truncated_partitions,
 )
 from pg2delta.config import Config
 from pg2delta.decode.spill import Spiller
@@ -232,14 +231,15 @@ class Job(Lakeside):
         bound of that run, so past the end of every window that run read; for a copy's map (read
         in its snapshot), past the copy's LSN. Either way past the slot's position of then. Where
         the slot has moved since, each window it moved over compared its own read, so a rewrite
-        it passed was looked at by the run that passed it (looking again finds nothing). So one
-        decode of the slot's backlog, the only extra cost, paid only when a relfilenode changed,
-        finds every TRUNCATE of a leaf alone the lake has not seen.
+        it passed was looked at by the run that passed it (looking again finds nothing). A leaf
+        new since the map was read counts too: a TRUNCATE in the transaction that created it
+        empties it in place, keeping its relfilenode. So one decode of the slot's backlog, the only
+        extra cost, paid only when a relfilenode changed or a partition appeared, finds every
+        TRUNCATE of a leaf alone the lake has not seen.
         """
-        now, changed = rewritten_partitions(run.src.conn, run.filenodes)
+        again: dict[int, str] = {}
+        now, changed, refusal = rewritten_partitions(self.config, run.src, run.applied, run.filenodes, again)
         if changed:
-            again: dict[int, str] = {}
-            refusal = truncated_partitions(self.config, run.src, run.applied, changed, again)
             if refusal is not None:
                 raise refusal
             if again:  # copied at a snapshot after the window's end: the window's changes of it are skipped

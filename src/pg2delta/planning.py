@@ -44,7 +44,6 @@ from pg2delta.apply.targets import (
     publication_state,
     recorded_filenodes,
     rewritten_partitions,
-    truncated_partitions,
 )
 from pg2delta.bootstrap import tables_to_copy
 from pg2delta.decode.spill import Spiller
@@ -131,9 +130,8 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
         publication = publication_state(cfg, src.conn)
         again, refusal = added_back_tables(cfg, src, applied, publication)
         # A partition truncated alone: the run finds it after its first peek, before applying.
-        _, rewritten = rewritten_partitions(src.conn, recorded_filenodes(publication, applied))
-        if refusal is None and rewritten:
-            refusal = truncated_partitions(cfg, src, applied, rewritten, again)
+        if refusal is None:
+            _, _, refusal = rewritten_partitions(cfg, src, applied, recorded_filenodes(publication, applied), again)
         report.would_copy = sorted({*report.would_copy, *again.values()})
         if refusal is not None:  # the run stops before reading anything
             stopped = WindowPlan(start, start)

@@ -30,6 +30,7 @@ from pg2delta.source.rewrites import (
     DecodeUnavailable,
     Truncated,
     filenodes_of,
+    fresh_leaves,
     leaf_filenodes,
     rewritten_leaves,
     truncated_alone,
@@ -207,34 +208,54 @@ def recorded_filenodes(state: PublicationState, applied: dict[int, Applied]) -> 
 
 
 def rewritten_partitions(
-    conn: Any, known: dict[int, dict[int, int] | None]
-) -> tuple[dict[int, dict[int, int]], dict[int, list[int]]]:
-    """The relfilenodes of the leaves of the roots ``known`` has now, and per root the leaves
-    rewritten since ``known`` (see :func:`pg2delta.source.rewrites.rewritten_leaves`)."""
-    now = leaf_filenodes(conn, known) if known else {}
-    return now, {root: leaves for root, nodes in now.items() if (leaves := rewritten_leaves(known.get(root), nodes))}
+    config: Config, src: SlotSource, applied: dict[int, Applied], known: dict[int, dict[int, int] | None],
+    again: dict[int, str],
+) -> tuple[dict[int, dict[int, int]], dict[int, list[int]], SchemaError | None]:
+    """The relfilenodes of the leaves of the roots ``known`` has now; per root, the leaves that may
+    have been truncated since ``known`` (:func:`pg2delta.source.rewrites.rewritten_leaves`); and,
+    where any, what :func:`truncated_partitions` makes of them (the refusal; ``again`` filled)."""
+    now = leaf_filenodes(src.conn, known) if known else {}
+    changed = {root: leaves for root, nodes in now.items() if (leaves := rewritten_leaves(known.get(root), nodes))}
+    if not changed:
+        return now, changed, None
+    fresh = {leaf for root, nodes in now.items() for leaf in fresh_leaves(known.get(root), nodes)}
+    return now, changed, truncated_partitions(config, src, applied, changed, again, fresh=fresh)
 
 
 def truncated_partitions(
-    config: Config, src: SlotSource, applied: dict[int, Applied], changed: dict[int, list[int]], again: dict[int, str]
+    config: Config, src: SlotSource, applied: dict[int, Applied], changed: dict[int, list[int]], again: dict[int, str],
+    *, fresh: set[int] | frozenset[int] = frozenset(),
 ) -> SchemaError | None:
     """Roots published via themselves whose leaves ``changed`` (relfilenodes not the ones last
-    recorded; :func:`pg2delta.source.rewrites.rewritten_leaves`): a leaf truncated alone, which
-    pgoutput does not send, leaves its rows in the lake. The backlog tells a ``TRUNCATE`` from a
-    ``VACUUM FULL`` or ``CLUSTER`` (:func:`pg2delta.source.rewrites.truncated_alone`); where it
-    cannot be decoded, any rewrite counts. A root truncated so is added to ``again`` where
-    ``on_unfollowable = "resync"``; otherwise the refusal."""
+    recorded, or leaves new since: :func:`pg2delta.source.rewrites.rewritten_leaves`): a leaf
+    truncated alone, which pgoutput does not send, leaves its rows in the lake. The backlog tells
+    a ``TRUNCATE`` from a ``VACUUM FULL``, a ``CLUSTER`` or a new partition
+    (:func:`pg2delta.source.rewrites.truncated_alone`); where it cannot be decoded, any rewrite
+    counts, and leaves that are only new (``fresh``: never rewritten) are let through with a
+    warning (refusing would stop at every new partition). A root truncated so is added to
+    ``again`` where ``on_unfollowable = "resync"``; otherwise the refusal."""
     roots = {root: (applied[root].end_lsn if root in applied else 0, leaves) for root, leaves in changed.items()}
     unavailable: str | None = None
     try:
         found = truncated_alone(config.source.dsn, config.source.slot, roots, connect_timeout=config.source.connect_timeout)
     except DecodeUnavailable as exc:
-        unavailable, found = str(exc), {root: Truncated([], []) for root in changed}
+        unavailable, found = str(exc), {}
+        for root, leaves in changed.items():
+            if set(leaves) <= fresh:
+                log.warning(
+                    "cannot check the new partition(s) %s of %s for a TRUNCATE in the transaction that created them: "
+                    "the test_decoding plugin is unavailable (%s)",
+                    ", ".join(_name(src, oid) for oid in leaves), _name(src, root), unavailable,
+                )
+            else:
+                found[root] = Truncated([], [])
     for root, truncated in sorted(found.items()):
+        if not truncated.leaves and set(changed[root]) <= fresh:  # only new partitions, none truncated
+            continue
         a = applied.get(root)
         schema, table = (a.schema, a.table) if a is not None and a.table else (relation_name(src.conn, root) or ("", ""))
         name = f"{schema}.{table}"
-        rewritten = ", ".join(".".join(n) if (n := relation_name(src.conn, oid)) else f"OID {oid}" for oid in changed[root])
+        rewritten = ", ".join(_name(src, oid) for oid in changed[root] if oid not in fresh)
         if truncated.leaves:
             what = (f"{', '.join(truncated.leaves)} {'was' if len(truncated.leaves) == 1 else 'were'} truncated alone "
                     f"since the lake's last window of {name}, and PostgreSQL does not send a TRUNCATE of a partition "
@@ -254,6 +275,9 @@ def truncated_partitions(
         return SchemaError(f"{what}; copy it again with pg2delta resync --table {name} (or set on_unfollowable = \"resync\")")
     return None
 
+
+def _name(src: SlotSource, oid: int) -> str:
+    return ".".join(n) if (n := relation_name(src.conn, oid)) else f"OID {oid}"
 
 
 class TargetResolver:

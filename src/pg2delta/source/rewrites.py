@@ -80,16 +80,23 @@ def filenodes_of(text: str | None) -> dict[int, int] | None:
 
 
 def rewritten_leaves(before: Mapping[int, int] | None, now: Mapping[int, int]) -> list[int]:
-    """Leaves of ``now`` whose relfilenode is not the one ``before`` recorded: rewritten since.
-
-    A leaf ``before`` does not know was created or attached since; a table's relfilenode starts
-    as its OID, so one that differs was rewritten since it was created (maybe before its attach:
-    then the decode finds nothing of it). Nothing recorded (a lake from before pg2delta recorded
-    relfilenodes): nothing to compare, the next window records them.
+    """Leaves of ``now`` that may have been truncated since ``before``: those whose relfilenode is
+    not the one ``before`` recorded (rewritten since), and those ``before`` does not know (created
+    or attached since). A ``TRUNCATE`` in the transaction that created the table empties it in
+    place, keeping its relfilenode, while its rows were sent through the root: only the backlog
+    tells. Nothing recorded (a lake from before pg2delta recorded relfilenodes): nothing to
+    compare, the next window records them.
     """
     if before is None:
         return []
-    return sorted(leaf for leaf, node in now.items() if node != before.get(leaf, leaf))
+    return sorted(leaf for leaf, node in now.items() if before.get(leaf) != node)
+
+
+def fresh_leaves(before: Mapping[int, int] | None, now: Mapping[int, int]) -> set[int]:
+    """Leaves of ``now`` that ``before`` does not know and that were never rewritten (a table's
+    relfilenode starts as its OID): new since, and only a TRUNCATE in the transaction that created
+    them would have emptied them unseen."""
+    return set() if before is None else {leaf for leaf, node in now.items() if leaf not in before and node == leaf}
 
 
 def truncate_names(line: str) -> list[str] | None:
@@ -201,6 +208,6 @@ def truncated_alone(
 
 
 __all__ = [
-    "DecodeUnavailable", "Truncated", "filenodes_json", "filenodes_of", "leaf_filenodes", "match_truncates",
+    "DecodeUnavailable", "Truncated", "filenodes_json", "filenodes_of", "fresh_leaves", "leaf_filenodes", "match_truncates",
     "rewritten_leaves", "truncate_names", "truncated_alone",
 ]
