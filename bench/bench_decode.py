@@ -7,11 +7,11 @@ One run, one throwaway PostgreSQL (15 by default):
 2. **server**: ``COPY (SELECT data FROM pg_logical_slot_peek_binary_changes(...)) TO STDOUT
    (FORMAT binary)`` read by the client and dropped: PostgreSQL's own emission rate;
 3. **capture** (not timed against anything): the window read once with the real
-   ``SlotSource.read_window`` into RowChunks, plus the raw COPY rows as psycopg hands them over;
+   ``SlotSource.read_window`` into RowChunks, plus the raw CopyData blocks it read;
 4. **decode**: ``WindowDecoder.feed`` over the captured chunks, then ``finish`` - everything
    from the window's bytes to Arrow record batches;
-5. **framing**: the client half of ``read_window`` (per-row loop and ``_frame``) replayed over
-   the captured COPY rows, no server involved.
+5. **framing**: the client half of ``read_window`` (the CopyData blocks gathered into a buffer,
+   their rows framed in C) replayed over the captured blocks, no server involved.
 
 Each timing is the best of ``--repeat`` runs. An extra instrumented pass splits the decode
 by stage (not part of the best-of timings). ``--profile`` adds a cProfile of one decode pass.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import cProfile
 import functools
 import io
@@ -190,7 +189,7 @@ def server_count(dsn: str, upto: int | None = None) -> int:
 
 
 def read_only(dsn: str, upto: int) -> int:
-    """The real SlotSource.read_window (COPY, per-row loop, _frame), chunks dropped; returns rows."""
+    """The real SlotSource.read_window (COPY, blocks framed in C), chunks dropped; returns rows."""
     with SlotSource(dsn, SLOT, PUB) as src:
         for item in src.read_window(upto, max_changes=None, max_bytes=None):
             if isinstance(item, WindowRead):
@@ -199,83 +198,37 @@ def read_only(dsn: str, upto: int) -> int:
 
 
 def capture(dsn: str, upto: int) -> tuple[list[RowChunk], WindowRead, list[bytes]]:
-    """The window through the real SlotSource.read_window, and the raw COPY rows of the same read."""
+    """The window through the real SlotSource.read_window, and the raw CopyData blocks of the same read."""
     raw: list[bytes] = []
     chunks: list[RowChunk] = []
     read: WindowRead | None = None
-    with SlotSource(dsn, SLOT, PUB) as src:
-        src.conn = _RecordingConn(src.conn, raw)  # type: ignore[assignment]
-        for item in src.read_window(upto, max_changes=None, max_bytes=None):
-            if isinstance(item, WindowRead):
-                read = item
-            else:
-                chunks.append(item)
+    real = sl.copy_blocks
+
+    def recording(conn: Any, statement: Any) -> Iterator[Any]:
+        for block in real(conn, statement):
+            raw.append(bytes(block))
+            yield block
+
+    sl.copy_blocks = recording  # type: ignore[assignment]
+    try:
+        with SlotSource(dsn, SLOT, PUB) as src:
+            for item in src.read_window(upto, max_changes=None, max_bytes=None):
+                if isinstance(item, WindowRead):
+                    read = item
+                else:
+                    chunks.append(item)
+    finally:
+        sl.copy_blocks = real
     assert read is not None
     return chunks, read, raw
 
 
-class _RecordingConn:
-    """Wraps a connection so that the COPY rows read through it are also kept."""
-
-    def __init__(self, conn: psycopg.Connection[Any], sink: list[bytes]) -> None:
-        self._conn, self._sink = conn, sink
-
-    def cursor(self) -> _RecordingCursor:
-        return _RecordingCursor(self._conn.cursor(), self._sink)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
-class _RecordingCursor:
-    def __init__(self, cur: Any, sink: list[bytes]) -> None:
-        self._cur, self._sink = cur, sink
-
-    @contextlib.contextmanager
-    def copy(self, query: Any) -> Iterator[Iterator[bytes]]:
-        with self._cur.copy(query) as copy:
-            yield self._record(copy)
-
-    def _record(self, copy: Any) -> Iterator[bytes]:
-        for data in copy:
-            piece = bytes(data)
-            self._sink.append(piece)
-            yield piece
-
-    def close(self) -> None:
-        self._cur.close()
-
-
-class _ReplayConn:
-    """Stands in for the connection: hands the captured COPY rows to read_window again."""
-
-    def __init__(self, rows: list[bytes]) -> None:
-        self._rows = rows
-
-    def cursor(self) -> _ReplayConn:
-        return self
-
-    @contextlib.contextmanager
-    def copy(self, query: Any) -> Iterator[list[bytes]]:
-        yield self._rows
-
-    def close(self) -> None:
-        pass
-
-    def cancel_safe(self) -> None:
-        pass
-
-
 def replay_framing(raw: list[bytes], upto: int) -> int:
-    """The client half of read_window (per-row loop, _frame) over captured rows; returns rows."""
-    src = SlotSource.__new__(SlotSource)
-    src.slot, src.publication = SLOT, PUB
-    src.conn = _ReplayConn(raw)  # type: ignore[assignment]
-    rows = 0
-    for item in src.read_window(upto, max_changes=None, max_bytes=None):
-        if isinstance(item, WindowRead):
-            rows = item.rows
-    return rows
+    """The client half of read_window (blocks gathered, rows framed in C) over captured blocks; returns rows."""
+    framer = sl._Framer(None, sl.CHUNK_ROWS)
+    for _ in framer.chunks(raw, sl.CHUNK_BYTES):
+        pass
+    return framer.rows
 
 
 @dataclass

@@ -43,7 +43,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from queue import Empty
@@ -80,7 +80,7 @@ from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.rewrites import filenodes_json, filenodes_of
-from pg2delta.source.slot import SlotSource, connect
+from pg2delta.source.slot import SlotSource, connect, copy_blocks
 
 log = logging.getLogger(__name__)
 
@@ -710,37 +710,6 @@ class Copier:
             rows / max(seconds, 1e-9), version,
         )
         return TableCopy(rel.namespace, rel.name, rel.oid, rows, self.snapshot.consistent_lsn, version, seconds, uri)
-
-
-def copy_blocks(conn: psycopg.Connection[Any], statement: sql.Composed) -> Generator[memoryview, None, None]:
-    """The CopyData blocks of ``COPY … TO STDOUT`` on ``conn``, as ``Copy.__iter__`` gives them.
-
-    The blocks libpq holds already are taken straight from it (``PGconn.get_copy_data``): psycopg's
-    own read runs a generator and a wait per block, which costs more than the server's work of
-    sending the row. Only when libpq has nothing buffered does psycopg's ``Copy.read`` wait for the
-    socket (and read the end of the copy, when it comes there); when the end comes in a direct read,
-    its final result is read here, as psycopg would, and an error raised as psycopg raises it.
-    """
-    pgconn = conn.pgconn
-    with conn.cursor() as cur, cur.copy(statement) as copy:
-        while True:
-            nbytes, data = pgconn.get_copy_data(1)  # 1: never block
-            if nbytes > 0:
-                yield data
-            elif nbytes == 0:
-                if not (waited := copy.read()):
-                    return
-                yield memoryview(waited)
-            elif nbytes == -1:  # the end of the copy: its final result (an error, if the server failed)
-                failed = None
-                while (res := pgconn.get_result()) is not None:
-                    if res.status != libpq.ExecStatus.COMMAND_OK and failed is None:
-                        failed = res
-                if failed is not None:
-                    raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
-                return
-            else:
-                raise psycopg.OperationalError(pgconn.get_error_message(conn.info.encoding))
 
 
 def stage_table(

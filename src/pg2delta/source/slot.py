@@ -12,13 +12,16 @@ import contextlib
 import copy
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import psycopg
+from psycopg import pq as libpq
 from psycopg import sql
 
+from pg2delta.decode import _tuples
 from pg2delta.decode import pgoutput as po
 from pg2delta.decode.changes import RowChunk
 from pg2delta.errors import (
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _COPY_HEADER_LEN = 19  # signature (11) + flags (4) + extension length (4)
 _ROW_PREFIX = 26  # int16 nfields, int32 len, int64 lsn, int32 len, int32 xid, int32 len
+CHUNK_ROWS = 50_000  # rows of the slot function per RowChunk, at most
+CHUNK_BYTES = 8 << 20  # bytes of CopyData gathered before their rows are framed
 
 
 def connect(dsn: str, *, application_name: str = "pg2delta", connect_timeout: int = 10) -> psycopg.Connection[tuple[object, ...]]:
@@ -305,67 +310,37 @@ class SlotSource:
         *,
         max_changes: int | None,
         max_bytes: int | None,
-        chunk_rows: int = 50_000,
-        chunk_bytes: int = 32 << 20,
+        chunk_rows: int = CHUNK_ROWS,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> Iterator[RowChunk | WindowRead]:
         """Stream the window's rows as :class:`RowChunk` objects, then one :class:`WindowRead`.
 
         Stops at ``upto_lsn``, after ``max_changes`` rows (at a transaction boundary, as the
         server does), or at the first commit after ``max_bytes`` bytes, whichever comes first.
+        The CopyData blocks are appended to one buffer (:func:`copy_blocks`); every ``chunk_bytes``
+        its whole rows are framed in C (``_tuples.walk_copy``), at most ``chunk_rows`` per chunk:
+        no Python work per row.
         """
         query = _peek_copy(self.slot, upto_lsn, max_changes, self.peek_options())
-        total_rows = 0
-        total_bytes = 0
-        last_commit: int | None = None
-        pieces: list[bytes] = []
-        piece_bytes = 0
-        capped_by_bytes = False
-        header_seen = False
-        cur = self.conn.cursor()
+        framer = _Framer(max_bytes, chunk_rows)
+        blocks = copy_blocks(self.conn, query)
         try:
-            with cur.copy(query) as copy:
-                for data in copy:
-                    piece = bytes(data)
-                    if not header_seen:
-                        if not piece.startswith(_COPY_SIGNATURE):
-                            raise DecodeError("COPY stream without binary signature", offset=0)
-                        piece = piece[_COPY_HEADER_LEN:]
-                        header_seen = True
-                        if not piece:
-                            continue
-                    if piece == b"\xff\xff":  # end-of-data marker
-                        continue
-                    pieces.append(piece)
-                    piece_bytes += len(piece)
-                    total_rows += 1
-                    if len(piece) > _ROW_PREFIX and piece[_ROW_PREFIX] == po.COMMIT:
-                        last_commit = int.from_bytes(piece[6:14], "big")
-                        if max_bytes is not None and total_bytes + piece_bytes >= max_bytes:
-                            capped_by_bytes = True
-                    if capped_by_bytes or len(pieces) >= chunk_rows or piece_bytes >= chunk_bytes:
-                        total_bytes += piece_bytes
-                        yield _frame(pieces)
-                        pieces, piece_bytes = [], 0
-                        if capped_by_bytes:
-                            break
-                if capped_by_bytes:
-                    # Stop the server, then take what it sent before stopping: psycopg leaves a COPY TO
-                    # left early unread, and the connection would refuse every later command.
-                    self.conn.cancel_safe()
-                    for _ in copy:
-                        pass
+            yield from framer.chunks(blocks, chunk_bytes)
+            if framer.capped_by_bytes:
+                # Stop the server, then take what it sent before stopping: psycopg leaves a COPY TO
+                # left early unread, and the connection would refuse every later command.
+                self.conn.cancel_safe()
+                for _ in blocks:
+                    pass
         except psycopg.errors.QueryCanceled:
-            if not capped_by_bytes:
+            if not framer.capped_by_bytes:
                 raise ConnectionFailed("the window read was cancelled by the server") from None
         except psycopg.Error as exc:
             raise _read_error(self.slot, exc) from exc
         finally:
-            cur.close()
-        if pieces:
-            total_bytes += piece_bytes
-            yield _frame(pieces)
-        capped = capped_by_bytes or (max_changes is not None and total_rows >= max_changes)
-        yield WindowRead(total_rows, total_bytes, last_commit, capped)
+            blocks.close()
+        capped = framer.capped_by_bytes or (max_changes is not None and framer.rows >= max_changes)
+        yield WindowRead(framer.rows, framer.bytes, framer.last_commit, capped)
 
     def scratch_copy(self) -> SlotSource | None:
         """A temporary copy of the slot (same confirmed position), on this connection, for reading
@@ -431,30 +406,127 @@ def _read_error(slot: str, exc: psycopg.Error) -> Pg2DeltaError:
     return SourceStateError(f"cannot read slot {slot!r}: {text}")
 
 
-def _frame(pieces: list[bytes]) -> RowChunk:
-    """Binary COPY rows (lsn pg_lsn, xid xid, data bytea) -> a RowChunk, checked in bulk."""
-    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
-    buf = b"".join(pieces)
-    row_ends = np.cumsum(lengths)
-    row_starts = row_ends - lengths
-    u8 = np.frombuffer(buf, dtype=np.uint8)
-    if (lengths < _ROW_PREFIX).any():
-        raise DecodeError("COPY row shorter than its fixed fields", offset=0)
-    head = np.array([0, 3, 0, 0, 0, 8], dtype=np.uint8)
-    ok = np.ones(len(pieces), dtype=bool)
-    for k, b in enumerate(head):
-        ok &= u8[row_starts + k] == b
-    ok &= (u8[row_starts + 14] == 0) & (u8[row_starts + 15] == 0) & (u8[row_starts + 16] == 0) & (u8[row_starts + 17] == 4)
-    data_len = (
-        (u8[row_starts + 22].astype(np.int64) << 24)
-        | (u8[row_starts + 23].astype(np.int64) << 16)
-        | (u8[row_starts + 24].astype(np.int64) << 8)
-        | u8[row_starts + 25]
-    )
-    ok &= row_starts + _ROW_PREFIX + data_len == row_ends
-    if not ok.all():
-        raise DecodeError("COPY row is not (pg_lsn, xid, bytea)", offset=int(np.flatnonzero(~ok)[0]))
-    lsn = np.zeros(len(pieces), dtype=np.uint64)
-    for k in range(8):
-        lsn = (lsn << np.uint64(8)) | u8[row_starts + 6 + k].astype(np.uint64)
-    return RowChunk(buf, lsn.view(np.int64), row_starts + _ROW_PREFIX, row_ends)
+class _Framer:
+    """Binary COPY rows (lsn pg_lsn, xid xid, data bytea) of a buffer -> :class:`RowChunk` objects,
+    walked in C and checked in bulk; counts the rows and bytes, keeps the last commit's LSN, and
+    stops at the first commit past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int | None, chunk_rows: int) -> None:
+        self.max_bytes = max_bytes
+        self.cap = chunk_rows
+        self.rows = 0
+        self.bytes = 0  # rows' bytes, as COPY sends them (their field count and lengths included)
+        self.last_commit: int | None = None
+        self.capped_by_bytes = False
+        self.header_seen = False
+        self.ended = False
+
+    def chunks(self, blocks: Iterable[bytes | bytearray | memoryview], chunk_bytes: int) -> Iterator[RowChunk]:
+        """The rows of ``blocks`` (CopyData blocks as they come), framed every ``chunk_bytes``;
+        stops early at the first commit past ``max_bytes`` (:attr:`capped_by_bytes`)."""
+        acc = bytearray()
+        for block in blocks:
+            acc += block
+            if len(acc) >= chunk_bytes:
+                rest = yield from self.frame(acc)
+                if self.capped_by_bytes:
+                    return
+                del acc[:rest]
+        yield from self.frame(acc, last=True)
+
+    def frame(self, buf: bytearray, *, last: bool = False) -> Generator[RowChunk, None, int]:
+        """Yield the whole rows of ``buf`` as chunks; returns the offset of the rest (a row cut at
+        the end, completed by the next blocks). ``last``: no more blocks come."""
+        pos = 0
+        if not self.header_seen:
+            if len(buf) < _COPY_HEADER_LEN and not last:
+                return 0
+            if not bytes(buf[:len(_COPY_SIGNATURE)]) == _COPY_SIGNATURE or len(buf) < _COPY_HEADER_LEN:
+                raise DecodeError("COPY stream without binary signature", offset=0)
+            ext = int.from_bytes(buf[_COPY_HEADER_LEN - 4:_COPY_HEADER_LEN], "big")
+            if len(buf) < _COPY_HEADER_LEN + ext and not last:
+                return 0
+            pos = _COPY_HEADER_LEN + ext
+            self.header_seen = True
+        view = bytes(buf)  # (the chunks' messages are slices of it, and stay valid after buf changes)
+        while pos < len(view) and not self.capped_by_bytes:
+            if self.ended:
+                raise DecodeError("bytes after the end of the COPY stream", offset=pos)
+            kinds = np.empty((3, self.cap), dtype=np.uint8)
+            starts = np.empty((3, self.cap), dtype=np.int64)
+            lengths = np.empty((3, self.cap), dtype=np.int64)
+            n, nxt, status, reason = _tuples.walk_copy(view, pos, 3, b"bbb", kinds, starts, lengths)
+            if status == 2:
+                raise DecodeError(f"malformed COPY row of the slot function: {reason}", offset=nxt)
+            if n:
+                yield self._chunk(view, kinds[:, :n], starts[:, :n], lengths[:, :n])
+            pos = nxt
+            if status == 1:
+                self.ended = True
+            elif n < self.cap:
+                break  # the rest is a row cut at the end of buf
+        if last and not self.ended and not self.capped_by_bytes:
+            raise DecodeError("COPY stream ends without its trailer (a row cut short?)", offset=pos)
+        return pos
+
+    def _chunk(self, view: bytes, kinds: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> RowChunk:
+        if not ((lengths[0] == 8).all() and (lengths[1] == 4).all() and (kinds[2] == ord("b")).all()
+                and (kinds[:2] == ord("b")).all()):
+            bad = int(np.flatnonzero((lengths[0] != 8) | (lengths[1] != 4) | (kinds != ord("b")).any(axis=0))[0])
+            raise DecodeError("COPY row is not (pg_lsn, xid, bytea)", offset=int(starts[0, bad]))
+        u8 = np.frombuffer(view, dtype=np.uint8)
+        at = starts[0]
+        lsn = np.zeros(len(at), dtype=np.uint64)
+        for k in range(8):
+            lsn = (lsn << np.uint64(8)) | u8[at + k].astype(np.uint64)
+        data_starts, data_ends = starts[2], starts[2] + lengths[2]
+        sizes = lengths[2] + _ROW_PREFIX
+        commits = np.flatnonzero((lengths[2] > 0) & (u8[np.minimum(data_starts, len(u8) - 1)] == po.COMMIT))
+        n = len(at)
+        if self.max_bytes is not None and len(commits):
+            cum = self.bytes + np.cumsum(sizes)
+            over = commits[cum[commits] >= self.max_bytes]
+            if len(over):
+                n = int(over[0]) + 1
+                self.capped_by_bytes = True
+                commits = commits[commits < n]
+        if len(commits):
+            self.last_commit = int(lsn[commits[-1]])
+        self.rows += n
+        self.bytes += int(sizes[:n].sum())
+        return RowChunk(view, lsn[:n].view(np.int64), data_starts[:n].copy(), data_ends[:n].copy())
+
+
+def copy_blocks(conn: psycopg.Connection[Any], statement: sql.Composed) -> Generator[memoryview, None, None]:
+    """The CopyData blocks of ``COPY … TO STDOUT`` on ``conn``, as ``Copy.__iter__`` gives them.
+
+    The blocks libpq holds already are taken straight from it (``PGconn.get_copy_data``): psycopg's
+    own read runs a generator and a wait per block, which costs more than the server's work of
+    sending the row. Only when libpq has nothing buffered does psycopg's ``Copy.read`` wait for the
+    socket (and read the end of the copy, when it comes there); when the end comes in a direct read,
+    its final result is read here, as psycopg would, and an error raised as psycopg raises it.
+    """
+    pgconn = conn.pgconn
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        while True:
+            nbytes, data = pgconn.get_copy_data(1)  # 1: never block
+            if nbytes > 0:
+                yield data
+            elif nbytes == 0:
+                if not (waited := copy.read()):
+                    return
+                yield memoryview(waited)
+            elif nbytes == -1:  # the end of the copy: its final result (an error, if the server failed)
+                failed = None
+                while (res := pgconn.get_result()) is not None:
+                    if res.status != libpq.ExecStatus.COMMAND_OK and failed is None:
+                        failed = res
+                if failed is not None:
+                    raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+                return
+            else:
+                raise psycopg.OperationalError(pgconn.get_error_message(conn.info.encoding))
+
+
+
+
