@@ -79,7 +79,7 @@ from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
-from pg2delta.source.rewrites import filenodes_json, filenodes_of
+from pg2delta.source.rewrites import filenodes_json, filenodes_of, filenodes_sql
 from pg2delta.source.slot import SlotSource, connect, copy_blocks
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,7 @@ _LEAVES = """(SELECT string_agg(l.relid::int8::text, ',' ORDER BY l.relid::int8)
         FROM pg_partition_tree(c.oid) l WHERE l.isleaf AND c.relkind = 'p')"""
 # ``filenodes``: a partitioned table's leaves' relfilenodes, to notice a TRUNCATE of one of them
 # (source/rewrites.py); read in the copy's snapshot, like the rest, they are the ones of its rows.
-_FILENODES = """CASE WHEN c.relkind = 'p' THEN coalesce((SELECT json_object_agg(l.relid::int8, k.relfilenode::int8)
-        FROM pg_partition_tree(c.oid) l JOIN pg_class k ON k.oid = l.relid WHERE l.isleaf), '{}')::text END"""
+_FILENODES = "CASE WHEN c.relkind = 'p' THEN " + filenodes_sql("c.oid") + " END"
 _TABLES_QUERY = """
 SELECT c.oid::int8, pt.schemaname::text, pt.tablename::text, c.relkind::text, c.relreplident::text,
        pt.attnames::text[], pt.rowfilter::text, c.reltuples::float8,

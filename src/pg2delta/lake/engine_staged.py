@@ -16,8 +16,6 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from pg2delta.errors import DataError, LakeError
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import Txn
@@ -143,10 +141,9 @@ class _Steps:
     def write(self, df: Any, target: str) -> bool:
         """``df`` written to ``target`` as Parquet; False when nothing was written: pysail writes
         nothing at all for an empty result (Apache Spark a file with the schema)."""
-        lake = self.engine.lake
         df.write.mode("overwrite").parquet(target)
         release_memory()
-        return bool(lake.fs.get_file_info(lake._local(target)).type != pafs.FileType.NotFound)
+        return self.engine.lake.exists(target)
 
     def materialized(self, df: Any, part: str, *, target: str | None = None) -> str:
         # Written out and read back: the next step starts from files, not from a growing plan.

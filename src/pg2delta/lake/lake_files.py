@@ -49,6 +49,10 @@ class Lake:
     def _local(self, uri: str) -> str:
         return _filesystem(uri)[1]
 
+    def exists(self, uri: str) -> bool:
+        """Whether a file or folder is at ``uri`` (a path of the lake's filesystem)."""
+        return bool(self.fs.get_file_info(self._local(uri)).type != pafs.FileType.NotFound)
+
     def check_writable(self) -> None:
         probe = f"{self.path}/_pg2delta/.write-probe-{uuid.uuid4().hex}"
         try:

@@ -28,13 +28,19 @@ from pg2delta.source.slot import connect
 
 log = logging.getLogger(__name__)
 
+
+def filenodes_sql(rel: str) -> str:
+    """SQL: the leaf partitions of the partitioned table ``rel`` (an OID expression) and their
+    relfilenodes, as the JSON text :func:`filenodes_of` reads (``'{}'``: no leaves, or gone). The
+    bootstrap reads it in its copy's snapshot, each window after its peek."""
+    return (
+        "coalesce((SELECT json_object_agg(l.relid::int8, k.relfilenode::int8) "
+        f"FROM pg_partition_tree({rel}) l JOIN pg_class k ON k.oid = l.relid WHERE l.isleaf), '{{}}')::text"
+    )
+
+
 # Per root, its leaf partitions and their relfilenodes, read now (each statement its own snapshot).
-_FILENODES_QUERY = """
-SELECT r.root::int8, l.relid::int8, c.relfilenode::int8
-FROM unnest(%s::oid[]) AS r(root), pg_partition_tree(r.root) AS l
-JOIN pg_class c ON c.oid = l.relid
-WHERE l.isleaf
-"""
+_FILENODES_QUERY = "SELECT r.root::int8, " + filenodes_sql("r.root") + " FROM unnest(%s::oid[]) AS r(root)"
 
 # The relations (quoted as test_decoding quotes them) by OID; missing ones left out.
 _QUOTED_QUERY = """
@@ -62,11 +68,7 @@ GROUP BY t.data, t.xid
 
 def leaf_filenodes(conn: Any, roots: Iterable[int]) -> dict[int, dict[int, int]]:
     """Per partitioned table of ``roots``, ``{leaf OID: relfilenode}`` (empty: no leaves, or gone)."""
-    roots = list(roots)
-    out: dict[int, dict[int, int]] = {root: {} for root in roots}
-    for root, leaf, node in conn.execute(_FILENODES_QUERY, (roots,)).fetchall():
-        out.setdefault(int(root), {})[int(leaf)] = int(node)
-    return out
+    return {int(root): filenodes_of(str(nodes)) or {} for root, nodes in conn.execute(_FILENODES_QUERY, (list(roots),)).fetchall()}
 
 
 def filenodes_json(nodes: Mapping[int, int] | None) -> str | None:
@@ -208,6 +210,6 @@ def truncated_alone(
 
 
 __all__ = [
-    "DecodeUnavailable", "Truncated", "filenodes_json", "filenodes_of", "fresh_leaves", "leaf_filenodes", "match_truncates",
+    "DecodeUnavailable", "Truncated", "filenodes_json", "filenodes_of", "filenodes_sql", "fresh_leaves", "leaf_filenodes", "match_truncates",
     "rewritten_leaves", "truncate_names", "truncated_alone",
 ]
