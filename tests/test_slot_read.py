@@ -28,23 +28,27 @@ def commit(n: int) -> bytes:
     return bytes([po.COMMIT]) + b"\x00" + n.to_bytes(8, "big") * 3
 
 
-def reference(rows: list[Row], max_bytes: int | None) -> tuple[list[Row], int, int | None, bool]:
-    """Row by row, as the read did before: the rows up to the first commit past ``max_bytes``."""
+def reference(rows: list[Row], max_changes: int | None, max_bytes: int | None) -> tuple[list[Row], int, int | None, bool]:
+    """Row by row: the rows up to the first commit once ``max_changes`` changes or ``max_bytes``
+    bytes were read."""
     out: list[Row] = []
-    total, last, capped = 0, None, False
+    total, changes, last, capped = 0, 0, None, False
     for lsn, data in rows:
         out.append((lsn, data))
         total += len(data) + 26
+        changes += data[:1] in (b"I", b"U", b"D", b"T")
         if data[:1] == bytes([po.COMMIT]):
             last = lsn
-            if max_bytes is not None and total >= max_bytes:
+            if (max_bytes is not None and total >= max_bytes) or (max_changes is not None and changes >= max_changes):
                 capped = True
                 break
     return out, total, last, capped
 
 
-def frame(blocks: list[bytes], max_bytes: int | None, chunk_rows: int, chunk_bytes: int) -> tuple[list[Row], sl._Framer]:
-    framer = sl._Framer(max_bytes, chunk_rows)
+def frame(
+    blocks: list[bytes], max_changes: int | None, max_bytes: int | None, chunk_rows: int, chunk_bytes: int
+) -> tuple[list[Row], sl._Framer]:
+    framer = sl._Framer(max_changes, max_bytes, chunk_rows)
     got: list[Row] = []
     for chunk in framer.chunks(blocks, chunk_bytes):
         assert 0 < len(chunk) <= chunk_rows
@@ -52,7 +56,10 @@ def frame(blocks: list[bytes], max_bytes: int | None, chunk_rows: int, chunk_byt
     return got, framer
 
 
-messages = st.one_of(st.binary(min_size=1, max_size=9), st.integers(0, 2**40).map(commit), st.just(b""))
+messages = st.one_of(
+    st.binary(min_size=1, max_size=9), st.sampled_from([b"I..", b"U", b"D.", b"T...", b"B", b"R", b"M"]),
+    st.integers(0, 2**40).map(commit), st.just(b""),
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -62,10 +69,13 @@ def test_any_blocks_and_chunks_give_the_rows(rows: list[Row], data: st.DataObjec
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
     blocks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     max_bytes = data.draw(st.one_of(st.none(), st.integers(1, 400)))
-    got, framer = frame(blocks, max_bytes, data.draw(st.integers(1, 5)), data.draw(st.integers(1, 80)))
-    want, total, last, capped = reference(rows, max_bytes)
+    max_changes = data.draw(st.one_of(st.none(), st.integers(1, 6)))
+    got, framer = frame(blocks, max_changes, max_bytes, data.draw(st.integers(1, 5)), data.draw(st.integers(1, 80)))
+    want, total, last, capped = reference(rows, max_changes, max_bytes)
     assert got == want
-    assert (framer.rows, framer.bytes, framer.last_commit, framer.capped_by_bytes) == (len(want), total, last, capped)
+    assert (framer.rows, framer.bytes, framer.last_commit, framer.cut) == (len(want), total, last, capped)
+    if capped:  # whether rows follow the cut, where the blocks read tell
+        assert framer.more in (None, len(want) < len(rows)), (framer.more, len(want), len(rows))
 
 
 @pytest.mark.parametrize(
@@ -81,7 +91,7 @@ def test_any_blocks_and_chunks_give_the_rows(rows: list[Row], data: st.DataObjec
 )
 def test_bad_streams(stream: bytes, message: str) -> None:
     with pytest.raises(DecodeError, match=message):
-        frame([stream], None, 4, 1)
+        frame([stream], None, None, 4, 1)
 
 
 def test_a_window_read_in_small_chunks_holds_the_slot_functions_rows(pgdb: str) -> None:
@@ -112,6 +122,14 @@ def test_a_window_read_in_small_chunks_holds_the_slot_functions_rows(pgdb: str) 
         assert isinstance(read, sl.WindowRead) and read.capped
         rows = [r for c in items[:-1] if isinstance(c, sl.RowChunk) for r in (
             (int(c.lsns[i]), c.buf[c.starts[i]:c.ends[i]]) for i in range(len(c)))]
-        cut, total, last, capped = reference(want, 20_000)
+        cut, total, last, capped = reference(want, None, 20_000)
         assert capped and rows == cut and (read.rows, read.bytes, read.last_commit_end_lsn) == (len(cut), total, last)
         assert src.conn.execute("SELECT 1").fetchone() == (1,)
+        # max_changes counts changes, not the Begin, Commit and Relation rows: 900 changes are the
+        # first three transactions of 300, whole; 901 take a fourth.
+        for cap, txns in ((900, 3), (901, 4), (3000, 10)):
+            items = list(src.read_window(upto, max_changes=cap, max_bytes=None, chunk_bytes=4096))
+            read = items[-1]
+            assert isinstance(read, sl.WindowRead) and read.capped == (txns < 10)
+            cut, total, last, _ = reference(want, cap, None)
+            assert read.rows == len(cut) == txns * 302 + 1 and read.last_commit_end_lsn == last, (cap, read)

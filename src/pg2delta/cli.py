@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--until-lsn", help="stop at this LSN (X/Y) instead of the server's flush LSN at start")
     run.add_argument("--create-slot", action="store_true", default=None, help="create the slot if it is missing")
-    run.add_argument("--max-changes", type=int, help="rows per window (default from config)")
+    run.add_argument("--max-changes", type=int, help="changes per window (default from config)")
     run.add_argument("--max-bytes", type=int, help="bytes per window (default from config)")
     _idle_flag(run)
     boot = sub.add_parser(
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(plan)
     plan.add_argument("--until-lsn", help="plan up to this LSN (X/Y) instead of the server's flush LSN")
-    plan.add_argument("--max-changes", type=int, help="rows per window, as the run would use (default from config)")
+    plan.add_argument("--max-changes", type=int, help="changes per window, as the run would use (default from config)")
     plan.add_argument("--max-bytes", type=int, help="bytes per window, as the run would use (default from config)")
     maintain = sub.add_parser(
         "maintain",

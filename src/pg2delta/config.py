@@ -33,7 +33,7 @@ class SourceConfig:
 
 @dataclass(frozen=True, slots=True)
 class WindowConfig:
-    max_changes: int = 1_000_000  # rows of the slot function per window (the server stops at a commit)
+    max_changes: int = 1_000_000  # changes per window (it ends at a commit); the server's peek stops past a tenth more rows
     max_bytes: int = 512 << 20  # bytes per window; the read stops at the first commit past it
     # Tables of one window merged at once (each its own Spark job, from its own driver thread): a
     # MERGE on Apache Spark has a fixed cost of about a second, so a window touching many tables

@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _COPY_HEADER_LEN = 19  # signature (11) + flags (4) + extension length (4)
+_TRAILER = b"\xff\xff"  # the end of binary COPY data
 _ROW_PREFIX = 26  # int16 nfields, int32 len, int64 lsn, int32 len, int32 xid, int32 len
+_CHANGE_TAGS = np.array([po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE], dtype=np.uint8)
 CHUNK_ROWS = 50_000  # rows of the slot function per RowChunk, at most
 CHUNK_BYTES = 8 << 20  # bytes of CopyData gathered before their rows are framed
 
@@ -315,31 +317,40 @@ class SlotSource:
     ) -> Iterator[RowChunk | WindowRead]:
         """Stream the window's rows as :class:`RowChunk` objects, then one :class:`WindowRead`.
 
-        Stops at ``upto_lsn``, after ``max_changes`` rows (at a transaction boundary, as the
-        server does), or at the first commit after ``max_bytes`` bytes, whichever comes first.
+        Stops at ``upto_lsn``, or at the first commit once ``max_changes`` changes (inserts,
+        updates, deletes, truncates) or ``max_bytes`` bytes were read, whichever comes first. The
+        server materializes its peek before sending anything, so it is bounded too: it stops at the
+        first commit past :func:`server_rows` rows of its output (Begin, Commit and Relation rows
+        count there; a tenth more than ``max_changes`` leaves room for them, so ``max_changes``
+        changes in transactions of a few rows or more fit in one window).
         The CopyData blocks are appended to one buffer (:func:`copy_blocks`); every ``chunk_bytes``
         its whole rows are framed in C (``_tuples.walk_copy``), at most ``chunk_rows`` per chunk:
         no Python work per row.
         """
-        query = _peek_copy(self.slot, upto_lsn, max_changes, self.peek_options())
-        framer = _Framer(max_bytes, chunk_rows)
+        bound = server_rows(max_changes)
+        query = _peek_copy(self.slot, upto_lsn, bound, self.peek_options())
+        framer = _Framer(max_changes, max_bytes, chunk_rows)
         blocks = copy_blocks(self.conn, query)
         try:
             yield from framer.chunks(blocks, chunk_bytes)
-            if framer.capped_by_bytes:
+            if framer.cut and framer.more is None:  # the cut is the last row read: see whether more follow
+                after = next(blocks, None)
+                framer.more = after is not None and bytes(after) != _TRAILER
+            if framer.more:
                 # Stop the server, then take what it sent before stopping: psycopg leaves a COPY TO
                 # left early unread, and the connection would refuse every later command.
                 self.conn.cancel_safe()
-                for _ in blocks:
-                    pass
+            for _ in blocks:
+                pass
         except psycopg.errors.QueryCanceled:
-            if not framer.capped_by_bytes:
+            if not framer.more:
                 raise ConnectionFailed("the window read was cancelled by the server") from None
         except psycopg.Error as exc:
             raise _read_error(self.slot, exc) from exc
         finally:
             blocks.close()
-        capped = framer.capped_by_bytes or (max_changes is not None and framer.rows >= max_changes)
+        # Capped: the cut left rows of the window's range unread, or the server stopped at its bound.
+        capped = bool(framer.cut and framer.more) or (bound is not None and framer.rows >= bound)
         yield WindowRead(framer.rows, framer.bytes, framer.last_commit, capped)
 
     def scratch_copy(self) -> SlotSource | None:
@@ -381,6 +392,12 @@ class SlotSource:
         return end
 
 
+def server_rows(max_changes: int | None) -> int | None:
+    """The server's bound on a window's rows (its peek's ``upto_nchanges``) for ``max_changes``
+    changes: a tenth more, for the Begin, Commit and Relation rows it counts too."""
+    return None if not max_changes else max_changes + max(max_changes // 10, 1)
+
+
 def _peek_copy(slot: str, upto_lsn: int, max_changes: int | None, options: list[str]) -> sql.Composed:
     """The COPY that streams a window's rows (lsn, xid, data) in binary format."""
     return sql.SQL(
@@ -408,28 +425,34 @@ def _read_error(slot: str, exc: psycopg.Error) -> Pg2DeltaError:
 
 class _Framer:
     """Binary COPY rows (lsn pg_lsn, xid xid, data bytea) of a buffer -> :class:`RowChunk` objects,
-    walked in C and checked in bulk; counts the rows and bytes, keeps the last commit's LSN, and
-    stops at the first commit past ``max_bytes``."""
+    walked in C and checked in bulk; counts the rows, changes and bytes, keeps the last commit's
+    LSN, and stops at the first commit once ``max_changes`` changes or ``max_bytes`` bytes were read
+    (:attr:`cut`)."""
 
-    def __init__(self, max_bytes: int | None, chunk_rows: int) -> None:
+    def __init__(self, max_changes: int | None, max_bytes: int | None, chunk_rows: int) -> None:
+        self.max_changes = max_changes
         self.max_bytes = max_bytes
         self.cap = chunk_rows
         self.rows = 0
+        self.changes = 0  # Insert, Update, Delete and Truncate messages
         self.bytes = 0  # rows' bytes, as COPY sends them (their field count and lengths included)
         self.last_commit: int | None = None
-        self.capped_by_bytes = False
+        self.cut = False
+        self.more: bool | None = None  # after a cut: whether rows follow it (None: not known yet)
         self.header_seen = False
         self.ended = False
 
     def chunks(self, blocks: Iterable[bytes | bytearray | memoryview], chunk_bytes: int) -> Iterator[RowChunk]:
         """The rows of ``blocks`` (CopyData blocks as they come), framed every ``chunk_bytes``;
-        stops early at the first commit past ``max_bytes`` (:attr:`capped_by_bytes`)."""
+        stops early at the first commit past ``max_changes`` or ``max_bytes`` (:attr:`cut`)."""
         acc = bytearray()
         for block in blocks:
             acc += block
             if len(acc) >= chunk_bytes:
                 rest = yield from self.frame(acc)
-                if self.capped_by_bytes:
+                if self.cut:
+                    if not self.more and not self.ended and len(acc) > rest:
+                        self.more = bytes(acc[rest:]) != _TRAILER
                     return
                 del acc[:rest]
         yield from self.frame(acc, last=True)
@@ -449,7 +472,7 @@ class _Framer:
             pos = _COPY_HEADER_LEN + ext
             self.header_seen = True
         view = bytes(buf)  # (the chunks' messages are slices of it, and stay valid after buf changes)
-        while pos < len(view) and not self.capped_by_bytes:
+        while pos < len(view) and not self.cut:
             if self.ended:
                 raise DecodeError("bytes after the end of the COPY stream", offset=pos)
             kinds = np.empty((3, self.cap), dtype=np.uint8)
@@ -465,7 +488,7 @@ class _Framer:
                 self.ended = True
             elif n < self.cap:
                 break  # the rest is a row cut at the end of buf
-        if last and not self.ended and not self.capped_by_bytes:
+        if last and not self.ended and not self.cut:
             raise DecodeError("COPY stream ends without its trailer (a row cut short?)", offset=pos)
         return pos
 
@@ -481,18 +504,25 @@ class _Framer:
             lsn = (lsn << np.uint64(8)) | u8[at + k].astype(np.uint64)
         data_starts, data_ends = starts[2], starts[2] + lengths[2]
         sizes = lengths[2] + _ROW_PREFIX
-        commits = np.flatnonzero((lengths[2] > 0) & (u8[np.minimum(data_starts, len(u8) - 1)] == po.COMMIT))
+        tags = np.where(lengths[2] > 0, u8[np.minimum(data_starts, len(u8) - 1)], 0)
+        commits = np.flatnonzero(tags == po.COMMIT)
+        changed = np.cumsum(np.isin(tags, _CHANGE_TAGS))
         n = len(at)
-        if self.max_bytes is not None and len(commits):
-            cum = self.bytes + np.cumsum(sizes)
-            over = commits[cum[commits] >= self.max_bytes]
-            if len(over):
-                n = int(over[0]) + 1
-                self.capped_by_bytes = True
+        if len(commits) and (self.max_changes is not None or self.max_bytes is not None):
+            over = np.zeros(len(commits), dtype=bool)
+            if self.max_changes is not None:
+                over |= self.changes + changed[commits] >= self.max_changes
+            if self.max_bytes is not None:
+                over |= self.bytes + np.cumsum(sizes)[commits] >= self.max_bytes
+            if over.any():
+                n = int(commits[np.argmax(over)]) + 1
+                self.cut = True
+                self.more = True if n < len(at) else None
                 commits = commits[commits < n]
         if len(commits):
             self.last_commit = int(lsn[commits[-1]])
         self.rows += n
+        self.changes += int(changed[n - 1])
         self.bytes += int(sizes[:n].sum())
         return RowChunk(view, lsn[:n].view(np.int64), data_starts[:n].copy(), data_ends[:n].copy())
 
