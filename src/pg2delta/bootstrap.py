@@ -910,7 +910,6 @@ def _read_state(job: Lakeside) -> LakeBootstrap:
 def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, parallel: int) -> list[TableCopy]:
     """Copy the tables ``missing`` (OIDs) at the snapshot of a temporary slot created now."""
     cfg = job.config
-    job.start_engine_early()  # the commits need it: it starts while the tables are staged
     info = src.slot_info()
     tmp = f"pg2delta_tmp_{uuid.uuid4().hex[:16]}"
     run_id = uuid.uuid4().hex
@@ -1013,8 +1012,6 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
                 report.copied = copy_at_new_snapshot(job, src, missing, parallel=parallel)
             return report
 
-        # The engine starts in the background while the slot is created; the start row waits for it.
-        job.start_engine_early()
         run_id = uuid.uuid4().hex
         _clean_staging(job)
         with ExportedSnapshot(cfg.source.dsn, cfg.source.slot, temporary=False,
