@@ -38,6 +38,12 @@ class StagedChanges:
     ops: collections.Counter[str] = field(default_factory=collections.Counter)
     toast_columns: tuple[str, ...] = ()
 
+def filtered(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """``table.filter(mask)``, without copying every column when every row is kept (the usual case:
+    no changelog-only rows, nothing before the applied LSN or the last truncate)."""
+    return table if pc.all(mask, skip_nulls=False).as_py() else table.filter(mask)
+
+
 def table_changes(
     tgt: Target, pl: Plan | None, applied_lsn: int
 ) -> tuple[pa.Table | None, list[TruncateEvent], set[str]]:
@@ -46,7 +52,7 @@ def table_changes(
     truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
     changes, kept_by_update = conform(live(tgt, applied_lsn), pl) if pl is not None else (None, set())
     if changes is not None and applied_lsn:
-        changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), applied_lsn))
+        changes = filtered(changes, pc.greater_equal(changes.column(LSN_COL), applied_lsn))
     if truncates and changes is not None:
         last = max(truncates, key=lambda t: (t.commit_lsn, t.pos))
         lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
@@ -54,7 +60,7 @@ def table_changes(
             pc.greater(lsn, last.commit_lsn),
             pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos)),
         )
-        changes = changes.filter(after)
+        changes = filtered(changes, after)
     return changes, truncates, kept_by_update
 
 def stage_changes(
@@ -76,7 +82,7 @@ def stage_changes(
             keep = pc.and_(keep, pc.or_(
                 pc.greater(lsn, last.commit_lsn), pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos))
             ))
-        t = t.filter(keep)
+        t = filtered(t, keep)
         if not t.num_rows:
             continue
         for c in pc.value_counts(t.column(OP_COL)).to_pylist():
@@ -98,7 +104,7 @@ def reduce(
     uses (a table without a key is keyed by commit position); None when there is nothing to merge.
     What the run merges and what ``pg2delta plan`` counts."""
     if changes is not None:
-        changes = changes.filter(pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
+        changes = filtered(changes, pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
     if changes is None or changes.num_rows == 0:
         return None
     data_columns = [c for c in data_columns if c not in META_NAMES]
@@ -127,4 +133,4 @@ def newest_commit_ts(tgt: Target, truncates: Sequence[TruncateEvent], applied_ls
     return max(times) if times else None
 
 
-__all__ = ["StagedChanges", "newest_commit_ts", "reduce", "stage_changes", "table_changes"]
+__all__ = ["StagedChanges", "filtered", "newest_commit_ts", "reduce", "stage_changes", "table_changes"]

@@ -26,7 +26,14 @@ import pyarrow.compute as pc
 from pg2delta.apply.history import StagedWindow, window_versions
 from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement
 from pg2delta.apply.schema import Plan, conform
-from pg2delta.apply.stage import StagedChanges, newest_commit_ts, reduce, stage_changes, table_changes
+from pg2delta.apply.stage import (
+    StagedChanges,
+    filtered,
+    newest_commit_ts,
+    reduce,
+    stage_changes,
+    table_changes,
+)
 from pg2delta.apply.targets import Target, live
 from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL
 from pg2delta.errors import DataError, SchemaError
@@ -424,7 +431,7 @@ class TableApplier:
         else:
             changes, kept = conform(live(tgt, applied_lsn), pl) if pl is not None else (None, set())
         if changes is not None:
-            changes = changes.filter(pc.and_(
+            changes = filtered(changes, pc.and_(
                 pc.not_equal(changes.column(OP_COL), BEFORE_OP), pc.greater_equal(changes.column(LSN_COL), applied_lsn)
             ))
             if changes.num_rows and key_names:
@@ -432,7 +439,7 @@ class TableApplier:
                     self.side.engine, table_uri, fill_toast_in_order(changes, key_names), key_names, lookup_version,
                     nullable_keys=nullable_keys, optional=kept,
                 )
-            changes = changes.filter(pc.greater_equal(changes.column(LSN_COL), since))
+            changes = filtered(changes, pc.greater_equal(changes.column(LSN_COL), since))
         versions = window_versions(changes, truncates, key_names, [n for n, _ in columns])
         self.side.history.write(self.side.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill)
 
