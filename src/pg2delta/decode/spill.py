@@ -151,6 +151,8 @@ def newest_ts(batch: pa.RecordBatch, applied_lsn: int) -> int | None:
     """Commit time (microseconds since 1970) of the newest row at or after ``applied_lsn``."""
     if not batch.num_rows or TS_COL not in batch.schema.names:
         return None
-    rows = batch.filter(pc.greater_equal(batch.column(LSN_COL), applied_lsn))
-    newest = pc.max(rows.column(TS_COL).cast(pa.int64())).as_py() if rows.num_rows else None
+    ts = batch.column(TS_COL)
+    if applied_lsn:  # only the times, not the whole batch
+        ts = ts.filter(pc.greater_equal(batch.column(LSN_COL), applied_lsn))
+    newest = pc.max(ts.cast(pa.int64())).as_py() if len(ts) else None
     return None if newest is None else int(newest)
