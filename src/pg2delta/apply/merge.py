@@ -51,8 +51,10 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def reduce_changes(changes: pa.Table, key_names: Sequence[str]) -> Reduced:
-    """The final state per key of ``changes`` (rows already in commit order)."""
+def reduce_changes(changes: pa.Table, key_names: Sequence[str], columns: Sequence[str] | None = None) -> Reduced:
+    """The final state per key of ``changes`` (rows already in commit order). ``columns``: those
+    the final rows need besides the key, the operation and the unchanged-TOAST list (default: all);
+    the others (commit position, xid, time) are not gathered."""
     n = changes.num_rows
     ops = changes.column(OP_COL)
     counts = pc.value_counts(ops).to_pylist() if n else []
@@ -66,7 +68,11 @@ def reduce_changes(changes: pa.Table, key_names: Sequence[str]) -> Reduced:
         [(_INDEX, "max")]
     )
     keep = np.sort(last.column(f"{_INDEX}_max").to_numpy())
-    final = changes.take(pa.array(keep))
+    if columns is not None:
+        wanted = {*columns, *key_names, OP_COL, TOAST_COL}
+        final = changes.select([c for c in changes.column_names if c in wanted]).take(pa.array(keep))
+    else:
+        final = changes.take(pa.array(keep))
     lookups: list[Lookup] = []
     toast = final.column(TOAST_COL)
     if toast.null_count < final.num_rows:

@@ -118,7 +118,7 @@ def reduce(
             )
         key_names = [LSN_COL, POS_COL]
         data_columns = [*data_columns, LSN_COL, POS_COL]
-    return reduce_changes(changes, key_names), key_names, data_columns
+    return reduce_changes(changes, key_names, data_columns), key_names, data_columns
 
 def newest_commit_ts(tgt: Target, truncates: Sequence[TruncateEvent], applied_lsn: int) -> int | None:
     """Commit time (microseconds since 1970, UTC) of the newest transaction the window applies to ``tgt``."""
