@@ -225,7 +225,7 @@ def capture(dsn: str, upto: int) -> tuple[list[RowChunk], WindowRead, list[bytes
 
 def replay_framing(raw: list[bytes], upto: int) -> int:
     """The client half of read_window (blocks gathered, rows framed in C) over captured blocks; returns rows."""
-    framer = sl._Framer(None, sl.CHUNK_ROWS)
+    framer = sl._Framer(None, None, sl.CHUNK_ROWS)
     for _ in framer.chunks(raw, sl.CHUNK_BYTES):
         pass
     return framer.rows
