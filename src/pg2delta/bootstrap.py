@@ -59,7 +59,6 @@ from psycopg import sql
 
 from pg2delta.apply.keys import key_resolver
 from pg2delta.config import Config
-from pg2delta.decode import _tuples
 from pg2delta.decode import pgoutput as po
 from pg2delta.decode.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
 from pg2delta.decode.typemap import KIND_BINARY, KIND_TEXT
@@ -80,15 +79,13 @@ from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.rewrites import filenodes_json, filenodes_of, filenodes_sql
-from pg2delta.source.slot import SlotSource, connect, copy_blocks
+from pg2delta.source.slot import CopyWalk, SlotSource, connect, copy_blocks
 
 log = logging.getLogger(__name__)
 
 STAGING = "_pg2delta/staging/bootstrap"
 DEFAULT_PARALLEL = 2
 
-_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
-_COPY_HEADER_LEN = 19
 _CHUNK_ROWS = 65_536  # rows decoded at once per worker
 _CHUNK_BYTES = 8 << 20  # COPY bytes gathered before their rows are walked and decoded
 _FILE_ROWS = 1_048_576  # rows per staged Parquet file
@@ -462,58 +459,26 @@ class CopyRows:
 
     def __init__(self, plan: CopyPlan) -> None:
         self.plan = plan
-        self.ncols = max(len(plan.table.relation.columns), 1)  # a SELECT without columns sends one NULL field
-        self.value_kinds = bytes(KIND_TEXT if t else KIND_BINARY for t in plan.text_columns).ljust(self.ncols, b"b")
+        ncols = max(len(plan.table.relation.columns), 1)  # a SELECT without columns sends one NULL field
+        value_kinds = bytes(KIND_TEXT if t else KIND_BINARY for t in plan.text_columns).ljust(ncols, b"b")
+        qualified = plan.table.qualified
+        self.walk = CopyWalk(
+            ncols, value_kinds, _CHUNK_ROWS, f"COPY of {qualified}",
+            "malformed binary COPY row {row} of " + qualified.replace("{", "{{").replace("}", "}}") + ": {reason}",
+        )
         self.notes: collections.Counter[str] = collections.Counter()  # clamped values and the like
         self.rows = 0
-        self.header_seen = False
-        self.ended = False
-
-    def _header(self, buf: bytes) -> int | None:
-        """The offset after the file header, None if it is not all here yet."""
-        if len(buf) < _COPY_HEADER_LEN:
-            return None
-        if not buf.startswith(_COPY_SIGNATURE):
-            raise DecodeError(f"COPY of {self.plan.table.qualified} without binary signature", offset=0)
-        ext = int.from_bytes(buf[_COPY_HEADER_LEN - 4:_COPY_HEADER_LEN], "big")
-        if len(buf) < _COPY_HEADER_LEN + ext:
-            return None
-        self.header_seen = True
-        return _COPY_HEADER_LEN + ext
 
     def feed(self, buf: bytes, emit: Callable[[pa.RecordBatch], None], *, last: bool = False) -> bytearray:
         """Decode the whole rows of ``buf`` and hand their batches to ``emit``; returns the bytes
         left over (a row cut at the end, to be completed by the next blocks)."""
-        qualified = self.plan.table.qualified
-        pos = 0
-        if not self.header_seen:
-            at = self._header(buf)
-            if at is None:
-                if last:
-                    raise DecodeError(f"COPY of {qualified} ends in its header", offset=0)
-                return bytearray(buf)
-            pos = at
-        while pos < len(buf):
-            if self.ended:
-                raise DecodeError(f"COPY of {qualified}: bytes after the trailer", offset=pos)
-            kinds = np.empty((self.ncols, _CHUNK_ROWS), dtype=np.uint8)
-            starts = np.empty((self.ncols, _CHUNK_ROWS), dtype=np.int64)
-            lengths = np.empty((self.ncols, _CHUNK_ROWS), dtype=np.int64)
-            n, nxt, status, reason = _tuples.walk_copy(buf, pos, self.ncols, self.value_kinds, kinds, starts, lengths)
-            if status == 2:
-                raise DecodeError(f"malformed binary COPY row {self.rows + n} of {qualified}: {reason}", offset=nxt)
-            if n:
-                batch = self.plan.decode(buf, kinds[:, :n], starts[:, :n], lengths[:, :n], self.rows, self.notes)
-                self.rows += n
-                emit(batch)
-            pos = nxt
-            if status == 1:
-                self.ended = True
-            elif n < _CHUNK_ROWS:
-                break  # the rest is a row cut at the end of buf
-        if last and not self.ended:
-            raise DecodeError(f"COPY of {qualified} ends without its trailer (a row cut short?)", offset=pos)
-        return bytearray(buf[pos:])
+
+        def take(kinds: Any, starts: Any, lengths: Any) -> bool:
+            emit(self.plan.decode(buf, kinds, starts, lengths, self.rows, self.notes))
+            self.rows += kinds.shape[1]
+            return True
+
+        return bytearray(buf[self.walk.walk(buf, take, last=last):])
 
 
 # --- progress -------------------------------------------------------------------------------------

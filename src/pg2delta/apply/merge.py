@@ -68,11 +68,8 @@ def reduce_changes(changes: pa.Table, key_names: Sequence[str], columns: Sequenc
         [(_INDEX, "max")]
     )
     keep = np.sort(last.column(f"{_INDEX}_max").to_numpy())
-    if columns is not None:
-        wanted = {*columns, *key_names, OP_COL, TOAST_COL}
-        final = changes.select([c for c in changes.column_names if c in wanted]).take(pa.array(keep))
-    else:
-        final = changes.take(pa.array(keep))
+    wanted = None if columns is None else {*columns, *key_names, OP_COL, TOAST_COL}
+    final = (changes if wanted is None else changes.select([c for c in changes.column_names if c in wanted])).take(pa.array(keep))
     lookups: list[Lookup] = []
     toast = final.column(TOAST_COL)
     if toast.null_count < final.num_rows:

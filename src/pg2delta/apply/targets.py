@@ -239,18 +239,15 @@ def truncated_partitions(
     try:
         found = truncated_alone(config.source.dsn, config.source.slot, roots, connect_timeout=config.source.connect_timeout)
     except DecodeUnavailable as exc:
-        unavailable, found = str(exc), {}
-        for root, leaves in changed.items():
-            if set(leaves) <= fresh:
+        unavailable, found = str(exc), {root: Truncated([], []) for root in changed}
+    for root, truncated in sorted(found.items()):
+        if not truncated.leaves and set(changed[root]) <= fresh:  # only new partitions, none found truncated
+            if unavailable is not None:
                 log.warning(
                     "cannot check the new partition(s) %s of %s for a TRUNCATE in the transaction that created them: "
                     "the test_decoding plugin is unavailable (%s)",
-                    ", ".join(_name(src, oid) for oid in leaves), _name(src, root), unavailable,
+                    ", ".join(_name(src, oid) for oid in changed[root]), _name(src, root), unavailable,
                 )
-            else:
-                found[root] = Truncated([], [])
-    for root, truncated in sorted(found.items()):
-        if not truncated.leaves and set(changed[root]) <= fresh:  # only new partitions, none truncated
             continue
         a = applied.get(root)
         schema, table = (a.schema, a.table) if a is not None and a.table else (relation_name(src.conn, root) or ("", ""))

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import logging
 import uuid
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,6 +423,63 @@ def _read_error(slot: str, exc: psycopg.Error) -> Pg2DeltaError:
     return SourceStateError(f"cannot read slot {slot!r}: {text}")
 
 
+class CopyWalk:
+    """Binary COPY data (``COPY … TO STDOUT (FORMAT binary)``), walked in C: the file header, then
+    rows of ``ncols`` fields (``_tuples.walk_copy``: field count, per field its length, -1 for NULL,
+    and the bytes, every read bounds-checked), then the trailer. The window read and the
+    bootstrap's copy both read their COPY through it. ``subject`` names the stream in errors
+    (``COPY of public.t``); ``malformed`` is the message of a bad row, with ``{row}`` and ``{reason}``."""
+
+    def __init__(self, ncols: int, value_kinds: bytes, cap: int, subject: str, malformed: str) -> None:
+        self.ncols, self.value_kinds, self.cap = ncols, value_kinds, cap
+        self.subject, self.malformed = subject, malformed
+        self.rows = 0  # rows walked so far
+        self.header_seen = False
+        self.ended = False
+
+    def walk(self, buf: bytes, take: Callable[[Any, Any, Any], bool], *, last: bool = False) -> int:
+        """Hand the whole rows of ``buf`` to ``take(kinds, starts, lengths)`` (per column, at most
+        ``cap`` rows a call; ``take`` returns False to stop there). Returns the offset of the rest: a
+        row cut at the end of ``buf``, to be completed by the next blocks. ``last``: no more come."""
+        pos = 0
+        if not self.header_seen:
+            if len(buf) < _COPY_HEADER_LEN:
+                if last:
+                    raise DecodeError(f"{self.subject} ends in its header", offset=0)
+                return 0
+            if not buf.startswith(_COPY_SIGNATURE):
+                raise DecodeError(f"{self.subject} without binary signature", offset=0)
+            pos = _COPY_HEADER_LEN + int.from_bytes(buf[_COPY_HEADER_LEN - 4:_COPY_HEADER_LEN], "big")
+            if len(buf) < pos:
+                if last:
+                    raise DecodeError(f"{self.subject} ends in its header", offset=0)
+                return 0
+            self.header_seen = True
+        while pos < len(buf):
+            if self.ended:
+                raise DecodeError(f"{self.subject}: bytes after the trailer (after the end of the data)", offset=pos)
+            kinds = np.empty((self.ncols, self.cap), dtype=np.uint8)
+            starts = np.empty((self.ncols, self.cap), dtype=np.int64)
+            lengths = np.empty((self.ncols, self.cap), dtype=np.int64)
+            n, nxt, status, reason = _tuples.walk_copy(buf, pos, self.ncols, self.value_kinds, kinds, starts, lengths)
+            if status == 2:
+                raise DecodeError(self.malformed.format(row=self.rows + n, reason=reason), offset=nxt)
+            go_on = True
+            if n:
+                go_on = take(kinds[:, :n], starts[:, :n], lengths[:, :n])
+                self.rows += n
+            pos = nxt
+            if status == 1:
+                self.ended = True
+            if not go_on:
+                return pos
+            if status != 1 and n < self.cap:
+                break  # the rest is a row cut at the end of buf
+        if last and not self.ended:
+            raise DecodeError(f"{self.subject} ends without its trailer (a row cut short?)", offset=pos)
+        return pos
+
+
 class _Framer:
     """Binary COPY rows (lsn pg_lsn, xid xid, data bytea) of a buffer -> :class:`RowChunk` objects,
     walked in C and checked in bulk; counts the rows, changes and bytes, keeps the last commit's
@@ -439,8 +496,7 @@ class _Framer:
         self.last_commit: int | None = None
         self.cut = False
         self.more: bool | None = None  # after a cut: whether rows follow it (None: not known yet)
-        self.header_seen = False
-        self.ended = False
+        self.walk = CopyWalk(3, b"bbb", chunk_rows, "COPY stream", "malformed COPY row {row} of the slot function: {reason}")
 
     def chunks(self, blocks: Iterable[bytes | bytearray | memoryview], chunk_bytes: int) -> Iterator[RowChunk]:
         """The rows of ``blocks`` (CopyData blocks as they come), framed every ``chunk_bytes``;
@@ -449,59 +505,35 @@ class _Framer:
         for block in blocks:
             acc += block
             if len(acc) >= chunk_bytes:
-                rest = yield from self.frame(acc)
+                framed, rest = self.frame(acc)
+                yield from framed
                 if self.cut:
-                    if not self.more and not self.ended and len(acc) > rest:
+                    if not self.more and not self.walk.ended and len(acc) > rest:
                         self.more = bytes(acc[rest:]) != _TRAILER
                     return
                 del acc[:rest]
-        yield from self.frame(acc, last=True)
+        yield from self.frame(acc, last=True)[0]
 
-    def frame(self, buf: bytearray, *, last: bool = False) -> Generator[RowChunk, None, int]:
-        """Yield the whole rows of ``buf`` as chunks; returns the offset of the rest (a row cut at
-        the end, completed by the next blocks). ``last``: no more blocks come."""
-        pos = 0
-        if not self.header_seen:
-            if len(buf) < _COPY_HEADER_LEN and not last:
-                return 0
-            if not bytes(buf[:len(_COPY_SIGNATURE)]) == _COPY_SIGNATURE or len(buf) < _COPY_HEADER_LEN:
-                raise DecodeError("COPY stream without binary signature", offset=0)
-            ext = int.from_bytes(buf[_COPY_HEADER_LEN - 4:_COPY_HEADER_LEN], "big")
-            if len(buf) < _COPY_HEADER_LEN + ext and not last:
-                return 0
-            pos = _COPY_HEADER_LEN + ext
-            self.header_seen = True
+    def frame(self, buf: bytearray, *, last: bool = False) -> tuple[list[RowChunk], int]:
+        """The whole rows of ``buf`` as chunks, and the offset of the rest (see :meth:`CopyWalk.walk`)."""
         view = bytes(buf)  # (the chunks' messages are slices of it, and stay valid after buf changes)
-        while pos < len(view) and not self.cut:
-            if self.ended:
-                raise DecodeError("bytes after the end of the COPY stream", offset=pos)
-            kinds = np.empty((3, self.cap), dtype=np.uint8)
-            starts = np.empty((3, self.cap), dtype=np.int64)
-            lengths = np.empty((3, self.cap), dtype=np.int64)
-            n, nxt, status, reason = _tuples.walk_copy(view, pos, 3, b"bbb", kinds, starts, lengths)
-            if status == 2:
-                raise DecodeError(f"malformed COPY row of the slot function: {reason}", offset=nxt)
-            if n:
-                yield self._chunk(view, kinds[:, :n], starts[:, :n], lengths[:, :n])
-            pos = nxt
-            if status == 1:
-                self.ended = True
-            elif n < self.cap:
-                break  # the rest is a row cut at the end of buf
-        if last and not self.ended and not self.cut:
-            raise DecodeError("COPY stream ends without its trailer (a row cut short?)", offset=pos)
-        return pos
+        framed: list[RowChunk] = []
+
+        def take(kinds: Any, starts: Any, lengths: Any) -> bool:
+            framed.append(self._chunk(view, kinds, starts, lengths))
+            return not self.cut
+
+        return framed, self.walk.walk(view, take, last=last)
 
     def _chunk(self, view: bytes, kinds: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> RowChunk:
-        if not ((lengths[0] == 8).all() and (lengths[1] == 4).all() and (kinds[2] == ord("b")).all()
-                and (kinds[:2] == ord("b")).all()):
-            bad = int(np.flatnonzero((lengths[0] != 8) | (lengths[1] != 4) | (kinds != ord("b")).any(axis=0))[0])
-            raise DecodeError("COPY row is not (pg_lsn, xid, bytea)", offset=int(starts[0, bad]))
+        bad = (lengths[0] != 8) | (lengths[1] != 4) | (kinds != ord("b")).any(axis=0)
+        if bad.any():
+            raise DecodeError("COPY row is not (pg_lsn, xid, bytea)", offset=int(starts[0, np.argmax(bad)]))
         u8 = np.frombuffer(view, dtype=np.uint8)
         at = starts[0]
-        lsn = np.zeros(len(at), dtype=np.uint64)
-        for k in range(8):
-            lsn = (lsn << np.uint64(8)) | u8[at + k].astype(np.uint64)
+        lsn_bytes = np.empty(len(at) * 8, dtype=np.uint8)
+        _tuples.gather_fixed(view, at, 8, lsn_bytes, True)  # big-endian on the wire
+        lsn = lsn_bytes.view(np.int64)
         data_starts, data_ends = starts[2], starts[2] + lengths[2]
         sizes = lengths[2] + _ROW_PREFIX
         tags = np.where(lengths[2] > 0, u8[np.minimum(data_starts, len(u8) - 1)], 0)
@@ -524,7 +556,7 @@ class _Framer:
         self.rows += n
         self.changes += int(changed[n - 1])
         self.bytes += int(sizes[:n].sum())
-        return RowChunk(view, lsn[:n].view(np.int64), data_starts[:n].copy(), data_ends[:n].copy())
+        return RowChunk(view, lsn[:n], data_starts[:n].copy(), data_ends[:n].copy())
 
 
 def copy_blocks(conn: psycopg.Connection[Any], statement: sql.Composed) -> Generator[memoryview, None, None]:
