@@ -163,16 +163,14 @@ class ThrowawayPostgres:
 
     def _run(self, argv: list[str]) -> None:
         user = self.user
-
-        def demote() -> None:
-            if user is not None:
-                os.setgid(user.pw_gid)
-                os.setuid(user.pw_uid)
-
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C.UTF-8"
+        # The server's user is set by subprocess itself (user=, group=), not by a preexec_fn: Python
+        # code run between fork and exec can hang the child for good when another thread (the
+        # embedded engine's, a writer's) held a lock at the fork.
         proc = subprocess.run(
-            argv, preexec_fn=demote, capture_output=True, text=True, env=env, cwd=self.root, check=False
+            argv, capture_output=True, text=True, env=env, cwd=self.root, check=False,
+            user=None if user is None else user.pw_uid, group=None if user is None else user.pw_gid,
         )
         if proc.returncode != 0:
             log = ""
