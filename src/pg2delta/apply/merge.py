@@ -69,7 +69,11 @@ def reduce_changes(changes: pa.Table, key_names: Sequence[str], columns: Sequenc
     )
     keep = np.sort(last.column(f"{_INDEX}_max").to_numpy())
     wanted = None if columns is None else {*columns, *key_names, OP_COL, TOAST_COL}
-    final = (changes if wanted is None else changes.select([c for c in changes.column_names if c in wanted])).take(pa.array(keep))
+    # The kept rows in commit order by a mask, not a gather: a filter copies each batch's runs of
+    # kept rows as they are, where a take over many batches joins them all first.
+    mask = np.zeros(n, dtype=bool)
+    mask[keep] = True
+    final = (changes if wanted is None else changes.select([c for c in changes.column_names if c in wanted])).filter(pa.array(mask))
     lookups: list[Lookup] = []
     toast = final.column(TOAST_COL)
     if toast.null_count < final.num_rows:
