@@ -19,6 +19,7 @@ from pg2delta import bootstrap as bs
 from pg2delta.decode import pgoutput as po
 from pg2delta.decode.changes import WindowDecoder
 from pg2delta.errors import DecodeError
+from pg2delta.source import slot
 from test_tuples_ext import COPY_HEADER, COPY_TRAILER, copy_row
 
 Row = tuple[int | None, str | None, bytes | None]
@@ -109,33 +110,44 @@ COPY_SERIES = "COPY (SELECT i, repeat('x', i % 50) FROM generate_series(1, 20000
 
 
 @pytest.mark.integration
-def test_copy_blocks_equal_psycopgs_copy(pg: Any) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["libpq-from-C", "psycopg-per-message"])
+def test_copy_blocks_equal_psycopgs_copy(pg: Any, direct: bool) -> None:
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         with conn.cursor() as cur, cur.copy(COPY_SERIES) as copy:
             want = b"".join(bytes(b) for b in copy)
-        got = b"".join(bytes(b) for b in bs.copy_blocks(conn, sql.SQL(COPY_SERIES)))
-        assert got == want
+        blocks = [bytes(b) for b in bs.copy_blocks(conn, sql.SQL(COPY_SERIES), direct=direct)]
+        assert b"".join(blocks) == want
+        if direct:
+            # This machine's psycopg has one libpq, so the copy is drained in C, many rows a block.
+            assert slot.libpq_copy_functions() is not None
+            assert len(blocks) < 200000 // 10
+        else:
+            assert len(blocks) >= 200000
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 @pytest.mark.integration
-def test_copy_blocks_raise_a_server_error_after_rows_and_leave_the_connection_usable(pg: Any) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["libpq-from-C", "psycopg-per-message"])
+def test_copy_blocks_raise_a_server_error_after_rows_and_leave_the_connection_usable(pg: Any, direct: bool) -> None:
     failing = "COPY (SELECT 1 / (i - 150000) FROM generate_series(1, 200000) i) TO STDOUT (FORMAT binary)"
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         seen = 0
         with pytest.raises(psycopg.errors.DivisionByZero):
-            for block in bs.copy_blocks(conn, sql.SQL(failing)):
+            for block in bs.copy_blocks(conn, sql.SQL(failing), direct=direct):
                 seen += len(block)
         assert seen > 0
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 @pytest.mark.integration
-def test_copy_blocks_closed_early_leave_the_connection_usable(pg: Any) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["libpq-from-C", "psycopg-per-message"])
+def test_copy_blocks_closed_early_leave_the_connection_usable(pg: Any, direct: bool) -> None:
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        blocks = bs.copy_blocks(conn, sql.SQL(COPY_SERIES))
+        blocks = bs.copy_blocks(conn, sql.SQL(COPY_SERIES), direct=direct)
         for i, _ in enumerate(blocks):
-            if i == 1000:
+            if i == 2:
                 break
+        else:
+            pytest.fail("the copy ended before the third block")
         blocks.close()
         assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -16,6 +16,10 @@
  *   numeric_texts       binary numerics to PostgreSQL's text of them.
  *   array_counts,       binary one-dimensional arrays: element counts, then the elements'
  *   array_elements      starts and lengths (the element codec then decodes them in bulk).
+ *   drain_copy          the CopyData messages libpq holds (or can read without waiting) during a
+ *                       COPY TO STDOUT, concatenated into one bytes object: libpq's own
+ *                       functions, given by address, called in a loop instead of once per row
+ *                       from Python.
  *
  * Values these functions do not handle (infinities, multi-dimensional arrays, bad bytes)
  * are reported by index; the Python side then takes its per-value reference path, which
@@ -900,6 +904,76 @@ array_elements(PyObject *self, PyObject *args)
     return array_walk(args, 1);
 }
 
+/* libpq's functions, as drain_copy is given them (by address: the library psycopg loaded). */
+typedef int (*pq_get_copy_data_fn)(void *conn, char **buffer, int async);
+typedef void (*pq_freemem_fn)(void *ptr);
+typedef int (*pq_consume_input_fn)(void *conn);
+
+PyDoc_STRVAR(drain_copy_doc,
+"drain_copy(get_copy_data, freemem, consume_input, conn, limit, /) -> (status, bytes)\n\n"
+"The CopyData messages of a COPY TO STDOUT that libpq holds, or reads from the socket without\n"
+"waiting (the connection is non-blocking), concatenated, until `limit` bytes or more are taken.\n"
+"The first four arguments are the addresses of PQgetCopyData, PQfreemem, PQconsumeInput and the\n"
+"PGconn. status: 1 the limit was reached (more may be ready), 0 nothing more without waiting,\n"
+"-1 the end of the copy (its result is still to be read), -2 an error (PQerrorMessage says it).");
+
+static PyObject *
+drain_copy(PyObject *self, PyObject *args)
+{
+    unsigned long long get_addr, free_addr, consume_addr, conn_addr;
+    Py_ssize_t limit;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKn:drain_copy", &get_addr, &free_addr, &consume_addr, &conn_addr, &limit))
+        return NULL;
+    if (!get_addr || !free_addr || !consume_addr || !conn_addr) {
+        PyErr_SetString(PyExc_ValueError, "drain_copy: a null address");
+        return NULL;
+    }
+    pq_get_copy_data_fn get_copy_data = (pq_get_copy_data_fn)(uintptr_t)get_addr;
+    pq_freemem_fn freemem = (pq_freemem_fn)(uintptr_t)free_addr;
+    pq_consume_input_fn consume_input = (pq_consume_input_fn)(uintptr_t)consume_addr;
+    void *conn = (void *)(uintptr_t)conn_addr;
+
+    Py_ssize_t cap = 1 << 16, len = 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, cap);
+    if (out == NULL)
+        return NULL;
+    int status = 1, read_socket = 0;
+    while (len < limit) {
+        char *row = NULL;
+        int n = get_copy_data(conn, &row, 1);
+        if (n > 0) {
+            if (len + n > cap) {
+                Py_ssize_t want = cap * 2 > len + n ? cap * 2 : len + n;
+                if (_PyBytes_Resize(&out, want) < 0) {
+                    freemem(row);
+                    return NULL;
+                }
+                cap = want;
+            }
+            memcpy(PyBytes_AS_STRING(out) + len, row, (size_t)n);
+            len += n;
+            freemem(row);
+            read_socket = 0;
+            continue;
+        }
+        if (n == 0 && !read_socket) {
+            /* Nothing whole in libpq's buffer: take what the socket holds, once, then look again. */
+            if (!consume_input(conn)) {
+                status = -2;
+                break;
+            }
+            read_socket = 1;
+            continue;
+        }
+        status = n; /* 0: nothing more without waiting; -1: the end; -2: an error */
+        break;
+    }
+    if (_PyBytes_Resize(&out, len) < 0)
+        return NULL;
+    return Py_BuildValue("iN", status, out);
+}
+
 static PyMethodDef methods[] = {
     {"walk_changes", walk_changes, METH_VARARGS, walk_changes_doc},
     {"walk_copy", walk_copy, METH_VARARGS, walk_copy_doc},
@@ -909,6 +983,7 @@ static PyMethodDef methods[] = {
     {"numeric_texts", numeric_texts, METH_VARARGS, numeric_texts_doc},
     {"array_counts", array_counts, METH_VARARGS, array_counts_doc},
     {"array_elements", array_elements, METH_VARARGS, array_elements_doc},
+    {"drain_copy", drain_copy, METH_VARARGS, drain_copy_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -66,3 +66,6 @@ def array_elements(
     elens: npt.NDArray[np.int64],
     /,
 ) -> int: ...
+def drain_copy(
+    get_copy_data: int, freemem: int, consume_input: int, conn: int, limit: int, /
+) -> tuple[int, bytes]: ...

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
+import functools
 import logging
+import os
 import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
@@ -502,14 +505,21 @@ class _Framer:
         """The rows of ``blocks`` (CopyData blocks as they come), framed every ``chunk_bytes``;
         stops early at the first commit past ``max_changes`` or ``max_bytes`` (:attr:`cut`)."""
         acc = bytearray()
-        for block in blocks:
+        it = iter(blocks)
+        for block in it:
             acc += block
             if len(acc) >= chunk_bytes:
                 framed, rest = self.frame(acc)
                 yield from framed
                 if self.cut:
-                    if not self.more and not self.walk.ended and len(acc) > rest:
-                        self.more = bytes(acc[rest:]) != _TRAILER
+                    if not self.more and not self.walk.ended:
+                        # Whether rows follow the cut: the bytes after it, as many blocks as it takes
+                        # to tell them from the trailer (a block may end inside it).
+                        after = bytes(acc[rest:])
+                        while len(after) < len(_TRAILER) and (following := next(it, None)) is not None:
+                            after += following
+                        if after:
+                            self.more = after != _TRAILER
                     return
                 del acc[:rest]
         yield from self.frame(acc, last=True)[0]
@@ -559,22 +569,73 @@ class _Framer:
         return RowChunk(view, lsn[:n], data_starts[:n].copy(), data_ends[:n].copy())
 
 
-def copy_blocks(conn: psycopg.Connection[Any], statement: sql.Composed) -> Generator[memoryview, None, None]:
-    """The CopyData blocks of ``COPY … TO STDOUT`` on ``conn``, as ``Copy.__iter__`` gives them.
+# Bytes of CopyData taken from libpq per call of _tuples.drain_copy.
+DRAIN_BYTES = 1 << 20
 
-    The blocks libpq holds already are taken straight from it (``PGconn.get_copy_data``): psycopg's
-    own read runs a generator and a wait per block, which costs more than the server's work of
-    sending the row. Only when libpq has nothing buffered does psycopg's ``Copy.read`` wait for the
-    socket (and read the end of the copy, when it comes there); when the end comes in a direct read,
-    its final result is read here, as psycopg would, and an error raised as psycopg raises it.
+
+@functools.cache
+def libpq_copy_functions() -> tuple[int, int, int] | None:
+    """The addresses of PQgetCopyData, PQfreemem and PQconsumeInput in the libpq psycopg uses, for
+    :func:`copy_blocks` to call from C; None where that library cannot be told for sure (not Linux,
+    more than one libpq loaded, another version than psycopg's), and the copy reads through psycopg."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {
+                fields[5]
+                for fields in (line.split(maxsplit=5) for line in maps)
+                if len(fields) == 6 and os.path.basename(fields[5]).startswith("libpq") and ".so" in fields[5]
+            }
+    except OSError:
+        return None
+    paths = {p.strip() for p in paths}
+    if len(paths) != 1:
+        return None
+    try:
+        lib = ctypes.CDLL(paths.pop())  # loaded already: the very library psycopg calls
+        lib.PQlibVersion.restype = ctypes.c_int
+        if lib.PQlibVersion() != libpq.version():
+            return None
+        return tuple(  # type: ignore[return-value]
+            ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+            for name in ("PQgetCopyData", "PQfreemem", "PQconsumeInput")
+        )
+    except (OSError, AttributeError):
+        return None
+
+
+def copy_blocks(
+    conn: psycopg.Connection[Any], statement: sql.Composed, *, direct: bool = True
+) -> Generator[bytes | memoryview, None, None]:
+    """The data of ``COPY … TO STDOUT`` on ``conn``, in blocks of one or more whole CopyData messages.
+
+    Whatever libpq holds, or can read from the socket without waiting, is taken from it in C
+    (:func:`_tuples.drain_copy`, given libpq's functions by :func:`libpq_copy_functions`), up to
+    :data:`DRAIN_BYTES` per block: no Python work per row. Without those functions (or ``direct``
+    False) each CopyData message is taken straight from psycopg's ``PGconn.get_copy_data``, a block
+    each. Only when libpq has nothing buffered does psycopg's ``Copy.read`` wait for the socket (and
+    read the end of the copy, when it comes there); when the end comes in a direct read, its final
+    result is read here, as psycopg would, and an error raised as psycopg raises it.
     """
     pgconn = conn.pgconn
+    functions = libpq_copy_functions() if direct else None
     with conn.cursor() as cur, cur.copy(statement) as copy:
+        # (pgconn_ptr: the PGconn's address, in every psycopg 3 implementation; not in its type stubs)
+        address = getattr(pgconn, "pgconn_ptr", None) if functions is not None else None
         while True:
-            nbytes, data = pgconn.get_copy_data(1)  # 1: never block
-            if nbytes > 0:
-                yield data
-            elif nbytes == 0:
+            if functions is not None and address is not None:
+                get_copy_data, freemem, consume_input = functions
+                status, data = _tuples.drain_copy(get_copy_data, freemem, consume_input, address, DRAIN_BYTES)
+                if data:
+                    yield data
+                if status == 1:
+                    continue
+                nbytes = status
+            else:
+                nbytes, block = pgconn.get_copy_data(1)  # 1: never block
+                if nbytes > 0:
+                    yield block
+                    continue
+            if nbytes == 0:
                 if not (waited := copy.read()):
                     return
                 yield memoryview(waited)
