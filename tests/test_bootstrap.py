@@ -403,14 +403,47 @@ def test_partitioned_table_published_through_its_root(pgdb: str, tmp_path: Path)
     assert_lake_matches(pgdb, lake, (TableSpec("public", "parted", ("id",)),))
 
 
-def test_bootstrap_refuses_partitions_mapped_to_their_root(pgdb: str, tmp_path: Path) -> None:
+def test_partitions_copied_into_their_root_with_row_filters_and_column_lists(pgdb: str, tmp_path: Path) -> None:
+    """``partitions = "root"``: the published leaves, each under its own row filter and column list,
+    copied into the root's one Delta table in one commit, logged as the root; the run follows on."""
     slot, pub = _names()
     lake = tmp_path / "lake"
-    create_schema(pgdb, pub)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE parted (id integer, v text, secret text, PRIMARY KEY (id)) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE parted_a PARTITION OF parted FOR VALUES FROM (0) TO (1000)")
+        conn.execute("CREATE TABLE parted_b PARTITION OF parted FOR VALUES FROM (1000) TO (100000)")
+        conn.execute("INSERT INTO parted SELECT g, 'v' || g, 'hidden' FROM generate_series(1, 3000) g")
+        conn.execute(
+            f'CREATE PUBLICATION "{pub}" FOR TABLE parted_a (id, v) WHERE (id % 2 = 0), parted_b (id, v) WHERE (id % 3 = 0)'
+        )
     conf = tmp_path / "pg2delta.toml"
     conf.write_text('[tables."public.parted"]\npartitions = "root"\n')
-    refused = cli("bootstrap", "--config", str(conf), "--dsn", pgdb, "--slot", slot, "--publication", pub,
-                  "--lake", str(lake))
-    assert refused.returncode == 78, refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1 and 'partitions = "root"' in refused.stderr
-    assert confirmed_lsn(pgdb, slot) is None
+    cfg = load(conf, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake))
+    report = run_bootstrap(cfg)
+    assert [(t.schema, t.table, t.rows) for t in report.copied] == [("public", "parted", 499 + 667)]
+    assert sorted(p.name for p in (lake / "public").iterdir()) == ["parted"]
+    assert DeltaTable(str(lake / "public" / "parted")).version() == 0  # one commit
+    with psycopg.connect(pgdb) as conn:
+        (root_oid,) = conn.execute("SELECT 'parted'::regclass::oid::int8").fetchall()[0]
+    copied = [r for r in _log_rows(lake, slot) if r["relation_oid"] is not None]
+    assert [(r["relation_oid"], r["kind"]) for r in copied] == [(root_oid, "bootstrap")]
+
+    def want() -> list[tuple[Any, ...]]:
+        with psycopg.connect(pgdb) as conn:
+            return sorted(conn.execute(
+                "SELECT id, v FROM parted_a WHERE id % 2 = 0 UNION ALL SELECT id, v FROM parted_b WHERE id % 3 = 0"
+            ).fetchall())
+
+    def got() -> list[tuple[Any, ...]]:
+        table = DeltaTable(str(lake / "public" / "parted")).to_pyarrow_table()
+        assert table.column_names == ["id", "v"]
+        return sorted(zip(table.column("id").to_pylist(), table.column("v").to_pylist(), strict=True))
+
+    assert got() == want()
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE parted SET v = v || '!', secret = 'changed' WHERE id % 5 = 0")
+        conn.execute("UPDATE parted SET id = id + 10000 WHERE id BETWEEN 900 AND 930")  # moved to parted_b
+        conn.execute("DELETE FROM parted WHERE id % 7 = 0")
+        conn.execute("INSERT INTO parted SELECT g, 'w' || g, 'hidden' FROM generate_series(5000, 5100) g")
+    run(cfg)
+    assert got() == want()

@@ -36,6 +36,7 @@ to the publication while the run was reading): the next run copies it at a snaps
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -68,6 +69,7 @@ from pg2delta.errors import (
     DecodeError,
     ErrorKind,
     Pg2DeltaError,
+    SchemaError,
     SourceStateError,
 )
 from pg2delta.faults import fault_point
@@ -256,6 +258,9 @@ class PublishedTable:
     leaves: str | None = None  # a partitioned table's leaf partitions (OIDs), when it was read
     attnums: str | None = None  # JSON {column: pg_attribute.attnum} of the published columns
     filenodes: str | None = None  # a partitioned table's leaves' relfilenodes (JSON), when it was read
+    # ``partitions = "root"``: the published leaf partitions copied into this root's table, each as
+    # (schema, name, row filter); empty for a table copied from itself.
+    parts: tuple[tuple[str, str, str | None], ...] = ()
 
     @property
     def oid(self) -> int:
@@ -291,6 +296,67 @@ def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[Pu
         out.append(PublishedTable(rel, relkind == "p", rowfilter, frozenset(text_columns), estimate, membership, leaves,
                                   json.dumps(attnums, sort_keys=True), filenodes_json(filenodes_of(nodes))))
     return out
+
+
+# ``partitions = "root"``: each published leaf partition's top root, when it has one.
+_ROOTS_QUERY = """
+SELECT l.oid, r.oid::int8, n.nspname::text, r.relname::text
+FROM unnest(%s::int8[]) AS l(oid)
+JOIN pg_class r ON r.oid = pg_partition_root(l.oid::oid) AND r.oid <> l.oid::oid
+JOIN pg_namespace n ON n.oid = r.relnamespace
+"""
+
+
+def copied_tables(conn: psycopg.Connection[Any], config: Config) -> list[PublishedTable]:
+    """What a copy makes Delta tables of: the publication's tables (:func:`published_tables`), with
+    the published leaf partitions of a table configured ``partitions = "root"`` replaced by one
+    entry for that root (OID and name the root's, as the run's changes of them are applied to it),
+    copied from all of them (:attr:`PublishedTable.parts`)."""
+    published = published_tables(conn, config.source.publication)
+    if not any(t.partitions == "root" for t in config.tables.values()):
+        return published
+    roots = {
+        int(leaf): (int(oid), str(schema), str(name))
+        for leaf, oid, schema, name in conn.execute(_ROOTS_QUERY, ([t.oid for t in published],)).fetchall()
+        if config.table(str(schema), str(name)).partitions == "root"
+    }
+    out: list[PublishedTable] = []
+    grouped: dict[tuple[int, str, str], list[PublishedTable]] = {}
+    for t in published:
+        if t.oid in roots:
+            grouped.setdefault(roots[t.oid], []).append(t)
+        else:
+            out.append(t)
+    for (oid, schema, name), leaves in grouped.items():
+        out.append(_rooted(conn, oid, schema, name, leaves))
+    return sorted(out, key=lambda t: (t.relation.namespace, t.relation.name))
+
+
+def _rooted(
+    conn: psycopg.Connection[Any], oid: int, schema: str, name: str, leaves: Sequence[PublishedTable]
+) -> PublishedTable:
+    """One table for the root ``oid`` of ``leaves`` (``partitions = "root"``): their columns (they
+    must publish the same ones, as one Delta table holds them), each leaf's row filter, and the
+    root's leaf partitions of now (the run compares them to notice one attached or detached)."""
+    first = leaves[0]
+    for leaf in leaves[1:]:
+        if leaf.relation.columns != first.relation.columns:
+            raise SchemaError(
+                f"the partitions of {schema}.{name} (partitions = \"root\") publish different columns "
+                f"({first.qualified}: {', '.join(c.name for c in first.relation.columns)}; {leaf.qualified}: "
+                f"{', '.join(c.name for c in leaf.relation.columns)}): pg2delta copies them into one Delta "
+                "table only when they publish the same columns; give them one column list in the publication"
+            )
+    estimates = [t.estimated_rows for t in leaves if t.estimated_rows is not None]
+    return PublishedTable(
+        dataclasses.replace(first.relation, oid=oid, namespace=schema, name=name),
+        True,
+        None,
+        frozenset().union(*(t.text_columns for t in leaves)),
+        sum(estimates) if estimates else None,
+        leaves=partition_leaves(conn, [f"{schema}.{name}"]).get(oid),
+        parts=tuple((t.relation.namespace, t.relation.name, t.row_filter) for t in leaves),
+    )
 
 
 # --- snapshots ----------------------------------------------------------------------------------
@@ -418,14 +484,22 @@ class CopyPlan:
             else:
                 cols.append(ident)
         rel = self.table.relation
-        query = sql.SQL("SELECT {cols} FROM {only}{table}").format(
-            cols=sql.SQL(", ").join(cols) if cols else sql.SQL("NULL"),
-            only=sql.SQL("") if self.table.partitioned else sql.SQL("ONLY "),
-            table=sql.Identifier(rel.namespace, rel.name),
-        )
-        if self.table.row_filter:
-            query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(self.table.row_filter))
-        return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query)
+        # A table copied from its leaf partitions (partitions = "root"): each leaf, ONLY its own
+        # rows, under its own row filter, all in one query (one snapshot, one walk of the rows).
+        sources = [(s, n, f, True) for s, n, f in self.table.parts] or [
+            (rel.namespace, rel.name, self.table.row_filter, not self.table.partitioned)
+        ]
+        selects: list[sql.Composable] = []
+        for schema, name, row_filter, only in sources:
+            query = sql.SQL("SELECT {cols} FROM {only}{table}").format(
+                cols=sql.SQL(", ").join(cols) if cols else sql.SQL("NULL"),
+                only=sql.SQL("ONLY ") if only else sql.SQL(""),
+                table=sql.Identifier(schema, name),
+            )
+            if row_filter:
+                query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(row_filter))
+            selects.append(query)
+        return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(" UNION ALL ").join(selects))
 
     def decode(
         self, buf: bytes, kinds: U8, starts: I64, lengths: I64, first_row: int, notes: collections.Counter[str]
@@ -859,7 +933,7 @@ def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, p
         try:
             # The publication as of the snapshot: the tables the slot publishes from its consistent point.
             open_snapshot(catalog_conn, snap)
-            tables = [t for t in published_tables(catalog_conn, cfg.source.publication) if t.oid in missing]
+            tables = [t for t in copied_tables(catalog_conn, cfg) if t.oid in missing]
             plans = copier.plans(catalog_conn, tables)
             catalog_conn.execute("COMMIT")
             return copier.copy_all(plans)
@@ -887,7 +961,7 @@ def tables_to_copy(job: Lakeside, src: SlotSource) -> tuple[bool, set[int], list
     state = _read_state(job)
     if state.start_lsn is None:
         return False, set(), []
-    published = published_tables(src.conn, job.config.source.publication)
+    published = copied_tables(src.conn, job.config)
     missing = {t.oid for t in published if t.oid not in state.copied}
     return True, missing, sorted(t.qualified for t in published if t.oid in missing)
 
@@ -901,12 +975,6 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
     cfg = job.config
     if parallel < 1:
         raise ConfigError("--parallel must be at least 1")
-    rooted = sorted(name for name, t in cfg.tables.items() if t.partitions == "root")
-    if rooted:
-        raise ConfigError(
-            f"bootstrap does not copy partitions into their root's Delta table (partitions = \"root\" for "
-            f"{', '.join(rooted)}); publish the root with publish_via_partition_root = true instead"
-        )
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
         src.lock()
         info = src.slot_info()
@@ -933,7 +1001,7 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
                 start = info.confirmed_flush_lsn
                 append_log_row(job, uuid.uuid4().hex, start, None, 0, None)
                 state = LakeBootstrap(start, {})
-            published = published_tables(src.conn, cfg.source.publication)
+            published = copied_tables(src.conn, cfg)
             report = BootstrapReport(cfg.source.slot, start, created_slot=False)
             report.already_copied = sorted(t.qualified for t in published if t.oid in state.copied)
             missing = {t.oid for t in published if t.oid not in state.copied}
@@ -956,7 +1024,7 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
             catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
             try:
                 open_snapshot(catalog_conn, snap)
-                tables = published_tables(catalog_conn, cfg.source.publication)
+                tables = copied_tables(catalog_conn, cfg)
                 plans = copier.plans(catalog_conn, tables)
                 catalog_conn.execute("COMMIT")
                 log.info(
@@ -987,6 +1055,7 @@ __all__ = [
     "PublishedTable",
     "TableCopy",
     "bootstrap",
+    "copied_tables",
     "copy_new_tables",
     "lake_state",
     "published_tables",

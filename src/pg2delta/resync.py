@@ -3,7 +3,9 @@
 For what the changes alone cannot bring into the lake: a column added with a volatile default or
 as a stored generated column (PostgreSQL rewrites the table and sends no rows), a default whose
 value PostgreSQL no longer keeps, rows of a partition attached to a published root, a table
-removed from the publication and added back, a lake table damaged by hand.
+removed from the publication and added back, a lake table damaged by hand. A table configured
+``partitions = "root"`` is copied from all its published leaf partitions into its one Delta table
+(a partition attached with rows, detached, dropped or truncated alone).
 
 1. Takes the slot's advisory lock (a run holding it: exit 73; runs started meanwhile exit 73 and
    the next scheduled one carries on) and checks the slot; the slot does not move.
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from pg2delta.bootstrap import DEFAULT_PARALLEL, TableCopy, copy_at_new_snapshot, published_tables
+from pg2delta.bootstrap import DEFAULT_PARALLEL, TableCopy, copied_tables, copy_at_new_snapshot
 from pg2delta.config import Config
 from pg2delta.errors import ConfigError, SourceStateError
 from pg2delta.lake.lakeside import Lakeside
@@ -43,11 +45,7 @@ def resync(config: Config, tables: Sequence[str], *, parallel: int = DEFAULT_PAR
     if parallel < 1:
         raise ConfigError("--parallel must be at least 1")
     for name in tables:
-        if config.table(*_split(name)).partitions == "root":
-            raise ConfigError(
-                f"resync does not copy partitions into their root's Delta table (partitions = \"root\" for {name}); "
-                "publish the root with publish_via_partition_root = true instead"
-            )
+        _split(name)
     job = Lakeside(config)
     try:
         with SlotSource(
@@ -58,7 +56,7 @@ def resync(config: Config, tables: Sequence[str], *, parallel: int = DEFAULT_PAR
             if src.server_version < 150000:
                 raise SourceStateError("pg2delta resync needs PostgreSQL 15 or newer (publication column lists and row filters)")
             job.lake.check_writable()
-            published = {t.qualified: t for t in published_tables(src.conn, config.source.publication)}
+            published = {t.qualified: t for t in copied_tables(src.conn, config)}
             unknown = sorted(set(tables) - set(published))
             if unknown:
                 raise ConfigError(
