@@ -294,8 +294,8 @@ def test_partition_attached_with_rows_to_a_root_published_via_itself(pgdb: str, 
 
 
 def test_partition_attached_with_rows_to_a_root_written_as_one_table(pgdb: str, tmp_path: Path) -> None:
-    """``partitions = "root"`` (leaves published): pg2delta cannot copy partitions into the root's
-    Delta table, so the run stops naming what to do; rows rewritten after the attach are sent."""
+    """``partitions = "root"`` (leaves published): the run stops naming resync of the root, which
+    copies every leaf into the root's Delta table; rows rewritten after an attach are sent."""
     lake = tmp_path / "lake"
     _slot, common = _partitioned(pgdb, lake, via_root=False)
     flags = dict(zip(common[::2], common[1::2], strict=True))
@@ -309,8 +309,12 @@ def test_partition_attached_with_rows_to_a_root_written_as_one_table(pgdb: str, 
     stopped = cli("run", "--config", str(config))
     assert stopped.returncode == 78, stopped.stderr[-2000:]
     assert "public.m2 was attached to public.m with rows" in stopped.stderr
-    assert "publish_via_partition_root" in stopped.stderr
-    _sql(pgdb, "UPDATE m2 SET v = v")
+    assert "pg2delta resync --table public.m" in stopped.stderr
+    _ok("resync", "--config", str(config), "--table", "public.m")
+    _ok("run", "--config", str(config))
+    assert_lake_matches(pgdb, lake, [M], context="partitions = root, attached with rows, resync")
+    _attach_with_rows(pgdb, "m3", 3)
+    _sql(pgdb, "UPDATE m3 SET v = v")
     _ok("run", "--config", str(config))
     assert_lake_matches(pgdb, lake, [M], context="partitions = root, rows rewritten after the attach")
 
@@ -381,7 +385,7 @@ def test_partition_detached_from_a_root_written_as_one_table(pgdb: str, tmp_path
     _sql(pgdb, "ALTER TABLE m DETACH PARTITION m2")
     stopped = cli("run", "--config", root)
     assert stopped.returncode == 78, stopped.stderr[-2000:]
-    assert "public.m2 left public.m" in stopped.stderr and "publish_via_partition_root" in stopped.stderr
+    assert "public.m2 left public.m" in stopped.stderr and "pg2delta resync --table public.m" in stopped.stderr
     keep = _config(tmp_path, common, "public.m", 'partitions = "root"\ndetached_partitions = "keep"')
     _ok("run", "--config", keep)
     assert (2, 2) in _lake_rows(lake)
@@ -450,3 +454,114 @@ def test_partition_truncated_alone_under_a_root_published_via_itself(pgdb: str, 
     done = cli("run", "--config", _config(tmp_path, common, "public.m"))
     assert done.returncode == 0 and "copying public.m again" in done.stderr, done.stderr[-2000:]
     assert_lake_matches(pgdb, lake, [M, TableSpec("public", "q", ("id",))], context="created, filled and truncated at once")
+
+
+EV = TableSpec("public", "ev", ())  # no key: insert-only, a change applied twice would be a second row
+
+
+def _rooted(dsn: str, lake: Path) -> list[str]:
+    """``m`` (keyed) in three list partitions and ``ev`` (no key) in two, with rows, published per
+    leaf (not via the root); no slot yet: the bootstrap creates it."""
+    tag = uuid.uuid4().hex[:8]
+    pub = f"pub_{tag}"
+    _sql(
+        dsn,
+        "CREATE TABLE m (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY LIST (k)",
+        "CREATE TABLE ev (id int, k int, note text) PARTITION BY LIST (k)",
+        *(f"CREATE TABLE m{k} PARTITION OF m FOR VALUES IN ({k})" for k in (1, 2, 3)),
+        *(f"CREATE TABLE ev{k} PARTITION OF ev FOR VALUES IN ({k})" for k in (1, 2)),
+        "INSERT INTO m SELECT g, k, 'p' || k || ' ' || g FROM generate_series(1, 40) g, generate_series(1, 3) k",
+        "INSERT INTO ev SELECT g, 1 + g % 2, 'ev ' || g FROM generate_series(1, 50) g",
+        f"CREATE PUBLICATION {pub} FOR TABLE m, ev",
+    )
+    return ["--dsn", dsn, "--slot", f"slot_{tag}", "--publication", pub, "--lake", str(lake)]
+
+
+def test_partitions_written_as_one_table_bootstrapped_then_run(pgdb: str, tmp_path: Path) -> None:
+    """``partitions = "root"``: the bootstrap copies every leaf into the root's one Delta table; the
+    run then merges the leaves' changes (a row moved between partitions too) on top, and a resync
+    of a keyless root while changes of its leaves wait in the slot applies none of them twice."""
+    lake = tmp_path / "lake"
+    common = _rooted(pgdb, lake)
+    config = _config(tmp_path, common, "public.m", 'partitions = "root"\n[tables."public.ev"]\npartitions = "root"')
+    _ok("bootstrap", "--config", config)
+    assert sorted(p.name for p in (lake / "public").iterdir()) == ["ev", "m"]
+    assert DeltaTable(str(lake / "public" / "m")).version() == 0  # the three leaves in one commit
+    assert_lake_matches(pgdb, lake, [M, EV], context="bootstrapped")
+    assert len(_lake_rows(lake)) == 120
+
+    _sql(
+        pgdb,
+        "INSERT INTO m VALUES (100, 1, 'new in m1'), (100, 3, 'new in m3')",
+        "UPDATE m SET v = 'updated in m2' WHERE k = 2 AND id <= 10",
+        "DELETE FROM m WHERE k = 3 AND id BETWEEN 20 AND 25",
+        "DELETE FROM m WHERE k = 2 AND id BETWEEN 30 AND 32",
+        "UPDATE m SET k = 2, v = 'moved from m1' WHERE k = 1 AND id BETWEEN 30 AND 32",  # m1 -> m2
+        "INSERT INTO ev SELECT g, 1 + g % 2, 'after the bootstrap' FROM generate_series(51, 60) g",
+    )
+    _ok("run", "--config", config)
+    assert_lake_matches(pgdb, lake, [M, EV], context="leaves' changes merged into the root's table")
+    assert {(i, 2) for i in (30, 31, 32)} <= _lake_rows(lake) and not {(i, 1) for i in (30, 31, 32)} & _lake_rows(lake)
+
+    _sql(pgdb, "INSERT INTO ev SELECT g, 1 + g % 2, 'before the resync' FROM generate_series(61, 70) g",
+         "UPDATE m SET v = 'before the resync' WHERE id = 1")
+    _ok("resync", "--config", config, "--table", "public.ev")
+    _sql(pgdb, "INSERT INTO ev SELECT g, 1 + g % 2, 'after the resync' FROM generate_series(71, 75) g")
+    _ok("run", "--config", config)
+    assert_lake_matches(pgdb, lake, [M, EV], context="keyless root resynced with its leaves' changes pending")
+    assert DeltaTable(str(lake / "public" / "ev")).to_pyarrow_table().num_rows == 75
+
+
+def test_partition_truncated_or_detached_under_partitions_root_then_resync(pgdb: str, tmp_path: Path) -> None:
+    """``partitions = "root"``: a TRUNCATE of one partition, a DETACH and a DROP stop the run naming
+    ``pg2delta resync --table`` of the root (nothing applied, the slot where it was); the resync
+    copies the root's leaves again and the run goes on. ``on_unfollowable = "resync"`` does it by itself."""
+    lake = tmp_path / "lake"
+    common = _rooted(pgdb, lake)
+    slot = common[common.index("--slot") + 1]
+    config = _config(tmp_path, common, "public.m", 'partitions = "root"')
+    _ok("bootstrap", "--config", config)
+    _sql(pgdb, "UPDATE m SET v = 'x' WHERE id <= 5")
+    _ok("run", "--config", config)
+
+    _sql(pgdb, "TRUNCATE m2", "INSERT INTO m VALUES (200, 1, 'after the truncate')", "UPDATE m SET v = 'y' WHERE k = 3")
+    before, kept = confirmed_lsn(pgdb, slot), _lake_rows(lake)
+    stopped = cli("run", "--config", config)
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "TRUNCATE of partition(s) public.m2" in stopped.stderr
+    assert "pg2delta resync --table public.m" in stopped.stderr
+    assert confirmed_lsn(pgdb, slot) == before and _lake_rows(lake) == kept
+    _ok("resync", "--config", config, "--table", "public.m")
+    _sql(pgdb, "INSERT INTO m VALUES (201, 2, 'after the resync')")
+    _ok("run", "--config", config)
+    assert_lake_matches(pgdb, lake, [M], context="truncated alone, resync")
+    assert {i for i, k in _lake_rows(lake) if k == 2} == {201}
+
+    _sql(pgdb, "ALTER TABLE m DETACH PARTITION m3", "UPDATE m SET v = 'after the detach' WHERE k = 1 AND id <= 3")
+    before, kept = confirmed_lsn(pgdb, slot), _lake_rows(lake)
+    stopped = cli("run", "--config", config)
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "public.m3 left public.m (DETACH PARTITION or DROP)" in stopped.stderr
+    assert "pg2delta resync --table public.m" in stopped.stderr and "publish_via_partition_root" not in stopped.stderr
+    assert confirmed_lsn(pgdb, slot) == before and _lake_rows(lake) == kept
+    _ok("resync", "--config", config, "--table", "public.m")
+    _ok("run", "--config", config)
+    assert_lake_matches(pgdb, lake, [M], context="detached, resync")
+    assert not any(k == 3 for _, k in _lake_rows(lake))
+
+    resyncing = _config(tmp_path, common, "public.m", 'partitions = "root"\non_unfollowable = "resync"')
+    _sql(pgdb, "TRUNCATE m1", "INSERT INTO m VALUES (300, 1, 'after the truncate'), (300, 2, 'in m2')")
+    done = cli("run", "--config", resyncing)
+    assert done.returncode == 0 and "copying it again" in done.stderr, done.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, [M], context="truncated alone, resynced by the run")
+    assert {i for i, k in _lake_rows(lake) if k == 1} == {300}
+
+    _sql(pgdb, "DROP TABLE m2", "CREATE TABLE m4 PARTITION OF m FOR VALUES IN (4)", "INSERT INTO m VALUES (400, 4, 'm4')")
+    done = cli("run", "--config", resyncing)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "a dropped partition (OID" in done.stderr and "copying public.m again" in done.stderr
+    assert_lake_matches(pgdb, lake, [M], context="dropped, resynced by the run")
+    _sql(pgdb, "UPDATE m SET v = 'later' WHERE k = 4")
+    again = cli("run", "--config", resyncing)
+    assert again.returncode == 0 and "copying" not in again.stderr, again.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, [M], context="the run after")

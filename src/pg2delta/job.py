@@ -361,10 +361,9 @@ class Job(Lakeside):
 
         The copy's snapshot is after this window's end (it is taken now, the window ended at the
         server's WAL when the run started), so the table's changes in this window and up to the
-        copy are skipped by the applied-LSN rule, and the run goes on with the other tables.
+        copy are skipped by the applied-LSN rule, and the run goes on with the other tables. Partitions
+        written into their root's table (``partitions = "root"``) are copied as the root, ``tgt.owner``.
         """
-        if any(tw.oid != tgt.owner for tw in tgt.parts):  # partitions written into their root's table
-            raise refusal
         log.warning(
             "%s.%s cannot follow by changes alone (%s); on_unfollowable = \"resync\": copying it again",
             tgt.schema, tgt.table, refusal,

@@ -76,9 +76,11 @@ class TablePlanner:
             raise
 
 
-    def _check_partition_truncates(self, tgt: Target) -> None:
+    def _check_partition_truncates(self, tgt: Target, applied_lsn: int) -> None:
         """A TRUNCATE of some partitions of a root that maps them into one Delta table is refused:
-        which of its rows were in those partitions is not known. TRUNCATE of the root (every leaf) is fine."""
+        which of its rows were in those partitions is not known (a copy of the root, ``pg2delta
+        resync``, is the way out: truncates before the table's applied LSN are the copy's).
+        TRUNCATE of the root (every leaf) is fine."""
         if all(tw.oid == tgt.owner for tw in tgt.parts) or not any(tw.truncates for tw in tgt.parts):
             return
         leaves = {
@@ -90,13 +92,13 @@ class TablePlanner:
         for tw in tgt.parts:
             for t in tw.truncates:
                 truncated = {v.oid for v in t.relations}
-                if not leaves <= truncated:
+                if t.commit_lsn >= applied_lsn and not leaves <= truncated:
                     raise SchemaError(
                         f"TRUNCATE of partition(s) {', '.join('.'.join(v.qualified_name) for v in t.relations)} at "
                         f"{format_lsn(t.commit_lsn)}, whose changes go to the Delta table of {tgt.schema}.{tgt.table} "
                         "(partitions = \"root\"): pg2delta cannot tell which rows of that Delta table were in them; "
-                        "delete those rows in the lake yourself and move the slot past that transaction, or use "
-                        "partitions = \"leaf\" for this table"
+                        f"copy it again with pg2delta resync --table {self.targets.source_name(tgt)} (or set "
+                        "on_unfollowable = \"resync\"), or use partitions = \"leaf\" for this table"
                     )
 
     def _check_full_identity_key(self, tgt: Target, key: tuple[str, ...], applied: Applied | None) -> None:
@@ -121,7 +123,7 @@ class TablePlanner:
         """How the Delta table must change for the window's changes (None when it has none to merge)."""
         if applied is not None and applied.end_lsn >= end:
             return None
-        self._check_partition_truncates(tgt)
+        self._check_partition_truncates(tgt, applied.end_lsn if applied is not None else 0)
         shapes: list[Shape] = []
         for batches in live(tgt, applied.end_lsn if applied is not None else 0):
             for b in batches:

@@ -125,9 +125,8 @@ def _attached_with_rows(
 ) -> SchemaError | None:
     """Partitions attached, with rows in them, to a partitioned table the lake writes as one
     Delta table (published via its root, or ``partitions = "root"``) since its last logged
-    window or copy: PostgreSQL never sends the rows a partition had when it was attached. A
-    root published via itself is added to ``again`` where ``on_unfollowable = "resync"``;
-    otherwise the refusal. Each new partition is read once (it is logged with the root's next
+    window or copy: PostgreSQL never sends the rows a partition had when it was attached. The
+    root is added to ``again`` where ``on_unfollowable = "resync"``; otherwise the refusal. Each new partition is read once (it is logged with the root's next
     window)."""
     for root, now in state.leaves.items():
         a = applied.get(root)
@@ -138,8 +137,7 @@ def _attached_with_rows(
         if not holding:
             continue
         name = f"{a.schema}.{a.table}"
-        via_root = root in state.memberships
-        if via_root and config.table(a.schema, a.table).on_unfollowable == "resync":
+        if config.table(a.schema, a.table).on_unfollowable == "resync":
             log.warning(
                 "%s was attached to %s with rows in it; on_unfollowable = \"resync\": copying %s again",
                 ", ".join(holding), name, name,
@@ -147,17 +145,10 @@ def _attached_with_rows(
             again[root] = name
             continue
         what = f"{', '.join(holding)} {'was' if len(holding) == 1 else 'were'} attached to {name} with rows in it"
-        if via_root:
-            return SchemaError(
-                f"{what} since the lake's last window of it, and PostgreSQL does not send the rows a partition "
-                f"has when it is attached: copy it again with pg2delta resync --table {name} "
-                f"(or set on_unfollowable = \"resync\")"
-            )
         return SchemaError(
-            f"{what} since the lake's last window of it, and PostgreSQL does not send the rows a partition has "
-            f"when it is attached; pg2delta does not copy partitions into their root's Delta table "
-            f"(partitions = \"root\"): publish {name} with publish_via_partition_root = true and resync it, "
-            f"or rewrite those rows after the attach (UPDATE … SET c = c) so that they are sent"
+            f"{what} since the lake's last window of it, and PostgreSQL does not send the rows a partition "
+            f"has when it is attached: copy it again with pg2delta resync --table {name} "
+            f"(or set on_unfollowable = \"resync\")"
         )
     return None
 
@@ -168,8 +159,8 @@ def _detached(
 ) -> SchemaError | None:
     """Partitions detached or dropped, since its last logged window or copy, from a partitioned
     table the lake writes as one Delta table: PostgreSQL sends nothing for their rows, so the
-    lake still holds them. ``detached_partitions = "keep"`` keeps them; a root published via
-    itself is added to ``again`` where ``on_unfollowable = "resync"``; otherwise the refusal."""
+    lake still holds them. ``detached_partitions = "keep"`` keeps them; the root is added to
+    ``again`` where ``on_unfollowable = "resync"``; otherwise the refusal."""
     for root, now in state.leaves.items():
         a = applied.get(root)
         if a is None or a.partitions is None or now is None or root in again:
@@ -182,20 +173,14 @@ def _detached(
                  for oid in gone]
         name = f"{a.schema}.{a.table}"
         what = f"{', '.join(names)} left {name} (DETACH PARTITION or DROP) since the lake's last window of it"
-        if root in state.memberships and tc.on_unfollowable == "resync":
+        if tc.on_unfollowable == "resync":
             log.warning("%s; on_unfollowable = \"resync\": copying %s again", what, name)
             again[root] = name
             continue
         keep = f"or set [tables.\"{name}\"] detached_partitions = \"keep\" to keep its rows in the lake"
-        if root in state.memberships:
-            return SchemaError(
-                f"{what}, and PostgreSQL sends nothing for the rows that leave with it: copy it again with "
-                f"pg2delta resync --table {name} (or set on_unfollowable = \"resync\"), {keep}"
-            )
         return SchemaError(
-            f"{what}, and PostgreSQL sends nothing for the rows that leave with it; pg2delta does not copy "
-            f"partitions into their root's Delta table (partitions = \"root\"): publish {name} with "
-            f"publish_via_partition_root = true and resync it, {keep} (delete them there yourself if they should go)"
+            f"{what}, and PostgreSQL sends nothing for the rows that leave with it: copy it again with "
+            f"pg2delta resync --table {name} (or set on_unfollowable = \"resync\"), {keep}"
         )
     return None
 
