@@ -18,6 +18,11 @@
    commit that replaces the table: a reader sees no table or the whole copy, never part of it;
 5. records each finished table in the applied log as applied through L (``kind = 'bootstrap'``).
 
+A table configured ``partitions = "root"`` is copied as one table (:func:`copied_tables`): its
+published leaf partitions, each ``FROM ONLY`` itself under its own column list and row filter, in
+one ``COPY (… UNION ALL …)`` into the root's Delta table, recorded under the root's OID: the owner
+the run applies every leaf's changes to, so its applied-LSN filter covers them all.
+
 ``pg2delta run`` then applies, per table, only the changes whose commit LSN is at or after the LSN
 the table was copied at (the job's applied-LSN filter), so nothing is lost or applied twice, for
 keyless (insert-only) tables too.
