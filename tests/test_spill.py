@@ -197,3 +197,76 @@ def test_engine_reduce_in_buckets_equals_one_query(
         tables.append(sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"]))
     assert tables[0] == tables[1]
     assert len(tables[0]) > 20
+
+
+def test_key_buckets_put_equal_keys_together() -> None:
+    """The driver's buckets of a spilled window's rows (apply.stage.key_buckets): equal keys, one
+    bucket, however the rows are sliced into batches; every type a key is conformed to; NULLs."""
+    import datetime
+    import decimal
+
+    import numpy as np
+
+    from pg2delta.apply.stage import key_buckets
+
+    n = 3000
+    ids = [i % 701 for i in range(n)]
+    table = pa.table({
+        "i8": pa.array(ids, pa.int64()), "i4": pa.array(ids, pa.int32()), "i2": pa.array([i % 300 for i in ids], pa.int16()),
+        "s": pa.array([f"key-{i}" if i % 97 else None for i in ids]), "ls": pa.array([f"k{i}" for i in ids], pa.large_string()),
+        "b": pa.array([str(i).encode() for i in ids], pa.binary()),
+        "d": pa.array([decimal.Decimal(i) / 100 for i in ids], pa.decimal128(12, 2)),
+        "ts": pa.array([datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(seconds=i) for i in ids], pa.timestamp("us", tz="UTC")),
+        "dt": pa.array([datetime.date(2026, 1, 1) + datetime.timedelta(days=i) for i in ids], pa.date32()),
+        "f": pa.array([float(i) if i else -0.0 for i in ids], pa.float64()), "bool": pa.array([i % 2 == 0 for i in ids]),
+    })
+    for key in (["i8"], ["i4"], ["s"], ["ls"], ["b"], ["d"], ["ts"], ["dt"], ["f"], ["i2", "bool"], ["s", "d", "ts"]):
+        whole = key_buckets(table, key, 7)
+        assert whole is not None, key
+        assert whole.min() >= 0 and whole.max() < 7
+        # Sliced at odd places and put together again from separate batches: the same buckets.
+        pieces = [key_buckets(table.slice(a, b - a), key, 7) for a, b in ((0, 11), (11, 1500), (1500, n))]
+        assert np.array_equal(np.concatenate(pieces), whole), key  # type: ignore[arg-type]
+        by_key: dict[tuple[object, ...], int] = {}
+        for row, bucket in zip(table.select(key).to_pylist(), whole, strict=True):
+            assert by_key.setdefault(tuple(row.values()), int(bucket)) == bucket, (key, row)
+        assert len(set(by_key.values())) == 7, key  # 701 keys reach every bucket
+    assert key_buckets(table.append_column("l", pa.array([[i] for i in ids])), ["l"], 7) is None
+    assert np.array_equal(key_buckets(pa.table({"f": [0.0, -0.0]}), ["f"], 5)[:1], key_buckets(pa.table({"f": [-0.0]}), ["f"], 5))  # type: ignore[index]
+
+
+def test_spilled_window_in_driver_buckets_equals_in_memory(
+    pgdb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past REDUCE_BUCKET_ROWS changes a spilled table is staged in buckets of its key by the driver
+    and each of the engine's reduce queries reads one bucket's files: the same lake as the in-memory
+    path (tables with unchanged TOAST are reduced in one query, whatever their files)."""
+    from pg2delta.apply import stage
+    from pg2delta.lake import engine_staged
+
+    monkeypatch.setattr(engine_staged, "REDUCE_BUCKET_ROWS", 25)
+    bucketed: list[int] = []
+    real = stage.key_buckets
+
+    def spy(table: pa.Table, key: list[str], n: int) -> object:
+        bucketed.append(n)
+        return real(table, key, n)
+
+    monkeypatch.setattr(stage, "key_buckets", spy)
+    slot_mem, pub = setup_source(pgdb)
+    slot_spill = _second_slot(pgdb)
+    lake_mem, lake_spill = tmp_path / "mem", tmp_path / "spill"
+    with Workload(pgdb, 9202) as wl:
+        for steps in (60, 60):
+            wl.phase(steps)
+            run(load(None, env={}, dsn=pgdb, slot=slot_mem, publication=pub, lake=str(lake_mem)))
+            report = run(load(None, env={}, dsn=pgdb, slot=slot_spill, publication=pub, lake=str(lake_spill), **SPILL))
+            assert sum(w.spilled_rows for w in report.windows) > 0
+            for lake in (lake_mem, lake_spill):
+                assert_lake_matches(pgdb, lake, context=f"seed 9202, {lake.name}")
+    assert bucketed and max(bucketed) > 1
+    for spec in TABLES:
+        mem, spill = lake_rows(lake_mem, spec), lake_rows(lake_spill, spec)
+        assert mem is not None and spill is not None
+        assert mem[0] == spill[0], spec.qualified
+        assert sorted(mem[1], key=repr) == sorted(spill[1], key=repr), spec.qualified

@@ -5,7 +5,9 @@ keeps the ones the MERGE applies (at or after the table's applied LSN, after the
 truncate); :func:`reduce` turns them into one final state per key (what the run merges and what
 ``pg2delta plan`` counts). A window spilled past ``window.memory_budget`` is never gathered on the
 driver: :func:`stage_changes` conforms and filters it batch by batch into Parquet files in the
-lake's staging area (:class:`StagedChanges`), which the engine reduces and merges.
+lake's staging area (:class:`StagedChanges`), which the engine reduces and merges. Past
+:data:`~pg2delta.lake.engine_staged.REDUCE_BUCKET_ROWS` changes it writes them in buckets of the
+key (:func:`key_buckets`), so that each of the engine's reduce queries reads one bucket's files only.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.apply.merge import Reduced, reduce_changes
 from pg2delta.apply.schema import Plan, conform, conform_batches
 from pg2delta.apply.targets import Target, live
+from pg2delta.decode import _tuples
 from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL, TOAST_COL, TruncateEvent
 from pg2delta.decode.spill import SpilledBatch, newest_ts
 from pg2delta.errors import SchemaError
+from pg2delta.lake import engine_staged
 from pg2delta.lake.engine import Lake
 
 
@@ -37,6 +42,63 @@ class StagedChanges:
     files: int = 0
     ops: collections.Counter[str] = field(default_factory=collections.Counter)
     toast_columns: tuple[str, ...] = ()
+    # The files of each bucket of the key (:func:`key_buckets`), when written in buckets; empty otherwise.
+    buckets: list[list[str]] = field(default_factory=list)
+
+
+# Conformed changes held per bucket before they are written (all buckets' files at once).
+BUCKET_BUFFER_BYTES = 128 << 20
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_NULL_HASH = np.uint64(0x5BD1E9955BD1E995)
+
+
+def key_buckets(table: pa.Table, key_names: Sequence[str], buckets: int) -> np.ndarray | None:
+    """Each row's bucket (0 to ``buckets`` - 1) by the values of its key: rows with equal keys get
+    one bucket, whatever batch, file or process they come from (the hash of the values' bytes, each
+    column in its one conformed type). None where a key column's type is not hashed here (the
+    engine then puts the rows in buckets itself)."""
+    h = np.zeros(table.num_rows, dtype=np.uint64)
+    for name in key_names:
+        part = _column_hash(table.column(name).combine_chunks())
+        if part is None:
+            return None
+        h = (h ^ part) * _MIX
+    h ^= h >> np.uint64(29)
+    return (h % np.uint64(buckets)).astype(np.int64)
+
+
+def _column_hash(arr: pa.Array) -> np.ndarray | None:
+    """A 64-bit hash of each value of ``arr`` (one for every NULL); None for a type not hashed here."""
+    t, n, offset = arr.type, len(arr), arr.offset
+    out: np.ndarray
+    if pa.types.is_boolean(t):
+        out = arr.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64)
+    elif pa.types.is_floating(t):
+        # Equal numbers, equal bits: -0.0 as 0.0, every NaN as one.
+        x = arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False) + 0.0
+        out = np.where(np.isnan(x), np.nan, x).view(np.uint64)
+    elif pa.types.is_decimal128(t) or pa.types.is_fixed_size_binary(t):
+        width = t.byte_width
+        starts = (np.arange(n, dtype=np.int64) + offset) * width
+        out = np.empty(n, dtype=np.uint64)
+        _tuples.hash_ranges(arr.buffers()[1] or b"", starts, np.full(n, width, dtype=np.int64), out)
+    elif pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        kind = np.int64 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) else np.int32
+        offsets = np.frombuffer(arr.buffers()[1], dtype=kind)[offset : offset + n + 1].astype(np.int64)
+        out = np.empty(n, dtype=np.uint64)
+        _tuples.hash_ranges(arr.buffers()[2] or b"", offsets[:-1], np.diff(offsets), out)
+    elif pa.types.is_integer(t) or pa.types.is_temporal(t):
+        width = t.bit_width // 8
+        if width not in (1, 2, 4, 8):
+            return None
+        out = np.frombuffer(arr.buffers()[1], dtype=f"u{width}")[offset : offset + n].astype(np.uint64)
+    else:
+        return None
+    if arr.null_count:
+        out = np.where(arr.is_null().to_numpy(zero_copy_only=False), _NULL_HASH, out)
+    return out
+
 
 def filtered(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
     """``table.filter(mask)``, without copying every column when every row is kept (the usual case:
@@ -64,17 +126,46 @@ def table_changes(
     return changes, truncates, kept_by_update
 
 def stage_changes(
-    lake: Lake, tgt: Target, pl: Plan, applied_lsn: int, name: str | None, *, whole: bool = False
+    lake: Lake,
+    tgt: Target,
+    pl: Plan,
+    applied_lsn: int,
+    name: str | None,
+    *,
+    whole: bool = False,
+    bucket_key: Sequence[str] = (),
 ) -> tuple[StagedChanges, set[str]]:
     """:func:`table_changes` for a window with spilled batches: conformed and filtered batch by
     batch into Parquet files under the staging area's ``name`` (None: only counted, for
     ``pg2delta plan``), never gathered on the driver. Returns them and the columns kept by updates.
-    ``whole``: the changes before the window's last truncate too (for the history)."""
+    ``whole``: the changes before the window's last truncate too (for the history). ``bucket_key``:
+    past ``engine_staged.REDUCE_BUCKET_ROWS`` changes, the files are written in buckets of these columns
+    (:attr:`StagedChanges.buckets`), at most :data:`BUCKET_BUFFER_BYTES` held for it."""
     truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
     last = max(truncates, key=lambda t: (t.commit_lsn, t.pos)) if truncates and not whole else None
     kept_by_update: set[str] = set()
     staged = StagedChanges(name, lake.staging_uri(name) if name is not None else None)
     toast: set[str] = set()
+    rows = sum(b.num_rows for tw in tgt.parts for b in tw.batches if b.max_lsn >= applied_lsn)
+    nbuckets = -(-rows // engine_staged.REDUCE_BUCKET_ROWS) if bucket_key and name is not None else 1
+    held: list[list[pa.Table]] = [[] for _ in range(nbuckets)] if nbuckets > 1 else []
+    held_bytes = 0
+
+    def write(t: pa.Table) -> str:
+        uri = lake.stage(t, f"{name}/part-{staged.files:06d}")
+        staged.files += 1
+        return uri
+
+    def flush() -> None:
+        nonlocal held_bytes
+        for b, parts in enumerate(held):
+            if parts:
+                staged.buckets[b].append(write(pa.concat_tables(parts)))
+                parts.clear()
+        held_bytes = 0
+
+    if held:
+        staged.buckets = [[] for _ in range(nbuckets)]
     for t in conform_batches(live(tgt, applied_lsn), pl, kept_by_update):
         lsn, pos = t.column(LSN_COL), t.column(POS_COL)
         keep = pc.and_(pc.not_equal(t.column(OP_COL), BEFORE_OP), pc.greater_equal(lsn, applied_lsn))
@@ -90,10 +181,26 @@ def stage_changes(
         marks = pc.list_flatten(t.column(TOAST_COL))
         if len(marks):
             toast.update(x for x in pc.unique(marks).to_pylist() if x is not None)
-        if name is not None:
-            lake.stage(t, f"{name}/part-{staged.files:06d}")
-            staged.files += 1
         staged.rows += t.num_rows
+        if name is None:
+            continue
+        ids = key_buckets(t, bucket_key, nbuckets) if held else None
+        if ids is None:
+            if held:  # a key type not hashed here: the files stay as they are, the engine buckets
+                flush()
+                held, staged.buckets = [], []
+            write(t)
+            continue
+        order = np.argsort(ids, kind="stable")
+        bounds = np.searchsorted(ids[order], np.arange(nbuckets + 1))
+        t = t.take(pa.array(order))
+        for b in range(nbuckets):
+            if bounds[b + 1] > bounds[b]:
+                held[b].append(t.slice(int(bounds[b]), int(bounds[b + 1] - bounds[b])))
+        held_bytes += t.nbytes
+        if held_bytes >= BUCKET_BUFFER_BYTES:
+            flush()
+    flush()
     staged.toast_columns = tuple(sorted(toast))
     return staged, kept_by_update
 
@@ -133,4 +240,4 @@ def newest_commit_ts(tgt: Target, truncates: Sequence[TruncateEvent], applied_ls
     return max(times) if times else None
 
 
-__all__ = ["StagedChanges", "filtered", "newest_commit_ts", "reduce", "stage_changes", "table_changes"]
+__all__ = ["StagedChanges", "filtered", "key_buckets", "newest_commit_ts", "reduce", "stage_changes", "table_changes"]

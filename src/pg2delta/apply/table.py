@@ -185,6 +185,7 @@ def _merge_staged(
         optional=optional or (),
         txn=txn,
         rows=staged.rows,
+        bucket_files=staged.buckets,
     )
     report.delta_version = side.lake.delta_version(uri)
     log.info(
@@ -335,7 +336,10 @@ class TableApplier:
         changes: pa.Table | StagedChanges | None
         if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
             truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
-            changes, kept_by_update = stage_changes(self.side.lake, tgt, pl, applied_lsn, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+            changes, kept_by_update = stage_changes(
+                self.side.lake, tgt, pl, applied_lsn, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}",
+                bucket_key=list(pl.key) or [LSN_COL, POS_COL],  # the MERGE's key (a keyless table's: its position)
+            )
             release_memory()
         else:
             changes, truncates, kept_by_update = table_changes(tgt, pl, applied_lsn)

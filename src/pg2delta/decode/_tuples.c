@@ -16,6 +16,8 @@
  *   numeric_texts       binary numerics to PostgreSQL's text of them.
  *   array_counts,       binary one-dimensional arrays: element counts, then the elements'
  *   array_elements      starts and lengths (the element codec then decodes them in bulk).
+ *   hash_ranges         a 64-bit FNV-1a hash of each byte range (a spilled window's rows put in
+ *                       buckets by key: equal bytes, equal hash, in every process).
  *   drain_copy          the CopyData messages libpq holds (or can read without waiting) during a
  *                       COPY TO STDOUT, concatenated into one bytes object: libpq's own
  *                       functions, given by address, called in a loop instead of once per row
@@ -904,6 +906,44 @@ array_elements(PyObject *self, PyObject *args)
     return array_walk(args, 1);
 }
 
+PyDoc_STRVAR(hash_ranges_doc,
+"hash_ranges(buf, starts, lengths, out, /) -> None\n\n"
+"The 64-bit FNV-1a hash of each value buf[starts[i]:starts[i] + lengths[i]] into out[i] (uint64,\n"
+"one per start): equal bytes give an equal hash, in every process and on every machine.");
+
+static PyObject *
+hash_ranges(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_buf, *o_starts, *o_lengths, *o_out;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_buf, &o_starts, &o_lengths, &o_out))
+        return NULL;
+    Views vs = {.n = 0};
+    Ranges r;
+    Py_buffer *b_out;
+    PyObject *result = NULL;
+    if (ranges_get(&vs, o_buf, o_starts, o_lengths, &r) < 0
+        || (b_out = views_get(&vs, o_out, 8, r.n, 1, "out")) == NULL)
+        goto done;
+    uint64_t *out = b_out->buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < r.n; i++) {
+        const uint8_t *p = r.buf + r.starts[i];
+        uint64_t h = 14695981039346656037ULL;
+        for (int64_t j = 0; j < r.lengths[i]; j++) {
+            h ^= p[j];
+            h *= 1099511628211ULL;
+        }
+        out[i] = h;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    views_release(&vs);
+    return result;
+}
+
 /* libpq's functions, as drain_copy is given them (by address: the library psycopg loaded). */
 typedef int (*pq_get_copy_data_fn)(void *conn, char **buffer, int async);
 typedef void (*pq_freemem_fn)(void *ptr);
@@ -983,6 +1023,7 @@ static PyMethodDef methods[] = {
     {"numeric_texts", numeric_texts, METH_VARARGS, numeric_texts_doc},
     {"array_counts", array_counts, METH_VARARGS, array_counts_doc},
     {"array_elements", array_elements, METH_VARARGS, array_elements_doc},
+    {"hash_ranges", hash_ranges, METH_VARARGS, hash_ranges_doc},
     {"drain_copy", drain_copy, METH_VARARGS, drain_copy_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -69,3 +69,6 @@ def array_elements(
 def drain_copy(
     get_copy_data: int, freemem: int, consume_input: int, conn: int, limit: int, /
 ) -> tuple[int, bytes]: ...
+def hash_ranges(
+    buf: _Bytes, starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], out: npt.NDArray[np.uint64], /
+) -> None: ...

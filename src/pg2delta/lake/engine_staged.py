@@ -46,6 +46,7 @@ class StagedReduce(DeltaReads):
         optional: Collection[str] = (),
         txn: Txn | None = None,
         rows: int = 0,
+        bucket_files: Sequence[Sequence[str]] = (),
     ) -> int:
         """Reduce the staged changes under ``changes_dir`` to one row per key in the engine and MERGE them
         (a spilled window, see :mod:`pg2delta.decode.spill`); returns the number of rows merged.
@@ -56,15 +57,17 @@ class StagedReduce(DeltaReads):
         staged; past :data:`REDUCE_BUCKET_ROWS` the reduce runs as several queries, each over the keys
         of one hash bucket, so the engine's memory does not follow the window's size (not with
         unchanged TOAST, whose values follow a row through key changes, from one key to another).
-        The one MERGE reads every bucket's rows.
+        ``bucket_files``: the staged files of each bucket, when the driver wrote them in buckets of
+        the key (pg2delta.apply.stage.key_buckets); each query then reads its bucket's files only,
+        rather than every file through a hash filter. The one MERGE reads every bucket's rows.
         """
         steps = _Steps(self, work)
-        buckets = 1 if toast_columns else max(1, -(-rows // REDUCE_BUCKET_ROWS))
+        buckets = 1 if toast_columns else len(bucket_files) or max(1, -(-rows // REDUCE_BUCKET_ROWS))
         try:
             final = steps.filled(
                 uri, changes_dir, key_names=key_names, data_columns=data_columns, toast_columns=toast_columns,
                 lookup_version=lookup_version, nullable_keys=nullable_keys, optional=optional, every_row=False,
-                buckets=buckets,
+                buckets=buckets, bucket_files=bucket_files if buckets > 1 else (),
             )
             merged = int(self.spark.sql(f"SELECT count(*) AS n FROM {final}").collect()[0]["n"])
             log.debug("%s: %d rows to merge", uri, merged)
@@ -166,6 +169,7 @@ class _Steps:
         every_row: bool,
         truncates: Sequence[tuple[int, int]] = (),
         buckets: int = 1,
+        bucket_files: Sequence[Sequence[str]] = (),
     ) -> str:
         """The view of the staged changes' final rows per key (``every_row``: of every change), their
         unchanged TOAST filled from earlier changes of the row, else from the table at ``lookup_version``;
@@ -178,6 +182,7 @@ class _Steps:
             return self._reduced_in_buckets(
                 uri, changes_dir, key_names=key_names, data_columns=data_columns, nullable_keys=nullable_keys,
                 optional=optional, every_row=every_row, truncates=truncates, buckets=buckets,
+                bucket_files=bucket_files,
             )
         changes = self.view(spark.read.parquet(changes_dir))
         ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, toast_columns, truncates)))
@@ -213,8 +218,10 @@ class _Steps:
         every_row: bool,
         truncates: Sequence[tuple[int, int]],
         buckets: int,
+        bucket_files: Sequence[Sequence[str]] = (),
     ) -> str:
-        """:meth:`filled` without unchanged TOAST, one hash bucket of the keys at a time."""
+        """:meth:`filled` without unchanged TOAST, one hash bucket of the keys at a time: the files
+        of each of ``bucket_files``, else every staged file through a hash filter of the key."""
         from pg2delta.apply import merge as m
 
         engine, spark = self.engine, self.engine.spark
@@ -223,7 +230,12 @@ class _Steps:
         parts: list[str] = []
         last = ""
         for i in range(buckets):
-            changes = self.view(source.where(f"pmod(hash({by_key}), {buckets}) = {i}"))
+            if bucket_files:
+                if not bucket_files[i]:
+                    continue
+                changes = self.view(spark.read.parquet(*bucket_files[i]))
+            else:
+                changes = self.view(source.where(f"pmod(hash({by_key}), {buckets}) = {i}"))
             ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, (), truncates)))
             last = m.final_source_sql(
                 ordered, None, None, key_names, data_columns, (),
