@@ -275,6 +275,26 @@ class PublishedTable:
     def qualified(self) -> str:
         return f"{self.relation.namespace}.{self.relation.name}"
 
+    def select(self, cols: Sequence[sql.Composable]) -> sql.Composed:
+        """``SELECT cols`` over the rows the publication sends of the table: under its row filter,
+        ``ONLY`` its own unless partitioned; a table copied from its leaf partitions (``partitions
+        = "root"``), each leaf ONLY its own rows under its own row filter, ``UNION ALL``."""
+        rel = self.relation
+        sources = [(s, n, f, True) for s, n, f in self.parts] or [
+            (rel.namespace, rel.name, self.row_filter, not self.partitioned)
+        ]
+        selects: list[sql.Composable] = []
+        for schema, name, row_filter, only in sources:
+            query = sql.SQL("SELECT {cols} FROM {only}{table}").format(
+                cols=sql.SQL(", ").join(cols) if cols else sql.SQL("NULL"),
+                only=sql.SQL("ONLY ") if only else sql.SQL(""),
+                table=sql.Identifier(schema, name),
+            )
+            if row_filter:
+                query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(row_filter))
+            selects.append(query)
+        return sql.SQL(" UNION ALL ").join(selects)
+
 
 def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[PublishedTable]:
     """The publication's tables with their published columns (PostgreSQL 15+ column lists) and row filters."""
@@ -488,23 +508,9 @@ class CopyPlan:
                 cols.append(sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(c=ident))
             else:
                 cols.append(ident)
-        rel = self.table.relation
-        # A table copied from its leaf partitions (partitions = "root"): each leaf, ONLY its own
-        # rows, under its own row filter, all in one query (one snapshot, one walk of the rows).
-        sources = [(s, n, f, True) for s, n, f in self.table.parts] or [
-            (rel.namespace, rel.name, self.table.row_filter, not self.table.partitioned)
-        ]
-        selects: list[sql.Composable] = []
-        for schema, name, row_filter, only in sources:
-            query = sql.SQL("SELECT {cols} FROM {only}{table}").format(
-                cols=sql.SQL(", ").join(cols) if cols else sql.SQL("NULL"),
-                only=sql.SQL("ONLY ") if only else sql.SQL(""),
-                table=sql.Identifier(schema, name),
-            )
-            if row_filter:
-                query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(row_filter))
-            selects.append(query)
-        return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(sql.SQL(" UNION ALL ").join(selects))
+        # A table copied from its leaf partitions (partitions = "root"): all leaves in one query
+        # (one snapshot, one walk of the rows).
+        return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(self.table.select(cols))
 
     def decode(
         self, buf: bytes, kinds: U8, starts: I64, lengths: I64, first_row: int, notes: collections.Counter[str]

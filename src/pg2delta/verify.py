@@ -361,14 +361,11 @@ class SourceSide(_Side):
 
         super().__init__(text(key), text(columns))
         self.conn = conn
-        rel = table.relation
-        ident = sql.Identifier(rel.namespace, rel.name).as_string(conn)
-        self._from = f"{'' if table.partitioned else 'ONLY '}{ident}"
-        if table.row_filter:
-            self._from += f" WHERE ({table.row_filter})"
+        # The rows and columns a copy reads: a partitions = "root" table, its leaves' UNION ALL.
+        self._from = table.select([sql.Identifier(c.name) for c in table.relation.columns]).as_string(conn)
 
     def source(self, *, texts: bool) -> str:
-        return f"(SELECT * FROM {self._from}) AS s"
+        return f"({self._from}) AS s"
 
     def query(self, statement: str, what: str) -> list[tuple[Any, ...]]:
         try:
@@ -648,7 +645,7 @@ def verify(
     max_differences: int = DEFAULT_MAX_DIFFERENCES, job_factory: Callable[[Config], Any] | None = None,
 ) -> VerifyReport:
     """``pg2delta verify``: apply the slot up to a fresh snapshot's LSN, then compare every table there."""
-    from pg2delta.bootstrap import published_tables
+    from pg2delta.bootstrap import copied_tables
     from pg2delta.config import validate
     validate(config)
     bad = [n for n in tables if n.count(".") != 1 or not all(n.split("."))]
@@ -661,7 +658,8 @@ def verify(
             job.run(until_lsn=lsn)
             engine = job.engine
             todo = _tables_at(engine, config, lsn, tables)
-            published = {t.qualified: t for t in published_tables(conn, config.source.publication)}
+            # As a copy makes them: a partitions = "root" table is the root, read from its leaves.
+            published = {t.qualified: t for t in copied_tables(conn, config)}
             report = VerifyReport(config.source.slot, lsn)
             for t in todo:
                 pub = published.get(f"{t.schema}.{t.table}")
