@@ -686,3 +686,16 @@ def test_walk_copy_equals_the_reference_on_any_bytes(ncols: int, data: st.DataOb
     ref_rows, ref_end, ref_trailer = ref
     assert status != 2
     assert got == ref_rows and pos == ref_end and (status == 1) == ref_trailer
+
+
+def test_hash_ranges_is_fnv1a_of_each_range() -> None:
+    buf = b"aabcabc"
+    out = np.empty(4, dtype=np.uint64)
+    _tuples.hash_ranges(buf, np.array([0, 1, 4, 7], np.int64), np.array([1, 3, 3, 0], np.int64), out)
+    assert int(out[0]) == 0xAF63DC4C8601EC8C  # FNV-1a 64 of b"a"
+    assert out[1] == out[2]  # b"abc" twice, at two places
+    assert int(out[3]) == 0xCBF29CE484222325  # the empty value: the offset basis
+    with pytest.raises(IndexError):
+        _tuples.hash_ranges(buf, np.array([5], np.int64), np.array([3], np.int64), np.empty(1, dtype=np.uint64))
+    with pytest.raises(ValueError):
+        _tuples.hash_ranges(buf, np.array([0], np.int64), np.array([1], np.int64), np.empty(2, dtype=np.uint64))
