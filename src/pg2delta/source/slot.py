@@ -581,13 +581,13 @@ def libpq_copy_functions() -> tuple[int, int, int] | None:
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             paths = {
-                fields[5]
+                path
                 for fields in (line.split(maxsplit=5) for line in maps)
-                if len(fields) == 6 and os.path.basename(fields[5]).startswith("libpq") and ".so" in fields[5]
+                if len(fields) == 6 and (path := fields[5].strip())
+                and os.path.basename(path).startswith("libpq") and ".so" in path
             }
     except OSError:
         return None
-    paths = {p.strip() for p in paths}
     if len(paths) != 1:
         return None
     try:
@@ -617,14 +617,16 @@ def copy_blocks(
     result is read here, as psycopg would, and an error raised as psycopg raises it.
     """
     pgconn = conn.pgconn
-    functions = libpq_copy_functions() if direct else None
+    # (pgconn_ptr: the PGconn's address, in every psycopg 3 implementation; not in its type stubs)
+    address: int | None = getattr(pgconn, "pgconn_ptr", None)
+    functions = libpq_copy_functions() if direct and address is not None else None
+    drain = None
+    if functions is not None and address is not None:
+        drain = functools.partial(_tuples.drain_copy, *functions, address, DRAIN_BYTES)
     with conn.cursor() as cur, cur.copy(statement) as copy:
-        # (pgconn_ptr: the PGconn's address, in every psycopg 3 implementation; not in its type stubs)
-        address = getattr(pgconn, "pgconn_ptr", None) if functions is not None else None
         while True:
-            if functions is not None and address is not None:
-                get_copy_data, freemem, consume_input = functions
-                status, data = _tuples.drain_copy(get_copy_data, freemem, consume_input, address, DRAIN_BYTES)
+            if drain is not None:
+                status, data = drain()
                 if data:
                     yield data
                 if status == 1:
