@@ -9,9 +9,11 @@ One run, one throwaway PostgreSQL (15 by default) and a temporary lake:
    the bootstrap spreads them, best of ``--repeat``; one connection after the other is shown too;
 3. **bootstrap**: ``pg2delta.bootstrap.run_bootstrap(config, parallel=--parallel)`` on the embedded
    engine (pysail) into a temporary lake, timed once from the call to its return (slot creation,
-   engine start and the Delta commits included); a line without engine start follows, then the
-   time spent in each stage of this process (with ``--parallel`` > 1 the tables are read, decoded
-   and staged in worker processes, and only the commits are timed here);
+   engine start and the Delta commits included), then the busy CPU seconds of the whole machine
+   during the reference and during the bootstrap (from /proc/stat: on 2 cores both are CPU-bound),
+   then the time spent in each stage of this process (the engine starts in a thread while the slot
+   is created; with ``--parallel`` > 1 the tables are read, decoded and staged in worker
+   processes, and only the commits, up to ``--parallel`` at once, are timed here);
 4. every Delta table is read back with deltalake (an independent reader) and must hold the same
    rows as PostgreSQL: same count and same sums of two columns; otherwise exit 1.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -86,6 +89,17 @@ def copy_into_nothing(dsn: str, table: str) -> int:
             last = data
     # The 19-byte header may come alone or with the first row; the 2-byte trailer comes alone.
     return pieces - (bytes(last) == b"\xff\xff") - (len(first) == 19)
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (every process: the server's, ours, the engine's,
+    and anyone else's), from /proc/stat; 0.0 where there is none."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def copy_all(dsn: str, tables: list[str], parallel: int) -> int:
@@ -164,24 +178,28 @@ def main(argv: list[str] | None = None) -> int:
 
         t_seq, n_seq = best_of(args.repeat, lambda: copy_all(dsn, tables, 1))
         t_par, n_par = best_of(args.repeat, lambda: copy_all(dsn, tables, args.parallel))
+        cpu0 = busy_cpu_seconds()
+        copy_all(dsn, tables, args.parallel)
+        cpu_ref = busy_cpu_seconds() - cpu0
         assert n_seq == n_par == total, (n_seq, n_par, total)
 
         config = cfgmod.load(env={}, dsn=dsn, slot=SLOT, publication=PUB, lake=str(lake), engine="embedded")
         timer = ThreadSafeTimer()
         for label, owner, attr in STAGES:
             timer.wrap(owner, attr, label)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), busy_cpu_seconds()
         report = bs.run_bootstrap(config, parallel=args.parallel)
         t_boot = time.perf_counter() - t0
+        cpu_boot = busy_cpu_seconds() - cpu0
         timer.restore()
         copied = sum(t.rows for t in report.copied)
-        t_engine = timer.seconds["engine start (pysail)"]
 
         print(f"rates in rows per second, {total:,} rows:")
         print(f"  COPY TO STDOUT (FORMAT binary), dropped, 1 connection     {rate(total, t_seq)}")
         print(f"  COPY TO STDOUT (FORMAT binary), dropped, {args.parallel} connection(s)  {rate(total, t_par)}   <- reference")
         print(f"  pg2delta bootstrap, end to end                           {rate(copied, t_boot)}")
-        print(f"  pg2delta bootstrap, without engine start                 {rate(copied, t_boot - t_engine)}")
+        print(f"busy CPU of the machine ({os.cpu_count()} cores): reference {cpu_ref:.2f} s, bootstrap {cpu_boot:.2f} s "
+              "(every process: PostgreSQL's backends, the workers, the engine)")
         where = "in this process" if args.parallel == 1 else f"staging in {args.parallel} worker processes, not timed"
         print(f"bootstrap stages ({t_boot:.2f} s wall; {where}):")
         for label, _owner, _attr in STAGES:

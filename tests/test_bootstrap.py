@@ -181,15 +181,30 @@ def test_bootstrap_killed_after_a_table_then_resumed(pgdb: str, tmp_path: Path) 
     assert_lake_matches(pgdb, lake, context="bootstrap killed after a table, resumed, run")
 
 
-def test_bootstrap_killed_mid_table_exposes_nothing(pgdb: str, tmp_path: Path) -> None:
+def _copy_backends(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg2delta bootstrap copy'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_bootstrap_killed_mid_table_exposes_nothing(pgdb: str, tmp_path: Path, parallel: int) -> None:
     slot, pub = _names()
     lake = tmp_path / "lake"
     create_schema(pgdb, pub)
     _preload(pgdb, ROWS // 2)
     common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
     with Background(pgdb, 47) as bg:
-        killed = cli("bootstrap", *common, "--parallel", "1", env={FAULT_ENV: "bootstrap_mid_table"})
+        killed = cli("bootstrap", *common, "--parallel", str(parallel), env={FAULT_ENV: "bootstrap_mid_table"})
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        # The worker processes of a killed bootstrap stop too: none goes on copying for nobody.
+        deadline = time.monotonic() + 60
+        while _copy_backends(pgdb) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _copy_backends(pgdb) == 0, "the killed bootstrap's copies are still running"
         # Staged rows exist, but no table is visible: a reader never sees a half-loaded table.
         assert list((lake / "_pg2delta" / "staging").rglob("*.parquet"))
         assert all(_version(lake, spec) is None for spec in TABLES)

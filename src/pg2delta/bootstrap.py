@@ -41,10 +41,12 @@ to the publication while the run was reading): the next run copies it at a snaps
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import threading
 import time
@@ -640,12 +642,20 @@ class Copier:
     GIL); the Delta commits and the applied log stay in this process, one table at a time.
     """
 
-    def __init__(self, job: Lakeside, snapshot: Snapshot, run_id: str, *, parallel: int) -> None:
+    def __init__(
+        self, job: Lakeside, snapshot: Snapshot, run_id: str, *, parallel: int, workers: Workers | None = None,
+        before_commits: Callable[[], None] | None = None,
+    ) -> None:
         self.job = job
         self.snapshot = snapshot
         self.run_id = run_id
         self.parallel = max(1, parallel)
         self.staging = f"{STAGING}/{job.config.source.slot}/{run_id}"
+        self.workers = workers  # started early by the caller, else started here when needed
+        # Called once the tables are being read (in workers) and before the first commit: work of
+        # this process (the engine's) that can overlap the copy.
+        self.before_commits = before_commits
+        self._logging = threading.Lock()
 
     def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
         catalog = PgTypeCatalog(catalog_conn)
@@ -657,15 +667,25 @@ class Copier:
 
     def copy_all(self, plans: Sequence[CopyPlan]) -> list[TableCopy]:
         if not plans:
+            self._before_commits()
             return []
         progress = _Progress([p.table for p in plans])
         todo = sorted(plans, key=lambda p: -(p.table.estimated_rows or 0))  # the largest first
         try:
             if self.parallel == 1 or len(todo) == 1:
+                self._before_commits()
                 return self._copy_here(todo, progress)
-            return self._copy_in_workers(todo, progress)
+            if self.workers is not None:
+                return self._copy_in_workers(todo, progress, self.workers)
+            with Workers(min(self.parallel, len(todo))) as workers:
+                return self._copy_in_workers(todo, progress, workers)
         finally:
             progress.close()
+
+    def _before_commits(self) -> None:
+        if self.before_commits is not None:
+            self.before_commits()
+            self.before_commits = None
 
     def _copy_here(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
         cfg = self.job.config
@@ -687,46 +707,49 @@ class Copier:
             conn.close()
         return results
 
-    def _copy_in_workers(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that runs the engine's threads
-        queue: Any = ctx.Queue()
-        abort: Any = ctx.Event()  # set when a table failed: the others stop at their next chunk
-        results: list[TableCopy] = []
+    def _copy_in_workers(self, todo: Sequence[CopyPlan], progress: _Progress, workers: Workers) -> list[TableCopy]:
+        """Stage every table in a worker process; commit each as soon as it is staged, in a thread
+        of this process (up to ``parallel`` commits at once: one table's Delta write need not wait
+        for another's)."""
         by_oid = {p.table.oid: p for p in todo}
-        level = logging.getLogger("pg2delta").getEffectiveLevel()
-        with ProcessPoolExecutor(
-            max_workers=min(self.parallel, len(todo)), mp_context=ctx, initializer=_init_worker, initargs=(queue, abort, level)
-        ) as pool:
-            started: dict[Future[_Staged], tuple[CopyPlan, float]] = {}
-            for plan in todo:
-                task = _StageTask(
-                    self.job.config, self.snapshot, plan.table,
-                    f"{self.job.lake.path}/{self._stage_rel(plan.table)}", os.getpid(),
-                )
-                started[pool.submit(_stage_in_worker, task)] = (plan, time.monotonic())
-            pending = set(started)
+        staging: dict[Future[Any], tuple[CopyPlan, float]] = {}
+        for plan in todo:
+            task = _StageTask(
+                self.job.config, self.snapshot, plan.table,
+                f"{self.job.lake.path}/{self._stage_rel(plan.table)}",
+            )
+            staging[workers.pool.submit(_stage_in_worker, task)] = (plan, time.monotonic())
+        commits: list[Future[Any]] = []
+        pending: set[Future[Any]] = set(staging)
+        with ThreadPoolExecutor(min(self.parallel, len(todo)), thread_name_prefix="pg2delta-commit") as committing:
             try:
+                self._before_commits()  # while the workers copy
                 while pending:
                     done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                     while True:
                         try:
-                            oid, rows, new = queue.get_nowait()
+                            oid, rows, new = workers.queue.get_nowait()
                         except Empty:
                             break
                         progress.update(by_oid[oid].table, rows, new)
                         fault_point("bootstrap_mid_table")
                     for fut in done:
-                        plan, t0 = started[fut]
+                        if fut not in staging:
+                            fut.result()  # a commit: raises what it raised
+                            continue
+                        plan, t0 = staging[fut]
                         staged = fut.result()
                         if staged.error is not None:
                             kind, message, retryable = staged.error
                             raise Pg2DeltaError(message, kind=ErrorKind(kind), retryable=retryable)
-                        results.append(self._commit(plan, staged.rows, staged.notes, t0, progress))
+                        commit = committing.submit(self._commit, plan, staged.rows, staged.notes, t0, progress)
+                        commits.append(commit)
+                        pending.add(commit)
             except BaseException:
-                abort.set()
-                pool.shutdown(wait=True, cancel_futures=True)
+                workers.abort.set()
+                workers.pool.shutdown(wait=True, cancel_futures=True)
                 raise
-        return results
+        return [c.result() for c in commits]
 
     def _commit(self, plan: CopyPlan, rows: int, notes: dict[str, int], t0: float, progress: _Progress) -> TableCopy:
         """Make the staged copy of a table visible in one Delta commit and record it in the applied log."""
@@ -739,6 +762,15 @@ class Copier:
         stage_rel = self._stage_rel(table)
         uri = lake.table_uri(rel.namespace, rel.name)
         self.job.engine.replace_table(uri, lake.table_uri(stage_rel))
+        with self._logging:  # the applied log (and the history) take one table's rows at a time
+            return self._log_copy(plan, rows, t0, progress, uri, stage_rel)
+
+    def _log_copy(
+        self, plan: CopyPlan, rows: int, t0: float, progress: _Progress, uri: str, stage_rel: str
+    ) -> TableCopy:
+        table = plan.table
+        rel = table.relation
+        lake = self.job.lake
         version = lake.delta_version(uri)
         # The history (history = "scd2") ends its current versions and opens the copy's rows.
         self.job.history.copied(self.job.engine, rel.namespace, rel.name, lake.table_uri(stage_rel), self.snapshot.consistent_lsn)
@@ -843,7 +875,6 @@ class _StageTask:
     snapshot: Snapshot
     table: PublishedTable
     stage_dir: str
-    parent_pid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -857,9 +888,57 @@ _progress_queue: Any = None
 _abort: Any = None
 
 
+def _worker_context() -> Any:
+    """Workers are forked from a forkserver that has imported this module once (a fresh process,
+    never this one: it may run the engine's threads), so each worker starts without importing
+    pyarrow, psycopg and the decoder again (0.4 s of CPU each)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
+class Workers:
+    """The worker processes that stage tables, started (spawned, and their modules imported) as
+    soon as a bootstrap knows it will copy in parallel: they get ready while the slot is created,
+    the catalog read and the engine started."""
+
+    def __init__(self, n: int) -> None:
+        ctx = _worker_context()
+        self.queue: Any = ctx.Queue()
+        self.abort: Any = ctx.Event()  # set when a table failed: the others stop at their next chunk
+        level = logging.getLogger("pg2delta").getEffectiveLevel()
+        self.pool = ProcessPoolExecutor(
+            max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(self.queue, self.abort, level)
+        )
+        for _ in range(n):  # one process is spawned per task submitted while none is idle
+            self.pool.submit(_ready)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _ready() -> None:
+    """A worker's first task: nothing, once its process has started and imported this module."""
+
+
 def _init_worker(queue: Any, abort: Any, level: int) -> None:
     global _progress_queue, _abort
     _progress_queue, _abort = queue, abort
+    # The bootstrap that started this worker may die (a kill, an OOM): the worker then ends too, busy
+    # or idle, rather than copy for nobody and hold the job's output pipes open.
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        def watch(sentinel: int = parent.sentinel) -> None:
+            multiprocessing.connection.wait([sentinel])
+            os._exit(1)
+
+        threading.Thread(target=watch, name="pg2delta parent watch", daemon=True).start()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -876,8 +955,6 @@ def _stage_in_worker(task: _StageTask) -> _Staged:
             plan = CopyPlan.make(task.table, decoder.relation_version(task.table.relation))
 
             def report(rows: int, new: int) -> None:
-                if os.getppid() != task.parent_pid:
-                    os._exit(1)  # the bootstrap that started this copy is gone: stop staging
                 if _abort.is_set():
                     raise SourceStateError("stopped: another table of this bootstrap failed")
                 _progress_queue.put((task.table.oid, rows, new))
@@ -1026,12 +1103,23 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
 
         run_id = uuid.uuid4().hex
         _clean_staging(job)
-        with ExportedSnapshot(cfg.source.dsn, cfg.source.slot, temporary=False,
-                              connect_timeout=cfg.source.connect_timeout) as exported:
+        # What the copy needs gets ready while the slot is created and the catalog read: the
+        # engine starts in a thread, the worker processes start (the snapshot's table list,
+        # read below, is what is copied; this one only says how many workers are worth starting).
+        job.start_engine_early()
+        n_workers = min(parallel, len(copied_tables(src.conn, cfg)))
+        with contextlib.ExitStack() as stack:
+            workers = stack.enter_context(Workers(n_workers)) if n_workers > 1 else None
+            exported = stack.enter_context(ExportedSnapshot(
+                cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout
+            ))
             snap = exported.snapshot
-            append_log_row(job, run_id, snap.consistent_lsn, None, 0, None)
             report = BootstrapReport(cfg.source.slot, snap.consistent_lsn, created_slot=True)
-            copier = Copier(job, snap, run_id, parallel=parallel)
+            # The lake's start is logged before the first table's commit, while the tables are read.
+            copier = Copier(
+                job, snap, run_id, parallel=parallel, workers=workers,
+                before_commits=lambda: append_log_row(job, run_id, snap.consistent_lsn, None, 0, None),
+            )
             catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
             try:
                 open_snapshot(catalog_conn, snap)
