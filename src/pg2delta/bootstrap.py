@@ -667,13 +667,13 @@ class Copier:
 
     def copy_all(self, plans: Sequence[CopyPlan]) -> list[TableCopy]:
         if not plans:
-            self._before_commits()
+            self.log_start()
             return []
         progress = _Progress([p.table for p in plans])
         todo = sorted(plans, key=lambda p: -(p.table.estimated_rows or 0))  # the largest first
         try:
             if self.parallel == 1 or len(todo) == 1:
-                self._before_commits()
+                self.log_start()
                 return self._copy_here(todo, progress)
             if self.workers is not None:
                 return self._copy_in_workers(todo, progress, self.workers)
@@ -682,7 +682,8 @@ class Copier:
         finally:
             progress.close()
 
-    def _before_commits(self) -> None:
+    def log_start(self) -> None:
+        """Call ``before_commits`` unless done already."""
         if self.before_commits is not None:
             self.before_commits()
             self.before_commits = None
@@ -723,7 +724,7 @@ class Copier:
         pending: set[Future[Any]] = set(staging)
         with ThreadPoolExecutor(min(self.parallel, len(todo)), thread_name_prefix="pg2delta-commit") as committing:
             try:
-                self._before_commits()  # while the workers copy
+                self.log_start()  # while the workers copy
                 while pending:
                     done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                     while True:
@@ -1120,19 +1121,31 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
                 job, snap, run_id, parallel=parallel, workers=workers,
                 before_commits=lambda: append_log_row(job, run_id, snap.consistent_lsn, None, 0, None),
             )
-            catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
             try:
-                open_snapshot(catalog_conn, snap)
-                tables = copied_tables(catalog_conn, cfg)
-                plans = copier.plans(catalog_conn, tables)
-                catalog_conn.execute("COMMIT")
-                log.info(
-                    "copying %d table(s) as of %s with %d worker(s)",
-                    len(plans), format_lsn(snap.consistent_lsn), min(parallel, max(len(plans), 1)),
+                catalog_conn = connect(
+                    cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout
                 )
-                report.copied = copier.copy_all(plans)
-            finally:
-                catalog_conn.close()
+                try:
+                    open_snapshot(catalog_conn, snap)
+                    tables = copied_tables(catalog_conn, cfg)
+                    plans = copier.plans(catalog_conn, tables)
+                    catalog_conn.execute("COMMIT")
+                    log.info(
+                        "copying %d table(s) as of %s with %d worker(s)",
+                        len(plans), format_lsn(snap.consistent_lsn), min(parallel, max(len(plans), 1)),
+                    )
+                    report.copied = copier.copy_all(plans)
+                finally:
+                    catalog_conn.close()
+            except Exception:
+                # The slot exists now: whatever failed before the first commit (the catalog, a
+                # table's key), the lake's start is still logged, so the next bootstrap resumes
+                # this one instead of asking for --resume.
+                try:
+                    copier.log_start()
+                except Exception as exc:
+                    log.warning("could not log the lake's start: %s", exc)
+                raise
         return report
 
 
