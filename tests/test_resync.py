@@ -397,6 +397,39 @@ def test_partition_detached_from_a_root_written_as_one_table(pgdb: str, tmp_path
     assert (2, 2) in _lake_rows(lake)
 
 
+def test_changes_of_a_partition_detached_before_the_run_go_to_the_root(pgdb: str, tmp_path: Path) -> None:
+    """``partitions = "root"``, ``detached_partitions = "keep"``: changes a partition made while it
+    was attached, still in the slot when it is detached, go to the root's Delta table (the leaves
+    as the lake last logged them), not to a table named after the partition."""
+    lake = tmp_path / "lake"
+    common = _rooted(pgdb, lake)
+    config = _config(tmp_path, common, "public.m", 'partitions = "root"\ndetached_partitions = "keep"')
+    _ok("bootstrap", "--config", config)
+    _sql(pgdb, "UPDATE m SET v = 'x' WHERE id <= 2")
+    _ok("run", "--config", config)  # the leaves are logged with the root's window
+    _sql(
+        pgdb,
+        "INSERT INTO m VALUES (500, 2, 'in m2 before its detach')",
+        "UPDATE m SET v = 'updated in m2 before its detach' WHERE k = 2 AND id <= 5",
+        "DELETE FROM m WHERE k = 2 AND id BETWEEN 10 AND 12",
+        "UPDATE m SET v = 'in m1' WHERE k = 1 AND id = 1",
+        "ALTER TABLE m DETACH PARTITION m2",
+    )
+    done = cli("run", "--config", config)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (lake / "public" / "m2").exists(), "the partition's changes went to a table of their own"
+    rows = {(r["id"], r["k"]): r["v"] for r in DeltaTable(str(lake / "public" / "m")).to_pyarrow_table().to_pylist()}
+    with psycopg.connect(pgdb) as conn:
+        m2 = {(int(i), int(k)): str(v) for i, k, v in conn.execute("SELECT id, k, v FROM m2").fetchall()}
+    assert {key: v for key, v in rows.items() if key[1] == 2} == m2  # kept, with its last changes
+    assert rows[(500, 2)] == "in m2 before its detach" and (10, 2) not in rows and rows[(1, 1)] == "in m1"
+    # The detached table's own changes from now on are not the root's.
+    _sql(pgdb, "INSERT INTO m VALUES (501, 1, 'after')", "UPDATE m2 SET v = 'not the root''s' WHERE id = 1")
+    _ok("run", "--config", config)
+    after = {(r["id"], r["k"]): r["v"] for r in DeltaTable(str(lake / "public" / "m")).to_pyarrow_table().to_pylist()}
+    assert after[(501, 1)] == "after" and after[(1, 2)] == m2[(1, 2)]
+
+
 def test_partition_truncated_alone_under_a_root_published_via_itself(pgdb: str, tmp_path: Path) -> None:
     """pgoutput sends no TRUNCATE of one partition when the root is published via itself: its
     changed relfilenode makes the run decode the backlog, which tells a VACUUM FULL (go on) from a

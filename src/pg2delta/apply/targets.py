@@ -286,6 +286,20 @@ class TargetResolver:
         return self._roots[oid]
 
 
+    def logged_root(self, oid: int, applied: dict[int, Applied]) -> tuple[int, str, str] | None:
+        """The ``partitions = "root"`` root whose leaves, as the applied log last recorded them,
+        include ``oid``, a relation that is no partition now: a partition detached (or dropped)
+        since, whose changes from while it was attached may still be in the slot. Those go to the
+        root's Delta table, as they would have before the detach (``detached_partitions`` decides
+        what becomes of its rows there)."""
+        if not any(t.partitions == "root" for t in self.config.tables.values()):
+            return None
+        for root, a in applied.items():
+            leaves = a.partitions.split(",") if a.partitions and a.table else []
+            if str(oid) in leaves and self.config.table(a.schema, a.table).partitions == "root":
+                return root, a.schema, a.table
+        return None
+
     def group(self, tables: dict[int, TableWindow], applied: dict[int, Applied]) -> list[Target]:
         """Group the window's relations by the Delta table their changes go to.
 
@@ -300,7 +314,7 @@ class TargetResolver:
         for oid, tw in tables.items():
             owner = oid
             schema, name = tw.latest.qualified_name
-            root = self.partition_root(oid)
+            root = self.partition_root(oid) or self.logged_root(oid, applied)
             if root is not None:
                 owner, schema, name = root
             known = applied.get(owner)
