@@ -639,7 +639,8 @@ class Copier:
 
     With ``parallel`` > 1 every table is read, decoded and staged in a worker process of its
     own (reading the COPY is CPU-bound Python: threads would share one core through the
-    GIL); the Delta commits and the applied log stay in this process, one table at a time.
+    GIL); the Delta commits stay in this process, each started as soon as its table is staged
+    (up to ``parallel`` at once), and the applied log takes one table's row at a time.
     """
 
     def __init__(
@@ -899,9 +900,9 @@ def _worker_context() -> Any:
 
 
 class Workers:
-    """The worker processes that stage tables, started (spawned, and their modules imported) as
-    soon as a bootstrap knows it will copy in parallel: they get ready while the slot is created,
-    the catalog read and the engine started."""
+    """The worker processes that stage tables (forked from the forkserver, see
+    :func:`_worker_context`), started as soon as a bootstrap knows it will copy in parallel: they
+    get ready while the slot is created, the catalog read and the engine started."""
 
     def __init__(self, n: int) -> None:
         ctx = _worker_context()
