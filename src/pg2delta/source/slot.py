@@ -623,9 +623,10 @@ def copy_blocks(
     (:func:`_tuples.drain_copy`, given libpq's functions by :func:`libpq_copy_functions`), up to
     :data:`DRAIN_BYTES` per block: no Python work per row. Without those functions (or ``direct``
     False) each CopyData message is taken straight from psycopg's ``PGconn.get_copy_data``, a block
-    each. Only when libpq has nothing buffered does psycopg's ``Copy.read`` wait for the socket (and
-    read the end of the copy, when it comes there); when the end comes in a direct read, its final
-    result is read here, as psycopg would, and an error raised as psycopg raises it.
+    each. When libpq has nothing whole buffered, the C path waits for the socket and
+    :data:`DRAIN_PAUSE` more, then drains again; the per-message path lets psycopg's ``Copy.read``
+    wait (and read the end of the copy, when it comes there). When the end comes in a direct read,
+    its final result is read here, as psycopg would, and an error raised as psycopg raises it.
     """
     pgconn = conn.pgconn
     # (pgconn_ptr: the PGconn's address, in every psycopg 3 implementation; not in its type stubs)
