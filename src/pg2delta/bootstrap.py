@@ -645,7 +645,7 @@ class Copier:
 
     def __init__(
         self, job: Lakeside, snapshot: Snapshot, run_id: str, *, parallel: int, workers: Workers | None = None,
-        before_commits: Callable[[], None] | None = None,
+        start_row: Callable[[], None] | None = None,
     ) -> None:
         self.job = job
         self.snapshot = snapshot
@@ -653,9 +653,9 @@ class Copier:
         self.parallel = max(1, parallel)
         self.staging = f"{STAGING}/{job.config.source.slot}/{run_id}"
         self.workers = workers  # started early by the caller, else started here when needed
-        # Called once the tables are being read (in workers) and before the first commit: work of
-        # this process (the engine's) that can overlap the copy.
-        self.before_commits = before_commits
+        # Logs the lake's start (a fresh bootstrap): once, while the workers read the tables and
+        # before the first commit, so that the engine's work overlaps the copy.
+        self._start_row = start_row
         self._logging = threading.Lock()
 
     def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
@@ -684,10 +684,10 @@ class Copier:
             progress.close()
 
     def log_start(self) -> None:
-        """Call ``before_commits`` unless done already."""
-        if self.before_commits is not None:
-            self.before_commits()
-            self.before_commits = None
+        """Log the lake's start (``start_row``) unless done already."""
+        if self._start_row is not None:
+            self._start_row()
+            self._start_row = None
 
     def _copy_here(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
         cfg = self.job.config
@@ -1120,7 +1120,7 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
             # The lake's start is logged before the first table's commit, while the tables are read.
             copier = Copier(
                 job, snap, run_id, parallel=parallel, workers=workers,
-                before_commits=lambda: append_log_row(job, run_id, snap.consistent_lsn, None, 0, None),
+                start_row=lambda: append_log_row(job, run_id, snap.consistent_lsn, None, 0, None),
             )
             try:
                 catalog_conn = connect(

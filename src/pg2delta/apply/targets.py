@@ -270,12 +270,13 @@ class TargetResolver:
         self.lake = lake
         self.catalog_conn = catalog_conn  # None: no partition roots are looked up
         self._roots: dict[int, tuple[int, str, str] | None] = {}
+        self._rooted = any(t.partitions == "root" for t in config.tables.values())  # any partitions = "root"
 
     def partition_root(self, oid: int) -> tuple[int, str, str] | None:
         """The top partitioned table ``oid`` belongs to, when its config asks for ``partitions = "root"``."""
         if oid not in self._roots:
             self._roots[oid] = None
-            if any(t.partitions == "root" for t in self.config.tables.values()) and self.catalog_conn is not None:
+            if self._rooted and self.catalog_conn is not None:
                 row = self.catalog_conn.execute(
                     "SELECT r.oid::int8, n.nspname, r.relname FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace "
                     "WHERE r.oid = pg_partition_root(%s::oid) AND r.oid <> %s::oid",
@@ -285,14 +286,13 @@ class TargetResolver:
                     self._roots[oid] = (int(row[0]), str(row[1]), str(row[2]))
         return self._roots[oid]
 
-
     def logged_root(self, oid: int, applied: dict[int, Applied]) -> tuple[int, str, str] | None:
         """The ``partitions = "root"`` root whose leaves, as the applied log last recorded them,
         include ``oid``, a relation that is no partition now: a partition detached (or dropped)
         since, whose changes from while it was attached may still be in the slot. Those go to the
         root's Delta table, as they would have before the detach (``detached_partitions`` decides
         what becomes of its rows there)."""
-        if not any(t.partitions == "root" for t in self.config.tables.values()):
+        if not self._rooted:
             return None
         for root, a in applied.items():
             leaves = a.partitions.split(",") if a.partitions and a.table else []

@@ -631,9 +631,8 @@ def copy_blocks(
     pgconn = conn.pgconn
     # (pgconn_ptr: the PGconn's address, in every psycopg 3 implementation; not in its type stubs)
     address: int | None = getattr(pgconn, "pgconn_ptr", None)
-    functions = libpq_copy_functions() if direct and address is not None else None
     drain = None
-    if functions is not None and address is not None:
+    if direct and address is not None and (functions := libpq_copy_functions()) is not None:
         drain = functools.partial(_tuples.drain_copy, *functions, address, DRAIN_BYTES)
     with conn.cursor() as cur, cur.copy(statement) as copy:
         while True:
