@@ -43,6 +43,7 @@ from psycopg import sql
 
 from pg2delta import bootstrap as bs
 from pg2delta import config as cfgmod
+from pg2delta import use_bulk_allocator
 from pg2delta.lake.engine import Engine
 from pg2delta.lake.engine_writes import DeltaWrites
 from pg2delta.source.throwaway import ThrowawayPostgres
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="reference timings; the best counts (default 3)")
     ap.add_argument("--keep-lake", action="store_true", help="keep the temporary lake and print where it is")
     args = ap.parse_args(argv)
+    use_bulk_allocator()  # as `pg2delta bootstrap` does, before the engine or the workers load mimalloc
 
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         tables = make_tables(dsn, args.tables, args.rows)
         total = args.tables * args.rows
         print(f"tables: {args.tables} x {args.rows:,} rows (10 columns), loaded in {time.perf_counter() - t_load:.1f} s; "
-              f"PostgreSQL {args.pg}, parallel {args.parallel}")
+              f"PostgreSQL {args.pg}, parallel {args.parallel}; MIMALLOC_PURGE_DELAY={os.environ.get('MIMALLOC_PURGE_DELAY')}")
 
         t_seq, n_seq = best_of(args.repeat, lambda: copy_all(dsn, tables, 1))
         t_par, n_par = best_of(args.repeat, lambda: copy_all(dsn, tables, args.parallel))

@@ -37,7 +37,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from pg2delta import __version__
+from pg2delta import __version__, use_bulk_allocator
 from pg2delta.config import Config, load
 from pg2delta.errors import (
     EXIT_INTERNAL,
@@ -294,6 +294,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_bootstrap(args: argparse.Namespace) -> int:
     from pg2delta.bootstrap import run_bootstrap
 
+    use_bulk_allocator()  # before the engine and the copy's workers load mimalloc
     config = _config(args)
     report = run_bootstrap(config, parallel=args.parallel, resume=args.resume)
     summary = {
@@ -327,6 +328,7 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
 def _cmd_resync(args: argparse.Namespace) -> int:
     from pg2delta.resync import resync
 
+    use_bulk_allocator()  # before the engine and the copy's workers load mimalloc
     config = _config(args)
     copied = resync(config, args.table, parallel=args.parallel)
     summary = {
