@@ -609,3 +609,13 @@ def test_engine_versions_equal_the_in_memory_ones(tmp_path: Path, shared_engine:
                 checked["close"] += r["__pg2delta_action"] == "close"
             checked["toast"] += sum(1 for t in changes.column("_pg2delta_toast").to_pylist() if t)
     assert all(checked.values()), checked  # every way a version ends, unchanged TOAST and closes were compared
+
+
+def test_versions_of_a_nan_key() -> None:
+    """A float key holding NaN is one key, as in PostgreSQL: its second version ends the first."""
+    nan = float("nan")
+    changes = _changes([(10, 1, "U", 1, "a"), (10, 3, "U", 1, "b"), (20, 1, "D", 1, None)])
+    changes = changes.set_column(0, "id", pa.array([nan, float("nan"), float("nan")], pa.float64()))
+    opened, closed = _by_action(window_versions(changes, [], ["id"], ["id", "v"])[0])
+    assert [o[1:] for o in opened] == [("a", 10, 10, "U", False), ("b", 10, 20, "D", False)]
+    assert [c[1:] for c in closed] == [(10, "U")]  # the version current before the window

@@ -23,7 +23,7 @@ from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
 from pg2delta.faults import FAULT_ENV
 from pg2delta.source.throwaway import ThrowawayPostgres
-from workload import ACCT, EVENTS, TABLES, assert_lake_matches, cli, create_schema, lake_rows
+from workload import ACCT, EVENTS, TABLES, TableSpec, assert_lake_matches, cli, create_schema, lake_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -186,3 +186,52 @@ def test_run_maintains_when_the_interval_has_passed(pgdb: str, tmp_path: Path) -
     assert json.loads(again.stdout)["maintenance"] is None
     assert json.loads((lake / "_pg2delta" / "maintain.json").read_text()) == marker
     assert_lake_matches(pgdb, lake)
+
+
+@pytest.mark.classic
+def test_maintain_stops_statistics_of_float_columns_of_an_older_table(
+    pgdb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table an earlier version created keeps Delta statistics of its float columns, which pysail
+    misreads where a file holds NaN: maintenance makes it keep them of its other columns only."""
+    from pg2delta.config import load
+    from pg2delta.job import run
+    from pg2delta.lake import engine_writes
+    from pg2delta.maintain import maintain
+
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    lake = tmp_path / "lake"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE fstats (id integer PRIMARY KEY, x double precision, v text)")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE fstats")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute("INSERT INTO fstats VALUES (1, 1.5, 'a'), (2, 2.5, 'b')")
+    cfg = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake))
+    with monkeypatch.context() as m:  # as earlier versions created tables: statistics of every column
+        m.setattr(engine_writes, "stats_properties", lambda schema: {})
+        run(cfg)
+    table = lake / "public" / "fstats"
+
+    def stats_of_x() -> list[bool]:
+        """Whether each file added (in the log's JSON commits, oldest first) has statistics of x."""
+        adds = [
+            json.loads(line)["add"] for commit in sorted((table / "_delta_log").glob("*.json"))
+            for line in commit.read_text().splitlines() if '"add"' in line
+        ]
+        return ["x" in json.loads(a["stats"]).get("minValues", {}) for a in adds]
+
+    assert engine_writes.STATS_COLUMNS not in DeltaTable(str(table)).metadata().configuration
+    assert stats_of_x() == [True]
+    report = maintain(cfg)
+    assert [t.stats_columns_set for t in report.tables if t.name == "public.fstats"] == [True]
+    assert DeltaTable(str(table)).metadata().configuration[engine_writes.STATS_COLUMNS] == "`id`,`v`"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("INSERT INTO fstats VALUES (3, 'NaN', 'c'), (4, 4.5, 'd')")
+    run(cfg)
+    assert stats_of_x()[0] and not stats_of_x()[-1]  # the new file has none of x
+    got = lake_rows(lake, TableSpec("public", "fstats", ("id",)))
+    assert got is not None and sorted(map(repr, got[1])) == sorted(
+        map(repr, [(1, 1.5, "a"), (2, 2.5, "b"), (3, float("nan"), "c"), (4, 4.5, "d")])
+    )
+    assert [t.stats_columns_set for t in maintain(cfg).tables if t.name == "public.fstats"] == [False]

@@ -259,3 +259,18 @@ def test_reduce_then_apply_equals_apply_all(work: tuple[dict[int, Row], list[Op]
     assert red.table.num_rows == len({r["id"] for r in rows})
     assert _apply(lake, red) == want
     assert red.inserts + red.updates + red.deletes == len(rows)
+
+
+def test_unchanged_toast_of_a_nan_key() -> None:
+    """Rows of a NaN float key are one key: an unchanged value comes from the window's earlier row,
+    and what the window lacks is looked up under that key."""
+    schema = pa.schema([pa.field("k", pa.float64()), *DATA[1:], *META_FIELDS])
+
+    def row(lsn: int, pos: int, op: str, v: str | None, big: str | None, toast: Sequence[str] | None = None) -> Row:
+        return {"k": float("nan"), "v": v, "big": big, LSN_COL: lsn, POS_COL: pos, OP_COL: op, TOAST_COL: list(toast) if toast else None}
+
+    red = reduce_changes(pa.Table.from_pylist([row(10, 1, "I", "a", "A"), row(20, 1, "U", "b", None, ["big"])], schema=schema), ["k"])
+    assert [(r["v"], r["big"], r[TOAST_COL]) for r in red.table.to_pylist()] == [("b", "A", None)]
+    assert red.lookups == ()
+    red = reduce_changes(pa.Table.from_pylist([row(20, 1, "U", "b", None, ["big"]), row(30, 1, "U", "c", None, ["big"])], schema=schema), ["k"])
+    assert red.table.num_rows == 1 and len(red.lookups) == 1 and red.lookups[0].columns == ("big",)

@@ -60,6 +60,7 @@ class TableMaintenance:
     files_removed: int = 0  # by VACUUM (-1: the engine does not say)
     changelog_rows_deleted: bool = False
     checkpoint: bool = False
+    stats_columns_set: bool = False  # the table's statistics columns were set (an older table)
 
 
 @dataclass
@@ -124,6 +125,9 @@ def maintain_lake(config: Config, engine: Engine, lake: Lake) -> MaintainReport:
             cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=keep_changes)
             engine.delete_where(uri, f"{quote(TS_COL)} < TIMESTAMP '{cutoff.strftime('%Y-%m-%d %H:%M:%S')}+00:00'")
             tm.changelog_rows_deleted = True
+        # Tables an earlier version created keep statistics of float columns, which pysail misreads
+        # where a file holds NaN; from here on they do not, and the compaction rewrites the files.
+        tm.stats_columns_set = engine.keep_stats(uri)
         engine.compact(uri, target_size=config.maintain.target_file_size)
         fault_point("maintain_after_compact")
         tm.files_removed = engine.vacuum(uri, retention_hours=retention_hours)
@@ -212,6 +216,7 @@ def report_json(report: MaintainReport) -> dict[str, Any]:
             t.name: {
                 "files_before": t.files_before, "files_after": t.files_after, "files_removed": t.files_removed,
                 "changelog_rows_deleted": t.changelog_rows_deleted, "checkpoint": t.checkpoint,
+                "stats_columns_set": t.stats_columns_set,
             }
             for t in report.tables
         },

@@ -34,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pg2delta.apply.keys import key_tuples
 from pg2delta.apply.merge import quote
 from pg2delta.apply.schema import spark_type, widens
 from pg2delta.config import Config
@@ -122,7 +123,7 @@ def window_versions(
     ops = data.column(OP_COL).to_pylist() if n else []
     tss = data.column(TS_COL).cast(pa.int64()).to_pylist() if n else []
     if key_names and n:
-        key_of = list(zip(*(data.column(k).to_pylist() for k in key_names), strict=True))
+        key_of = key_tuples(data.column(k) for k in key_names)
     else:
         key_of = list(zip(lsns, poss, strict=True))
     events: list[tuple[int, int, int, Any]] = [(lsns[i], poss[i], 1, i) for i in range(n)]

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pg2delta.apply.keys import key_tuples
 from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL, TS_COL
 
 _INDEX = "__pg2delta_index"
@@ -96,7 +97,7 @@ def _resolve_toast(
     changes: pa.Table, final: pa.Table, keep: np.ndarray, key_names: Sequence[str]
 ) -> tuple[pa.Table, list[Lookup]]:
     """Fill unchanged-TOAST columns of final rows from earlier rows of the window."""
-    keys = list(zip(*(changes.column(k).to_pylist() for k in key_names), strict=True))
+    keys = key_tuples(changes.column(k) for k in key_names)
     ops = changes.column(OP_COL).to_pylist()
     lsns = changes.column(LSN_COL).to_numpy()
     poss = changes.column(POS_COL).to_numpy()

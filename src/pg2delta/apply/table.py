@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.apply.history import StagedWindow, window_versions
+from pg2delta.apply.keys import key_tuple
 from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement
 from pg2delta.apply.schema import Plan, conform
 from pg2delta.apply.stage import (
@@ -220,7 +221,7 @@ def fill_lookups(
         if version is not None and version < 0
         else engine.read_rows(uri, key_names, wanted, columns, version=version, nullable_keys=nullable_keys)
     )
-    found = {tuple(r[k] for k in key_names): r for r in rows}
+    found = {key_tuple(r[k] for k in key_names): r for r in rows}
     values = {c: table.column(c).to_pylist() for c in columns}
     for lk in reduced.lookups:
         row = found.get(lk.key)

@@ -8,21 +8,12 @@ for what runs them and when.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
 
 
 class DeltaMaintenance(EngineSession):
     """Compaction, vacuum and checkpoints of a Delta table, on whichever engine runs."""
-
-    def _delta_rs(self, uri: str) -> Any:
-        """The Delta table at ``uri`` through delta-rs: the engines without Delta's maintenance
-        commands (pysail) get them from the library Delta's Rust implementation ships."""
-        from deltalake import DeltaTable
-
-        return DeltaTable("s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri)
 
     def compact(self, uri: str, *, target_size: int = 0) -> None:
         """Rewrite the table's small files into large ones, in one commit that changes no row

@@ -128,6 +128,12 @@ def _open_embedded() -> OpenedSession:
     # pysail logs session starts at info and task aborts at shutdown at warn, straight to
     # stderr; our own log and one-line errors must stay readable there.
     os.environ.setdefault("RUST_LOG", "error")
+    # Parquet's statistics leave NaN out of a float column's min and max, and pysail 0.7.2 takes
+    # the footers' ones as bounds of every value (apache/datafusion#24804): a file of [NaN, 2.5]
+    # read back as [2.5, 2.5], and a join looking for a NaN key skipped the file that holds it.
+    # Not collecting them keeps every value; Delta's own statistics are kept off float columns too
+    # (pg2delta.lake.engine_writes.STATS_COLUMNS).
+    os.environ.setdefault("SAIL_EXECUTION__COLLECT_STATISTICS", "false")
     server = SparkConnectServer("127.0.0.1", 0)
     server.start(background=True)
     _, port = server.listening_address
@@ -224,6 +230,14 @@ class EngineSession:
     def stop(self) -> None:
         if self._stop is not None:
             self._stop()
+
+    @staticmethod
+    def _delta_rs(uri: str) -> Any:
+        """The Delta table at ``uri`` through delta-rs: what pysail lacks (Delta's maintenance
+        commands, table properties of an existing table) comes from Delta's Rust implementation."""
+        from deltalake import DeltaTable
+
+        return DeltaTable("s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri)
 
     # --- SQL ------------------------------------------------------------------------------
 

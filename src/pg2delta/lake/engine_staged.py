@@ -144,7 +144,12 @@ class _Steps:
     def write(self, df: Any, target: str) -> bool:
         """``df`` written to ``target`` as Parquet; False when nothing was written: pysail writes
         nothing at all for an empty result (Apache Spark a file with the schema)."""
-        df.write.mode("overwrite").parquet(target)
+        writer = df.write.mode("overwrite")
+        if not self.engine.classic:
+            # No statistics: pysail would read a NaN back as the file's other value (see
+            # pg2delta.lake.engine_writes.STATS_COLUMNS); these files are read once, whole.
+            writer = writer.option("statistics_enabled", "none")
+        writer.parquet(target)
         release_memory()
         return self.engine.lake.exists(target)
 

@@ -22,6 +22,41 @@ from pg2delta.lake.engine_session import Txn
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
 
+# Which columns a table keeps Delta statistics (min, max, null count per file) of. Parquet and
+# Delta leave NaN out of a float column's min and max, and pysail 0.7.2 (DataFusion) takes them as
+# bounds of every non-null value (apache/datafusion#24804): a file holding [NaN, 2.5] has min =
+# max = 2.5, so pysail reads the NaN back as 2.5, rewrites it so in the next MERGE touching the
+# file, and skips the file when it looks for the NaN (a NaN key's update became a second row).
+# So every table pg2delta creates keeps statistics of its other columns only, as Delta's default
+# does of the first 32 columns. A float column added later is not named, so it has none either.
+STATS_COLUMNS = "delta.dataSkippingStatsColumns"
+INDEXED_COLUMNS = "delta.dataSkippingNumIndexedCols"
+_STATS_FIRST = 32
+
+
+def stats_properties(schema: Any) -> dict[str, str]:
+    """The table properties that keep Delta statistics of the columns of ``schema`` (a Spark
+    ``StructType``) that can have them and hold no float: of the first 32 columns, the integers,
+    decimals, strings, dates and timestamps (Delta refuses other types there)."""
+    from pyspark.sql import types as T
+
+    eligible = (T.IntegralType, T.DecimalType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
+    names = [
+        "`" + f.name.replace("`", "``") + "`"
+        for f in list(schema.fields)[:_STATS_FIRST]
+        if isinstance(f.dataType, eligible)
+    ]
+    if not names:
+        return {INDEXED_COLUMNS: "0"}
+    return {STATS_COLUMNS: ",".join(names)}
+
+
+def _creating(writer: Any, schema: Any) -> Any:
+    """``writer`` (of a Delta table that does not exist yet) with :func:`stats_properties`."""
+    for key, value in stats_properties(schema).items():
+        writer = writer.option(key, value)
+    return writer
+
 
 class DeltaWrites(DeltaReads):
     """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
@@ -38,7 +73,7 @@ class DeltaWrites(DeltaReads):
         try:
             df = self.spark.read.parquet(staged).select(*[quote(c) for c in columns]).limit(0)
             if existing is None:
-                df.write.format("delta").mode("append").save(uri)
+                _creating(df.write.format("delta").mode("append"), df.schema).save(uri)
                 log.info("created delta table %s", uri)
                 return True
             if current is None:
@@ -52,6 +87,51 @@ class DeltaWrites(DeltaReads):
             raise
         except Exception as exc:
             raise LakeError(f"cannot create or widen delta table {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def table_properties(self, uri: str) -> dict[str, str]:
+        """The Delta table's properties (its metadata's configuration)."""
+        try:
+            if self.classic:
+                rows = self._sql(f"SHOW TBLPROPERTIES {self.target(uri)}", f"SHOW TBLPROPERTIES {uri}")
+                return {str(r[0]): str(r[1]) for r in rows}
+            return dict(self._delta_rs(uri).metadata().configuration)
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot read the properties of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def keep_stats(self, uri: str) -> bool:
+        """:meth:`keep_stats_of` the table's own schema (a table an earlier version created)."""
+        try:
+            schema = self.spark.read.format("delta").load(uri).schema
+        except Exception as exc:
+            raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        return self.keep_stats_of(uri, schema)
+
+    def keep_stats_of(self, uri: str, schema: Any) -> bool:
+        """Make the existing table keep statistics of the columns :func:`stats_properties` names for
+        ``schema`` (its schema from the next commit on), in one commit when they differ; a table
+        an earlier version created keeps them of every column. True when it changed."""
+        want = stats_properties(schema)
+        have = self.table_properties(uri)
+        if all(have.get(k) == v for k, v in want.items()) and not (INDEXED_COLUMNS in want and have.get(STATS_COLUMNS)):
+            return False
+        try:
+            if self.classic:
+                sets = ", ".join(f"'{k}' = '{v}'" for k, v in want.items())
+                self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ({sets})", f"ALTER TABLE {uri}")
+                if INDEXED_COLUMNS in want and STATS_COLUMNS in have:
+                    self._sql(f"ALTER TABLE {self.target(uri)} UNSET TBLPROPERTIES ('{STATS_COLUMNS}')", f"ALTER TABLE {uri}")
+            else:
+                # pysail has no ALTER TABLE; an empty list of columns means none to it and to delta-rs.
+                props = dict(want, **({STATS_COLUMNS: ""} if INDEXED_COLUMNS in want and STATS_COLUMNS in have else {}))
+                self._delta_rs(uri).alter.set_table_properties(props)
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot set the statistics columns of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        log.info("%s keeps statistics of %s", uri, want.get(STATS_COLUMNS) or "no column")
+        return True
 
     def rewrite(
         self, uri: str, casts: dict[str, str], *, drop: Sequence[str] = (), fill: pa.Table | None = None
@@ -80,7 +160,10 @@ class DeltaWrites(DeltaReads):
                 # One row: every row of the table gets its values.
                 order = [c for c in df.columns if c not in drop] + [c for c in filled if c not in df.columns]
                 out = out.crossJoin(self.spark.read.parquet(staged)).selectExpr(*[quote(c) for c in order])
+            self.keep_stats_of(uri, out.schema)  # a column widened to a float keeps none
             out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(uri)
+        except LakeError:
+            raise
         except Exception as exc:
             raise LakeError(f"cannot rewrite {uri} with new column types or values: {' '.join(str(exc).split())[:500]}") from exc
         finally:
@@ -123,13 +206,15 @@ class DeltaWrites(DeltaReads):
         so readers see either the old table or the whole new one, never part of it.
         """
         try:
-            (
-                self.spark.read.parquet(staged_dir)
-                .write.format("delta")
-                .mode("overwrite")
-                .option("overwriteSchema", "true")
-                .save(uri)
-            )
+            df = self.spark.read.parquet(staged_dir)
+            writer = df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+            if self.lake.delta_version(uri) is None:
+                writer = _creating(writer, df.schema)
+            else:
+                self.keep_stats_of(uri, df.schema)
+            writer.save(uri)
+        except LakeError:
+            raise
         except Exception as exc:
             raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
 
@@ -153,7 +238,8 @@ class DeltaWrites(DeltaReads):
         """:meth:`append` of the staged Parquet file or directory ``staged`` (its files' schemas merged)."""
         try:
             df = self.spark.read.option("mergeSchema", "true").parquet(staged)
-            if fill_missing and self.lake.delta_version(uri) is not None:
+            exists = self.lake.delta_version(uri) is not None
+            if fill_missing and exists:
                 from pyspark.sql import functions as F
 
                 have = set(df.columns)
@@ -161,6 +247,8 @@ class DeltaWrites(DeltaReads):
                     if f.name not in have:
                         df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
             writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
+            if not exists:
+                writer = _creating(writer, df.schema)
             if txn is not None and self.idempotent_writes:
                 writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
             writer.save(uri)
@@ -180,7 +268,7 @@ class DeltaWrites(DeltaReads):
             columns = [c for c in df.columns if c not in internal]
             empty = df.select(*[df[c] for c in columns]).limit(0)
             if self.lake.delta_version(uri) is None:
-                empty.write.format("delta").mode("append").save(uri)
+                _creating(empty.write.format("delta").mode("append"), empty.schema).save(uri)
             elif set(columns) - set(self.spark.read.format("delta").load(uri).columns):
                 empty.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
             df.createOrReplaceTempView(view)
@@ -197,7 +285,8 @@ class DeltaWrites(DeltaReads):
     def copy_table(self, source: str, version: int, target: str) -> None:
         """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
         try:
-            self._read_version(source, version).write.format("delta").mode("append").save(target)
+            df = self._read_version(source, version)
+            _creating(df.write.format("delta").mode("append"), df.schema).save(target)
         except LakeError:
             raise
         except Exception as exc:
