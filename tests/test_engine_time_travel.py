@@ -13,10 +13,14 @@ from pg2delta.lake.engine import Engine, EngineConfig, Lake
 pytestmark = pytest.mark.e2e
 
 
-def test_every_version_reads_back_as_delta_rs_reads_it(tmp_path: Path) -> None:
-    """pysail 0.7.2 writes a checkpoint every 10 commits and cannot time-travel below it; the
-    engine then reads the files the JSON commits list at that version. Appends, a delete and
-    appends again across two checkpoints: every version equals delta-rs's view of it."""
+@pytest.mark.parametrize("hint", [True, False], ids=["hint-dropped", "from-files"])
+def test_every_version_reads_back_as_delta_rs_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hint: bool) -> None:
+    """pysail 0.7.2 writes a checkpoint every 10 commits and cannot time-travel below the one
+    ``_last_checkpoint`` names; the engine then drops that hint and reads again, or where that does
+    not help reads the files the JSON commits list. Appends, a delete and appends again across two
+    checkpoints: every version equals delta-rs's view of it, both ways."""
+    if not hint:
+        monkeypatch.setattr(Lake, "drop_checkpoint_hint", lambda self, uri: False)
     lake = Lake(str(tmp_path))
     engine = Engine.start(EngineConfig(), lake)
     uri = lake.table_uri("s", "t")
@@ -37,5 +41,36 @@ def test_every_version_reads_back_as_delta_rs_reads_it(tmp_path: Path) -> None:
             got = sorted((r["id"], r["v"]) for r in engine.read_rows(uri, ["id"], keys, ["v"], version=version))
             assert got == want, f"version {version}"
             assert engine.table_types(uri, version=version) == {"id": "bigint", "v": "string"}, f"version {version}"
+    finally:
+        engine.stop()
+
+
+def test_old_versions_keep_nan_in_float_columns(tmp_path: Path) -> None:
+    """Versions below the newest checkpoint (pysail's own, and maintenance's after a compaction by
+    delta-rs) keep a NaN of a float column whose other values in the file are all one value: they
+    are read through Delta, where the table keeps no float statistics, not from their files as
+    plain Parquet, where pysail takes some footers' statistics (which leave NaN out) as bounds."""
+    lake = Lake(str(tmp_path))
+    engine = Engine.start(EngineConfig(), lake)
+    uri = lake.table_uri("s", "f")
+    path = tmp_path / "s" / "f"
+
+    def check(versions: range) -> None:
+        for version in versions:
+            table = DeltaTable(str(path), version=version).to_pyarrow_table()
+            want = sorted(repr((r["id"], r["x"])) for r in table.to_pylist())
+            got = sorted(repr((r["id"], r["x"])) for r in engine.read_version(uri, version).collect())
+            assert got == want, f"version {version}"
+
+    try:
+        for i in range(13):  # each file holds a NaN and one other value
+            engine.append(uri, pa.table({"id": pa.array([2 * i, 2 * i + 1], pa.int64()), "x": [float("nan"), 2.5]}))
+        assert (path / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+        check(range(1, 13))
+        engine.compact(uri)  # delta-rs rewrites the files into one (version 13)
+        engine.append(uri, pa.table({"id": pa.array([100], pa.int64()), "x": [1.0]}))
+        assert engine.checkpoint(uri)  # at version 14, above the compacted one
+        assert lake.delta_version(uri) == 14
+        check(range(1, 15))
     finally:
         engine.stop()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from deltalake import DeltaTable
 
 from pg2delta.config import load
 from pg2delta.job import RunReport, run
@@ -333,14 +334,22 @@ def test_float_keys_with_nan(pgdb: str, tmp_path: Path, spill: bool) -> None:
         conn.execute("INSERT INTO fk2 VALUES (1, 'NaN', 'a'), (2, 'NaN', 'b'), (1, 2.5, 'c')")
         conn.execute("INSERT INTO fv VALUES (1, 'NaN', 'NaN', 'a'), (2, 2.5, 1, 'b'), (3, 2.5, 'NaN', 'c')")
 
+    conf = tmp_path / "nan.toml"  # with the SCD2 history and changelog, which key their rows too
+    conf.write_text('[lake]\nhistory = "scd2"\nchangelog = true\n')
+
     def run_it() -> None:
-        _run(pgdb, slot, pub, lake, **({"memory_budget": 1, "split_rows": 7} if spill else {}))
+        flags = {"memory_budget": 1, "split_rows": 7} if spill else {}
+        run(load(conf, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake), create_slot=True, **flags))
         with psycopg.connect(pgdb) as conn:
             for spec in specs:
                 names, pg = pg_rows(conn, spec)
                 got = lake_rows(lake, spec)
                 assert got is not None and got[0] == names, spec.qualified
                 assert _nan_safe(got[1]) == _nan_safe(pg), spec.qualified
+                # The history's current versions are the table's rows, each key once.
+                history = DeltaTable(str(lake / spec.schema / f"{spec.name}__history")).to_pyarrow_table()
+                current = history.filter(history.column("_pg2delta_is_current")).select(names).to_pylist()
+                assert _nan_safe([tuple(r.values()) for r in current]) == _nan_safe(pg), spec.qualified
 
     run_it()
     # Each change of a NaN-keyed row in a window of its own, so each one meets the lake's row.

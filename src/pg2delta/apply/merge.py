@@ -181,6 +181,19 @@ def _find_value(
         return j, key
 
 
+def key_equal(a: str, b: str, *, nullable: bool, nan_safe: bool = False) -> str:
+    """Spark SQL: the key column expressions ``a`` and ``b`` are equal (``nullable``: NULL equals NULL).
+
+    ``nan_safe`` (a float key on pysail): compared through ``nanvl``, so that a join looking for a
+    NaN key cannot skip a file by the column's Parquet statistics, which leave NaN out (see
+    pg2delta.lake.engine_writes.STATS_COLUMNS); NaN still equals NaN and nothing else.
+    """
+    eq = "<=>" if nullable else "="
+    if not nan_safe:
+        return f"{a} {eq} {b}"
+    return f"nanvl({a}, 0) {eq} nanvl({b}, 0) AND isnan({a}) {eq} isnan({b})"
+
+
 def merge_statement(
     target: str,
     source: str,
@@ -337,6 +350,7 @@ def final_source_sql(
     nullable_keys: bool,
     optional: Collection[str] = (),
     every_row: bool = False,
+    nan_safe_keys: Collection[str] = (),
 ) -> str:
     """The reduced source of the MERGE: the final row per key, unchanged TOAST filled, and the op.
 
@@ -344,6 +358,7 @@ def final_source_sql(
     the lake (``optional`` columns excepted: NULL then), and ``LAKE_KEY`` says where it was looked for.
     ``every_row``: every change rather than the final ones (the chain built likewise), with its commit
     LSN, position and commit time: what the history (pg2delta.apply.history) makes its versions of.
+    ``nan_safe_keys``: key columns matched with the lake by :func:`key_equal`'s ``nan_safe``.
     """
     toast = quote(TOAST_COL)
     idx = {c: i for i, c in enumerate(toast_columns)}
@@ -371,7 +386,9 @@ def final_source_sql(
     if chain is not None:
         sql += f" LEFT JOIN {chain} AS r ON r.{AT_LSN} = f.{quote(LSN_COL)} AND r.{AT_POS} = f.{quote(POS_COL)}"
         if lake is not None:
-            eq = "<=>" if nullable_keys else "="
-            on = " AND ".join(f"l.{quote(k)} {eq} r.{LAKE_KEY}.{quote(k)}" for k in key_names)
+            on = " AND ".join(
+                key_equal(f"l.{quote(k)}", f"r.{LAKE_KEY}.{quote(k)}", nullable=nullable_keys, nan_safe=k in nan_safe_keys)
+                for k in key_names
+            )
             sql += f" LEFT JOIN {lake} AS l ON {on}"
     return sql

@@ -61,6 +61,9 @@ class DeltaMaintenance(EngineSession):
             return False
         try:
             self._delta_rs(uri).create_checkpoint()
+            # Readers find it by listing the log; with the hint pysail could not read the versions
+            # before it (pg2delta.lake.lake_files.Lake.drop_checkpoint_hint).
+            self.lake.drop_checkpoint_hint(uri)
             return True
         except Exception as exc:
             raise LakeError(f"cannot write a checkpoint of {uri}: {' '.join(str(exc).split())[:500]}") from exc

@@ -3,8 +3,10 @@
 Everything pg2delta asks a Delta table without changing it: its columns and types (as of a
 version), whether it has rows, the rows of some keys (to fill unchanged TOAST), a version as a
 DataFrame or temporary view, a bounded slice as Arrow, the high-water marks of the changelog
-and the history. Where pysail 0.7.2 cannot time-travel (below its latest checkpoint) an old
-version is read from the files its log lists instead (:meth:`pg2delta.lake.lake_files.Lake.snapshot_at`).
+and the history. Where pysail 0.7.2 cannot time-travel (below the checkpoint ``_last_checkpoint``
+names) the hint is removed (:meth:`pg2delta.lake.lake_files.Lake.drop_checkpoint_hint`) and the read
+tried again; else an old version is read from the files its log lists
+(:meth:`pg2delta.lake.lake_files.Lake.snapshot_at`).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class DeltaReads(EngineSession):
         With ``version``, the table as of that Delta version (time travel); columns the table
         did not have then come back as None. ``nullable_keys`` matches keys null-safely.
         """
-        from pg2delta.apply.merge import quote
+        from pg2delta.apply.merge import key_equal, quote
 
         if not keys or self.lake.delta_version(uri) is None:
             return []
@@ -95,8 +97,11 @@ class DeltaReads(EngineSession):
             self.lake.unstage(staged)
             raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
         try:
-            eq = "<=>" if nullable_keys else "="
-            on = " AND ".join(f"t.{quote(k)} {eq} k.{quote(k)}" for k in key_names)
+            nan_safe = self.nan_safe_keys(table.schema, key_names)
+            on = " AND ".join(
+                key_equal(f"t.{quote(k)}", f"k.{quote(k)}", nullable=nullable_keys, nan_safe=k in nan_safe)
+                for k in key_names
+            )
             cols = ", ".join(
                 f"t.{quote(c)}" if c in present else f"NULL AS {quote(c)}" for c in dict.fromkeys([*key_names, *columns])
             )
@@ -136,21 +141,34 @@ class DeltaReads(EngineSession):
         """The Delta table at ``uri`` (as of ``version``) as a DataFrame."""
         if version is None:
             return self.spark.read.format("delta").load(uri)
-        try:
+
+        def as_of() -> Any:
             table = self.spark.read.format("delta").option("versionAsOf", version).load(uri)
             table.columns  # noqa: B018 -- resolves the snapshot now, so a failure is caught here
             return table
-        except Exception as exc:
-            # pysail 0.7.2 cannot time-travel below its latest checkpoint: read the files the
-            # JSON commits list at that version instead, with that version's schema.
-            log.debug("time travel to version %d of %s failed (%s); reading its files", version, uri, exc)
-            files, text = self.lake.snapshot_at(uri, version)
-            if text is None:
-                raise LakeError(f"cannot read {uri} at version {version}: no metadata") from exc
-            from pyspark.sql.types import StructType
 
-            schema = StructType.fromJson(json.loads(text))
-            return self.spark.read.schema(schema).parquet(*files) if files else self.spark.createDataFrame([], schema)
+        try:
+            return as_of()
+        except Exception as exc:
+            failed = exc
+        # pysail 0.7.2 cannot time-travel below the checkpoint _last_checkpoint names (it writes one
+        # every 10 commits, maintain too), and can once that hint is gone.
+        if not self.classic and self.lake.drop_checkpoint_hint(uri):
+            try:
+                return as_of()
+            except Exception as exc:
+                failed = exc
+        # Else the files the JSON commits list at that version, read as plain Parquet with that
+        # version's schema. pysail trusts some footers' float statistics there, which leave NaN
+        # out (README: "Float NaN on the embedded engine").
+        log.debug("time travel to version %d of %s failed (%s); reading its files", version, uri, failed)
+        files, text = self.lake.snapshot_at(uri, version)
+        if text is None:
+            raise LakeError(f"cannot read {uri} at version {version}: no metadata") from failed
+        from pyspark.sql.types import StructType
+
+        schema = StructType.fromJson(json.loads(text))
+        return self.spark.read.schema(schema).parquet(*files) if files else self.spark.createDataFrame([], schema)
 
     def read_table(self, uri: str) -> list[dict[str, Any]]:
         """All rows of a (small) Delta table, or [] if it does not exist."""

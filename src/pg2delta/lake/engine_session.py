@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,12 +128,6 @@ def _open_embedded() -> OpenedSession:
     # pysail logs session starts at info and task aborts at shutdown at warn, straight to
     # stderr; our own log and one-line errors must stay readable there.
     os.environ.setdefault("RUST_LOG", "error")
-    # Parquet's statistics leave NaN out of a float column's min and max, and pysail 0.7.2 takes
-    # the footers' ones as bounds of every value (apache/datafusion#24804): a file of [NaN, 2.5]
-    # read back as [2.5, 2.5], and a join looking for a NaN key skipped the file that holds it.
-    # Not collecting them keeps every value; Delta's own statistics are kept off float columns too
-    # (pg2delta.lake.engine_writes.STATS_COLUMNS).
-    os.environ.setdefault("SAIL_EXECUTION__COLLECT_STATISTICS", "false")
     server = SparkConnectServer("127.0.0.1", 0)
     server.start(background=True)
     _, port = server.listening_address
@@ -238,6 +232,17 @@ class EngineSession:
         from deltalake import DeltaTable
 
         return DeltaTable("s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri)
+
+    def nan_safe_keys(self, schema: Any, key_names: Sequence[str]) -> frozenset[str]:
+        """The key columns of ``schema`` (a Spark ``StructType``) that joins with a Delta table must
+        match NaN-safely (pg2delta.apply.merge.key_equal): the float ones, on pysail. Apache Spark
+        does not trust float statistics as bounds of NaN."""
+        if self.classic:
+            return frozenset()
+        from pyspark.sql import types as T
+
+        floats = {f.name for f in schema.fields if isinstance(f.dataType, (T.FloatType, T.DoubleType))}
+        return frozenset(k for k in key_names if k in floats)
 
     # --- SQL ------------------------------------------------------------------------------
 

@@ -198,6 +198,7 @@ class _Steps:
         final_sql = m.final_source_sql(
             ordered, chain, lake, key_names, data_columns, toast_columns,
             nullable_keys=nullable_keys, optional=optional, every_row=every_row,
+            nan_safe_keys=self.engine.nan_safe_keys(spark.table(changes).schema, key_names),
         )
         final = self.materialized(spark.sql(final_sql), "final")
         log.debug("%s: the staged changes with their unchanged TOAST filled", uri)

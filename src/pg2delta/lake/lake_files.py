@@ -73,6 +73,24 @@ class Lake:
         versions = [int(m.group(1)) for i in infos if (m := re.fullmatch(r"(\d{20})\.json", i.base_name))]
         return max(versions) if versions else None
 
+    def drop_checkpoint_hint(self, uri: str) -> bool:
+        """Remove the Delta table's ``_delta_log/_last_checkpoint``; True when there was one.
+
+        The file only points readers at the newest checkpoint, which they otherwise find by
+        listing the log (Delta's protocol makes it optional). pysail 0.7.2 follows it and then
+        cannot time-travel below that checkpoint; without it, it can (measured here).
+        """
+        hint = f"{self._local(uri)}/_delta_log/_last_checkpoint"
+        try:
+            if self.fs.get_file_info(hint).type == pafs.FileType.NotFound:
+                return False
+            self.fs.delete_file(hint)
+        except FileNotFoundError:
+            return False
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot remove {hint}: {exc}") from exc
+        return True
+
     def snapshot_at(self, uri: str, version: int) -> tuple[list[str], str | None]:
         """The data files and the schema (Spark's StructType JSON) of the Delta table at ``uri`` as
         of ``version``, replayed from its JSON commits.
