@@ -242,3 +242,26 @@ def test_unchanged_toast_replay_across_a_delta_checkpoint(pgdb: str, tmp_path: P
             want = sorted(conn.execute(f"SELECT * FROM {name}").fetchall())
             got = DeltaTable(str(lake / "public" / name)).to_pyarrow_table().to_pylist()
             assert sorted(tuple(r.values()) for r in got) == want, name
+
+
+@pytest.mark.classic
+def test_crash_after_the_first_window_appended_then_rerun(pgdb: str, tmp_path: Path) -> None:
+    """A table's first window is appended (the table is new: nothing to match); a crash after that
+    commit and before the window is logged, then a rerun: the replay merges the same rows into the
+    table it now finds, and no row is there twice."""
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    with Workload(pgdb, 733) as wl:
+        wl.phase(60)
+    point = "after_commits"  # every table of the window committed, the window not logged
+    common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    crashed = cli(*common, env={FAULT_ENV: point})
+    assert crashed.returncode == -signal.SIGKILL, (point, crashed.returncode, crashed.stderr[-2000:])
+    assert any(v is not None for v in _versions(lake).values()), "no table was appended before the crash"
+    again = cli(*common)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, context="rerun after a crash once the first window was appended")

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from pg2delta.apply.history import StagedWindow, window_versions
 from pg2delta.apply.keys import key_tuple
-from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement
+from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement, quote
 from pg2delta.apply.schema import Plan, conform
 from pg2delta.apply.stage import (
     StagedChanges,
@@ -40,7 +40,7 @@ from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import Applied
-from pg2delta.lake.engine import Engine, Txn
+from pg2delta.lake.engine import AppendRows, Engine, Txn
 from pg2delta.lake.lakeside import Lakeside
 from pg2delta.memory import release_memory
 
@@ -114,15 +114,14 @@ def merge_changes(
     existing = reshape() if reshape is not None else None
     staged = side.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
     try:
+        new = side.lake.delta_version(uri) is None
         side.engine.ensure_table(uri, staged, data_columns, existing)
         if reshaped is not None:
             reshaped()
         side.engine.merge(
             uri,
             staged,
-            lambda target, view: merge_statement(
-                target, view, key_names, data_columns, truncate=report.truncated, nullable_keys=nullable_keys
-            ),
+            lambda target, view: _statement(target, view, key_names, data_columns, new, report.truncated, nullable_keys),
             txn=txn,
         )
     finally:
@@ -167,6 +166,7 @@ def _merge_staged(
         data_columns = [*data_columns, LSN_COL, POS_COL]
     report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
     existing = reshape() if reshape is not None else None
+    new = side.lake.delta_version(uri) is None
     side.engine.ensure_table(uri, staged.uri, data_columns, existing)
     if reshaped is not None:
         reshaped()
@@ -174,9 +174,7 @@ def _merge_staged(
     report.rows_merged = side.engine.merge_reduced(
         uri,
         staged.uri,
-        lambda target, view: merge_statement(
-            target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys
-        ),
+        lambda target, view: _statement(target, view, key_names, data_columns, new, truncate, nullable_keys),
         work=f"{staged.name}-reduce",
         key_names=key_names,
         data_columns=data_columns,
@@ -195,6 +193,18 @@ def _merge_staged(
         schema, name, staged.rows, staged.files, report.inserts, report.updates, report.deletes,
         ", truncated" if report.truncated else "", report.delta_version,
     )
+
+
+def _statement(
+    target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], new: bool, truncate: bool,
+    nullable_keys: bool,
+) -> str | AppendRows:
+    """The commit of a window's final rows: a MERGE, or into a table this window created (no row
+    to match, nothing a truncate could remove) an append of the rows that are not deletes. A
+    replay after a crash finds the table there and merges the same rows again."""
+    if new:
+        return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
+    return merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys)
 
 
 def fill_lookups(

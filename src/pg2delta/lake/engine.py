@@ -35,12 +35,20 @@ needs from here: ``Engine``, ``EngineConfig``, ``Lake``, ``Txn``. The parts log 
 from __future__ import annotations
 
 from pg2delta.lake.engine_maintain import DeltaMaintenance
-from pg2delta.lake.engine_session import ENGINES, TXN_APP_ID, TXN_VERSION, EngineConfig, Txn, open_session
+from pg2delta.lake.engine_session import (
+    ENGINES,
+    TXN_APP_ID,
+    TXN_VERSION,
+    AppendRows,
+    EngineConfig,
+    Txn,
+    open_session,
+)
 from pg2delta.lake.engine_staged import StagedReduce
 from pg2delta.lake.engine_writes import DeltaWrites
 from pg2delta.lake.lake_files import Lake
 
-__all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "Engine", "EngineConfig", "Lake", "Txn"]
+__all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "AppendRows", "Engine", "EngineConfig", "Lake", "Txn"]
 
 
 class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):

@@ -68,6 +68,16 @@ class Txn:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class AppendRows:
+    """What a statement builder returns instead of a MERGE for a table that held no row before the
+    commit: append the source's rows matching ``where`` (Spark SQL), its ``columns``. Cheaper in time
+    and memory than a MERGE, whose join would find nothing (a new table's first window)."""
+
+    columns: tuple[str, ...]
+    where: str
+
+
 def _delta_jars_named(conf: dict[str, str]) -> bool:
     """Whether Spark will have jars it was told about: under ``spark-submit`` (the JVM is up, with
     its ``--packages``/``--jars``), or ``spark.jars``/``spark.jars.packages`` in the config or in
@@ -255,6 +265,23 @@ class EngineSession:
             return list(self.spark.sql(statement).collect())
         except Exception as exc:  # pyspark raises many unrelated types; keep the cause chain
             raise LakeError(f"{what} failed: {' '.join(str(exc).split())[:500]}") from exc
+
+    def _commit(self, uri: str, view: str, statement: str | AppendRows, what: str, txn: Txn | None) -> None:
+        """Run ``statement`` (Spark SQL, or an :class:`AppendRows` of the temporary view ``view``) as
+        one commit to the Delta table at ``uri``, with Delta's idempotent-write id ``txn`` where the
+        engine has them."""
+        if isinstance(statement, str):
+            with self._txn(txn):
+                self._sql(statement, what)
+            return
+        cols = ", ".join("`" + c.replace("`", "``") + "`" for c in statement.columns)
+        try:
+            writer = self.spark.sql(f"SELECT {cols} FROM {view} WHERE {statement.where}").write.format("delta").mode("append")
+            if txn is not None and self.idempotent_writes:
+                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
+            writer.save(uri)
+        except Exception as exc:
+            raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
     def query(self, statement: str, what: str) -> list[Any]:
         """The rows of a (small: aggregates, a few rows) Spark SQL query; :class:`LakeError` on failure."""

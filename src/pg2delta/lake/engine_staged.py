@@ -71,8 +71,7 @@ class StagedReduce(DeltaReads):
             )
             merged = int(self.spark.sql(f"SELECT count(*) AS n FROM {final}").collect()[0]["n"])
             log.debug("%s: %d rows to merge", uri, merged)
-            with self._txn(txn):
-                self._sql(statement_for(self.target(uri), final), f"MERGE into {uri}")
+            self._commit(uri, final, statement_for(self.target(uri), final), f"MERGE into {uri}", txn)
             return merged
         except (LakeError, DataError):
             raise

@@ -176,7 +176,8 @@ class DeltaWrites(DeltaReads):
         )
 
     def merge(self, uri: str, staged: str, statement_for: Any, *, txn: Txn | None = None) -> None:
-        """Run the MERGE built by ``statement_for(target, source_view)`` with ``staged`` as the source.
+        """Run the MERGE built by ``statement_for(target, source_view)`` (or the append of an
+        :class:`pg2delta.lake.engine_session.AppendRows` it returns) with ``staged`` as the source.
 
         With ``txn``, Delta skips the MERGE when the table already committed that transaction
         (where the engine supports it, :attr:`idempotent_writes`).
@@ -187,8 +188,7 @@ class DeltaWrites(DeltaReads):
         except Exception as exc:
             raise LakeError(f"cannot read staged changes {staged}: {' '.join(str(exc).split())[:500]}") from exc
         try:
-            with self._txn(txn):
-                self._sql(statement_for(self.target(uri), view), f"MERGE into {uri}")
+            self._commit(uri, view, statement_for(self.target(uri), view), f"MERGE into {uri}", txn)
         finally:
             try:
                 self.spark.catalog.dropTempView(view)
