@@ -164,6 +164,16 @@ def test_run_maintains_when_the_interval_has_passed(pgdb: str, tmp_path: Path) -
     (old / "x.parquet").write_bytes(b"left by a killed run")
     stamp = time.time() - 7200
     os.utime(old, (stamp, stamp))
+    # Another slot's folder: its own next run empties it; maintenance takes only what is old there.
+    other_old, other_new = (lake / "_pg2delta" / "staging" / "slot-other" / n for n in ("old-run", "live-run"))
+    for d in (other_old, other_new):
+        d.mkdir(parents=True)
+        (d / "x.parquet").write_bytes(b"staged")
+    os.utime(other_old, (stamp, stamp))
+    # This slot's folder, left by a killed run of it: emptied when the run takes the lock.
+    own = lake / "_pg2delta" / "staging" / f"slot-{slot}" / "killed-run"
+    own.mkdir(parents=True)
+    (own / "x.parquet").write_bytes(b"left by a killed run of this slot")
     time.sleep(1.1)  # the changelog's rows so far are now more than a second old
     config.write_text(config.read_text() + '[maintain]\ninterval = "1h"\nchangelog_retention = "1s"\n')
     with psycopg.connect(pgdb, autocommit=True) as conn:
@@ -171,7 +181,8 @@ def test_run_maintains_when_the_interval_has_passed(pgdb: str, tmp_path: Path) -
     done = cli("run", "--config", str(config), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     maintained = json.loads(done.stdout)["maintenance"]
-    assert maintained["staging_removed"] == 1 and maintained["tables"][ACCT.qualified]["files_after"] <= 2
+    assert maintained["staging_removed"] == 2 and maintained["tables"][ACCT.qualified]["files_after"] <= 2
+    assert not other_old.exists() and other_new.exists() and not own.exists()
     marker = json.loads((lake / "_pg2delta" / "maintain.json").read_text())
     assert marker["finished_at"] > stamp
     assert len(DeltaTable(str(lake / ACCT.schema / ACCT.name)).file_uris()) <= 2

@@ -130,6 +130,10 @@ def test_kill_while_spilling_then_rerun(pgdb: str, tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr[-2000:]
     assert confirmed_lsn(pgdb, slot) != before
     assert_lake_matches(pgdb, lake)
+    # The rerun emptied the slot's staging folder before it read: the killed run's spill is gone.
+    left = [p for p in spilled if p.exists()]
+    assert not left, left[:3]
+    assert not list((lake / "_pg2delta" / "staging").rglob("*.parquet"))
 
 
 def test_engine_reduce_with_no_final_row_to_resolve(tmp_path: Path, shared_engine: SharedEngine) -> None:

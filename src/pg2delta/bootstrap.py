@@ -1067,6 +1067,7 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
         raise ConfigError("--parallel must be at least 1")
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
         src.lock()
+        job.lake.own_staging(cfg.source.slot)
         info = src.slot_info()
         if info is not None:
             src.check()  # the slot is usable (plugin, database, not invalidated, not in use)

@@ -130,6 +130,7 @@ class Job(Lakeside):
         create = cfg.source.create_slot if create_slot is None else create_slot
         with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
             start, upper = src.locked_bounds(until_lsn, create=create)
+            self.lake.own_staging(cfg.source.slot)  # under the lock: what a killed run left goes
             report = RunReport(cfg.source.slot, start, upper, start)
             if start >= upper:
                 log.info("slot %s is at %s, nothing to do up to %s", cfg.source.slot, format_lsn(start), format_lsn(upper))

@@ -78,6 +78,7 @@ def maintain(config: Config) -> MaintainReport:
         src.lock()
         job = Lakeside(config)
         try:
+            job.lake.own_staging(config.source.slot)
             job.lake.check_writable()
             return maintain_lake(config, job.engine, job.lake)
         finally:
@@ -175,13 +176,25 @@ def _dirs(lake: Lake, rel: str) -> list[str]:
 
 
 def _clean_staging(lake: Lake) -> int:
-    """Remove staging entries older than :data:`STAGING_AGE` (left by runs that were killed)."""
-    try:
-        infos = lake.fs.get_file_info(pafs.FileSelector(f"{lake.path}/{STAGING}", allow_not_found=True))
-    except (OSError, pa.ArrowException) as exc:
-        raise LakeError(f"cannot list the staging area: {exc}") from exc
+    """Remove staging entries older than :data:`STAGING_AGE` (left by runs that were killed): in the
+    shared area, and in other slots' folders (each slot's own runs empty its folder when they start,
+    see :meth:`pg2delta.lake.lake_files.Lake.own_staging`; this one's was emptied then too)."""
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=STAGING_AGE)
     removed = 0
+
+    def entries(folder: str) -> list[pafs.FileInfo]:
+        try:
+            return list(lake.fs.get_file_info(pafs.FileSelector(f"{lake.path}/{folder}", allow_not_found=True)))
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot list the staging area: {exc}") from exc
+
+    infos = []
+    for info in entries(STAGING):
+        if info.type == pafs.FileType.Directory and info.base_name.startswith("slot-"):
+            if f"{STAGING}/{info.base_name}" != lake.staging_rel:
+                infos += entries(f"{STAGING}/{info.base_name}")
+        else:
+            infos.append(info)
     for info in infos:
         mtime = info.mtime
         if mtime is not None and (mtime if mtime.tzinfo else mtime.replace(tzinfo=dt.UTC)) > cutoff:

@@ -52,6 +52,7 @@ def resync(config: Config, tables: Sequence[str], *, parallel: int = DEFAULT_PAR
             config.source.dsn, config.source.slot, config.source.publication, connect_timeout=config.source.connect_timeout
         ) as src:
             src.lock()
+            job.lake.own_staging(config.source.slot)
             src.check()
             if src.server_version < 150000:
                 raise SourceStateError("pg2delta resync needs PostgreSQL 15 or newer (publication column lists and row filters)")

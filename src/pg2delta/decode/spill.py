@@ -10,9 +10,9 @@ executors do the work; its SCD2 history's versions are computed there as well (:
 (``WindowDecoder(split_rows=...)``) the driver's memory does not follow the size of a transaction
 or of a window.
 
-The files live under ``_pg2delta/staging/<run id>/spill/`` and are removed when the window ends
-(applied or failed); a killed run leaves them, and ``pg2delta maintain`` removes what crashed runs
-left. Nothing about them is needed for exactly-once: a rerun reads the window again.
+The files live under ``_pg2delta/staging/slot-<slot>/<run id>/spill/`` and are removed when the window ends
+(applied or failed); a killed run leaves them, and the slot's next run (or bootstrap, resync,
+maintain: whatever takes the slot's lock next) removes them when it starts. Nothing about them is needed for exactly-once: a rerun reads the window again.
 """
 
 from __future__ import annotations

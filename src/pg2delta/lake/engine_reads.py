@@ -209,7 +209,7 @@ class DeltaReads(EngineSession):
         They travel through a Parquet directory under the lake's staging area (Spark 3.5 has no
         Arrow collect); use it for bounded slices, not whole large tables.
         """
-        rel = f"_pg2delta/staging/export-{uuid.uuid4().hex}"
+        rel = f"{self.lake.staging_rel}/export-{uuid.uuid4().hex}"
         local = f"{self.lake.path}/{rel}"
         try:
             self.spark.read.format("delta").load(uri).where(where).write.mode("overwrite").parquet(self.lake.table_uri(rel))

@@ -36,12 +36,34 @@ def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return fs, path
 
 
+STAGING_ROOT = "_pg2delta/staging"
+
+
 class Lake:
     """Files under the lake root: Delta logs and staged Parquet, through pyarrow's filesystems."""
 
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
         self.fs, self.path = _filesystem(self.root)
+        # Where this process stages: the shared area, or once the process holds a slot's lock the
+        # slot's own folder in it (:meth:`own_staging`), which nobody else writes.
+        self.staging_rel = STAGING_ROOT
+
+    def own_staging(self, slot: str) -> int:
+        """Stage under the slot's own folder of the staging area from now on, and empty it first:
+        what is there was left by a killed process of this slot (a spilled window can be gigabytes),
+        and the caller holds the slot's lock, so no other process writes there. Returns how many
+        entries it removed."""
+        self.staging_rel = f"{STAGING_ROOT}/slot-{slot}"
+        folder = f"{self.path}/{self.staging_rel}"
+        try:
+            left = self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+            if left:
+                self.fs.delete_dir_contents(folder, missing_dir_ok=True)
+                log.info("removed %d staging entries a killed process of slot %s left", len(left), slot)
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot empty the staging folder {folder}: {exc}") from exc
+        return len(left)
 
     def table_uri(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
@@ -194,7 +216,7 @@ class Lake:
 
     def stage(self, table: pa.Table, name: str) -> str:
         """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""
-        rel = f"_pg2delta/staging/{name}.parquet"
+        rel = f"{self.staging_rel}/{name}.parquet"
         local = f"{self.path}/{rel}"
         try:
             self.fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
@@ -208,12 +230,12 @@ class Lake:
 
     def staging_uri(self, name: str) -> str:
         """The URI of ``name`` (a file or directory) in the lake's staging area."""
-        return self.table_uri(f"_pg2delta/staging/{name}")
+        return self.table_uri(f"{self.staging_rel}/{name}")
 
     def unstage_dir(self, name: str) -> None:
         """Remove the directory ``name`` of the staging area, with everything in it."""
         try:
-            self.fs.delete_dir(f"{self.path}/_pg2delta/staging/{name}")
+            self.fs.delete_dir(f"{self.path}/{self.staging_rel}/{name}")
         except FileNotFoundError:
             pass
         except (OSError, pa.ArrowException):
