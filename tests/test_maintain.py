@@ -23,7 +23,17 @@ from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
 from pg2delta.faults import FAULT_ENV
 from pg2delta.source.throwaway import ThrowawayPostgres
-from workload import ACCT, EVENTS, TABLES, TableSpec, assert_lake_matches, cli, create_schema, lake_rows
+from workload import (
+    ACCT,
+    EVENTS,
+    TABLES,
+    TableSpec,
+    assert_lake_matches,
+    cli,
+    create_schema,
+    lake_rows,
+    published_table,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -210,14 +220,11 @@ def test_maintain_stops_statistics_of_float_columns_of_an_older_table(
     from pg2delta.lake import engine_writes
     from pg2delta.maintain import maintain
 
-    tag = uuid.uuid4().hex[:8]
-    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    slot, pub = published_table(
+        pgdb, "CREATE TABLE fstats (id integer PRIMARY KEY, x double precision, v text)", "fstats",
+        "INSERT INTO fstats VALUES (1, 1.5, 'a'), (2, 2.5, 'b')",
+    )
     lake = tmp_path / "lake"
-    with psycopg.connect(pgdb, autocommit=True) as conn:
-        conn.execute("CREATE TABLE fstats (id integer PRIMARY KEY, x double precision, v text)")
-        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE fstats")
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        conn.execute("INSERT INTO fstats VALUES (1, 1.5, 'a'), (2, 2.5, 'b')")
     cfg = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake))
     with monkeypatch.context() as m:  # as earlier versions created tables: statistics of every column
         m.setattr(engine_writes, "stats_properties", lambda schema: {})

@@ -14,7 +14,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from workload import Workload, assert_lake_matches, cli, confirmed_lsn, create_schema, lake_files
+from workload import (
+    Workload,
+    assert_lake_matches,
+    cli,
+    confirmed_lsn,
+    create_schema,
+    lake_files,
+    published_table,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -125,13 +133,10 @@ def test_plan_reports_a_narrowing_and_exits_78(pgdb: str, tmp_path: Path) -> Non
 
 
 def test_plan_shows_shape_changes(pgdb: str, tmp_path: Path) -> None:
-    slot, pub = _names()
+    slot, pub = published_table(
+        pgdb, "CREATE TABLE sh (id int PRIMARY KEY, a int4, gone text)", "sh", "INSERT INTO sh VALUES (1, 1, 'x'), (2, 2, 'y')"
+    )
     lake = tmp_path / "lake"
-    with psycopg.connect(pgdb, autocommit=True) as conn:
-        conn.execute("CREATE TABLE sh (id int PRIMARY KEY, a int4, gone text)")
-        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE sh")
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        conn.execute("INSERT INTO sh VALUES (1, 1, 'x'), (2, 2, 'y')")
     common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
     first = cli("run", *common)
     assert first.returncode == 0, first.stderr[-2000:]

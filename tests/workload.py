@@ -24,6 +24,7 @@ import os
 import random
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -406,6 +407,20 @@ class Workload:
 
 
 # --- the oracle --------------------------------------------------------------------------
+
+
+def published_table(dsn: str, create: str, name: str, *statements: str) -> tuple[str, str]:
+    """``create`` a table ``name``, a publication of it and a slot (new names, returned as (slot,
+    publication)), then run ``statements`` (changes the slot will hold)."""
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(create)
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE {name}")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        for statement in statements:
+            conn.execute(statement)
+    return slot, pub
 
 
 def pg_rows(conn: psycopg.Connection[Any], spec: TableSpec) -> tuple[list[str], list[tuple[Any, ...]]]:
