@@ -110,9 +110,17 @@ class DeltaWrites(DeltaReads):
 
     def keep_stats_of(self, uri: str, schema: Any) -> bool:
         """Make the existing table keep statistics of the columns :func:`stats_properties` names for
-        ``schema`` (its schema from the next commit on), in one commit when they differ; a table
-        an earlier version created keeps them of every column. True when it changed."""
-        want = stats_properties(schema)
+        ``schema`` (its schema from the next commit on) that it has now, in one commit when they
+        differ; a table an earlier version created keeps them of every column. Columns ``schema``
+        adds get none (Delta refuses to name a column the table does not have yet), as columns
+        added by a schema merge. True when it changed."""
+        from pyspark.sql.types import StructType
+
+        try:
+            now = set(self.spark.read.format("delta").load(uri).columns)
+        except Exception as exc:
+            raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        want = stats_properties(StructType([f for f in schema.fields if f.name in now]))
         have = self.table_properties(uri)
         if all(have.get(k) == v for k, v in want.items()) and not (INDEXED_COLUMNS in want and have.get(STATS_COLUMNS)):
             return False
