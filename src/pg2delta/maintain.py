@@ -128,7 +128,7 @@ def maintain_lake(config: Config, engine: Engine, lake: Lake) -> MaintainReport:
             tm.changelog_rows_deleted = True
         # Tables an earlier version created keep statistics of float columns, which pysail misreads
         # where a file holds NaN; from here on they do not, and the compaction rewrites the files.
-        tm.stats_columns_set = engine.keep_stats(uri)
+        tm.stats_columns_set = engine.keep_stats_of(uri)
         engine.compact(uri, target_size=config.maintain.target_file_size)
         fault_point("maintain_after_compact")
         tm.files_removed = engine.vacuum(uri, retention_hours=retention_hours)

@@ -274,7 +274,9 @@ class EngineSession:
             with self._txn(txn):
                 self._sql(statement, what)
             return
-        cols = ", ".join("`" + c.replace("`", "``") + "`" for c in statement.columns)
+        from pg2delta.apply.merge import quote
+
+        cols = ", ".join(quote(c) for c in statement.columns)
         try:
             writer = self.spark.sql(f"SELECT {cols} FROM {view} WHERE {statement.where}").write.format("delta").mode("append")
             if txn is not None and self.idempotent_writes:

@@ -40,12 +40,10 @@ def stats_properties(schema: Any) -> dict[str, str]:
     decimals, strings, dates and timestamps (Delta refuses other types there)."""
     from pyspark.sql import types as T
 
+    from pg2delta.apply.merge import quote
+
     eligible = (T.IntegralType, T.DecimalType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
-    names = [
-        "`" + f.name.replace("`", "``") + "`"
-        for f in list(schema.fields)[:_STATS_FIRST]
-        if isinstance(f.dataType, eligible)
-    ]
+    names = [quote(f.name) for f in list(schema.fields)[:_STATS_FIRST] if isinstance(f.dataType, eligible)]
     if not names:
         return {INDEXED_COLUMNS: "0"}
     return {STATS_COLUMNS: ",".join(names)}
@@ -100,27 +98,21 @@ class DeltaWrites(DeltaReads):
         except Exception as exc:
             raise LakeError(f"cannot read the properties of {uri}: {' '.join(str(exc).split())[:500]}") from exc
 
-    def keep_stats(self, uri: str) -> bool:
-        """:meth:`keep_stats_of` the table's own schema (a table an earlier version created)."""
-        try:
-            schema = self.spark.read.format("delta").load(uri).schema
-        except Exception as exc:
-            raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
-        return self.keep_stats_of(uri, schema)
-
-    def keep_stats_of(self, uri: str, schema: Any) -> bool:
+    def keep_stats_of(self, uri: str, schema: Any = None) -> bool:
         """Make the existing table keep statistics of the columns :func:`stats_properties` names for
-        ``schema`` (its schema from the next commit on) that it has now, in one commit when they
-        differ; a table an earlier version created keeps them of every column. Columns ``schema``
-        adds get none (Delta refuses to name a column the table does not have yet), as columns
-        added by a schema merge. True when it changed."""
+        ``schema`` (its schema from the next commit on; default the table's own, for a table an
+        earlier version created, which keeps them of every column) that it has now, in one commit
+        when they differ. Columns ``schema`` adds get none (Delta refuses to name a column the
+        table does not have yet), as columns added by a schema merge. True when it changed."""
         from pyspark.sql.types import StructType
 
         try:
-            now = set(self.spark.read.format("delta").load(uri).columns)
+            current = self.spark.read.format("delta").load(uri).schema
         except Exception as exc:
             raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
-        want = stats_properties(StructType([f for f in schema.fields if f.name in now]))
+        now = set(current.fieldNames())
+        schema = current if schema is None else StructType([f for f in schema.fields if f.name in now])
+        want = stats_properties(schema)
         have = self.table_properties(uri)
         if all(have.get(k) == v for k, v in want.items()) and not (INDEXED_COLUMNS in want and have.get(STATS_COLUMNS)):
             return False
