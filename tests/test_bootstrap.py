@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
+from engines import TEST_ENGINE
 from pg2delta.bootstrap import run_bootstrap
 from pg2delta.config import load
 from pg2delta.errors import Pg2DeltaError
@@ -180,6 +183,59 @@ def test_bootstrap_killed_after_a_table_then_resumed(pgdb: str, tmp_path: Path) 
     again = cli("run", *common)
     assert again.returncode == 0, again.stderr[-2000:]
     assert_lake_matches(pgdb, lake, context="bootstrap killed after a table, resumed, run")
+
+
+def test_new_tables_take_the_staged_files_unless_their_folder_holds_others(pgdb: str, tmp_path: Path) -> None:
+    """On the embedded engine a new table's version 0 is its copy's staged files, moved and
+    converted (no rewrite), with statistics of its key and none of a boolean or a bytea; a folder
+    holding somebody else's files is left as it is, and the engine writes the table there."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _preload(pgdb, 4000)
+    foreign = lake / "shop" / "pair" / "notes.txt"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("not ours")
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    done = cli("bootstrap", *common, "--parallel", "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = {spec.qualified: DeltaTable(str(lake / spec.schema / spec.name)).history()[-1] for spec in TABLES}
+    if TEST_ENGINE == "embedded":
+        assert first["public.acct"]["operation"] == "CONVERT", first["public.acct"]
+    assert first["shop.pair"]["operation"] != "CONVERT", first["shop.pair"]
+    assert foreign.read_text() == "not ours"
+    acct = DeltaTable(str(lake / "public" / "acct"))
+    assert acct.metadata().configuration.get("delta.dataSkippingStatsColumns"), acct.metadata().configuration
+    adds = pa.table(acct.get_add_actions(flatten=True))
+    assert pc.min(adds.column("min.id")).as_py() == 1000001 and pc.max(adds.column("max.id")).as_py() == 1004000
+    assert not [c for c in adds.column_names if c.startswith("min.") and c[4:] in ("flag", "blob")]
+    assert_lake_matches(pgdb, lake, context="bootstrap")
+    again = cli("run", *common)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, context="bootstrap, run")
+
+
+@pytest.mark.skipif(TEST_ENGINE != "embedded", reason="Apache Spark writes the copy's table itself")
+def test_bootstrap_killed_between_moving_a_copy_and_its_commit(pgdb: str, tmp_path: Path) -> None:
+    """Files moved into a new table's folder without the commit that adopts them are removed by the
+    next bootstrap, which copies the table again: no row twice, none lost."""
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    _preload(pgdb, 4000)
+    common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    killed = cli("bootstrap", *common, "--parallel", "1", env={FAULT_ENV: "copy_adopt_moved"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    moved = list((lake / "public" / "acct").glob("*.parquet"))
+    assert moved and not (lake / "public" / "acct" / "_delta_log").exists()
+    resumed = cli("bootstrap", *common, "--json")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "public.acct" in json.loads(resumed.stdout)["tables"]
+    acct = DeltaTable(str(lake / "public" / "acct"))
+    assert acct.version() == 0
+    on_disk = sorted(p.name for p in (lake / "public" / "acct").glob("*.parquet"))
+    assert on_disk == sorted(Path(u).name for u in acct.file_uris()), "files of the killed copy left beside the table"
+    assert_lake_matches(pgdb, lake, context="bootstrap killed between the move and the commit, resumed")
 
 
 def _copy_backends(dsn: str) -> int:

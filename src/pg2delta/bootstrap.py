@@ -83,6 +83,7 @@ from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import KIND_BOOTSTRAP, LoggedTable, log_row, log_rows
 from pg2delta.lake.applied_log import append as append_log
 from pg2delta.lake.engine import Lake
+from pg2delta.lake.engine_writes import copy_file_options
 from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
@@ -763,7 +764,12 @@ class Copier:
         lake = self.job.lake
         stage_rel = self._stage_rel(table)
         uri = lake.table_uri(rel.namespace, rel.name)
-        self.job.engine.replace_table(uri, lake.table_uri(stage_rel))
+        staged = lake.table_uri(stage_rel)
+        # A new table takes the staged files as they are, where the engine allows (the history's
+        # MERGE of the copy reads them afterwards: then the engine writes the table).
+        history = self.job.history.enabled(rel.namespace, rel.name)
+        if history or not self.job.engine.adopt_copy(uri, staged, plan.schema):
+            self.job.engine.replace_table(uri, staged)
         with self._logging:  # the applied log (and the history) take one table's rows at a time
             return self._log_copy(plan, rows, t0, progress, uri, stage_rel)
 
@@ -818,9 +824,8 @@ def stage_table(
             if writer is not None:
                 writer.close()
             out = lake.fs.open_output_stream(f"{stage_dir}/part-{files:05d}.parquet")
-            # Staging files live minutes and are read once, whole: a fast codec, no dictionaries and no
-            # statistics (they took 2/3 of the write); the Delta files are the engine's to write.
-            writer = pq.ParquetWriter(out, plan.schema, compression="lz4", use_dictionary=False, write_statistics=False)
+            # Written as Delta data files: the embedded engine's lake takes them as they are (adopt_copy).
+            writer = pq.ParquetWriter(out, plan.schema, **copy_file_options(plan.schema))
             files += 1
             file_rows = 0
         writer.write_batch(batch)

@@ -61,8 +61,11 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
     def start(cls, config: EngineConfig, lake: Lake) -> Engine:
         """Start the engine ``config`` names (:func:`pg2delta.lake.engine_session.open_session`) on ``lake``."""
         opened = open_session(config)
-        return cls(opened.spark, lake, stop=opened.stop, classic=opened.classic, session_conf=opened.session_conf)
+        return cls(
+            opened.spark, lake, stop=opened.stop, classic=opened.classic, embedded=opened.embedded,
+            session_conf=opened.session_conf,
+        )
 
     def with_lake(self, lake: Lake) -> Engine:
         """An engine on the same session writing another lake (its owner stops the session)."""
-        return Engine(self._main, lake, classic=self.classic, session_conf=self._session_conf)
+        return Engine(self._main, lake, classic=self.classic, embedded=self.embedded, session_conf=self._session_conf)

@@ -105,6 +105,7 @@ class OpenedSession:
     spark: Any
     stop: Callable[[], None] | None = None
     classic: bool = False
+    embedded: bool = False  # pysail in this process: the lake's files are this process's files too
     session_conf: dict[str, str] = field(default_factory=dict)
 
 
@@ -150,7 +151,7 @@ def _open_embedded() -> OpenedSession:
         finally:
             server.stop()
 
-    return OpenedSession(spark, stop=stop)
+    return OpenedSession(spark, stop=stop, embedded=True)
 
 
 def _open_classic(config: EngineConfig) -> OpenedSession:
@@ -187,12 +188,20 @@ class EngineSession:
     """
 
     def __init__(
-        self, spark: Any, lake: Lake, *, stop: Any = None, classic: bool = False, session_conf: dict[str, str] | None = None
+        self,
+        spark: Any,
+        lake: Lake,
+        *,
+        stop: Any = None,
+        classic: bool = False,
+        embedded: bool = False,
+        session_conf: dict[str, str] | None = None,
     ) -> None:
         self._main = spark
         self.lake = lake
         self._stop = stop
         self.classic = classic
+        self.embedded = embedded
         self._session_conf = dict(session_conf or {})
         self._owner = threading.get_ident()
         self._local = threading.local()

@@ -9,13 +9,16 @@ table replaced by a copy, and a copy of a table as of an old version (backfill's
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pg2delta.errors import LakeError
+from pg2delta.faults import fault_point
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import Txn
 
@@ -34,19 +37,47 @@ INDEXED_COLUMNS = "delta.dataSkippingNumIndexedCols"
 _STATS_FIRST = 32
 
 
-def stats_properties(schema: Any) -> dict[str, str]:
-    """The table properties that keep Delta statistics of the columns of ``schema`` (a Spark
-    ``StructType``) that can have them and hold no float: of the first 32 columns, the integers,
-    decimals, strings, dates and timestamps (Delta refuses other types there)."""
+def _stats_arrow_type(t: pa.DataType) -> bool:
+    checks = (pa.types.is_integer, pa.types.is_decimal, pa.types.is_string, pa.types.is_large_string, pa.types.is_date,
+              pa.types.is_timestamp)
+    return any(bool(check(t)) for check in checks)
+
+
+def stats_columns(schema: Any) -> list[str]:
+    """The columns of ``schema`` (a Spark ``StructType`` or an Arrow schema) a table keeps Delta
+    statistics of: of the first 32, the integers, decimals, strings, dates and timestamps (Delta
+    refuses other types there; floats are left out, see :data:`STATS_COLUMNS`)."""
+    if isinstance(schema, pa.Schema):
+        return [f.name for f in list(schema)[:_STATS_FIRST] if _stats_arrow_type(f.type)]
     from pyspark.sql import types as T
 
+    eligible = (T.IntegralType, T.DecimalType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
+    return [f.name for f in list(schema.fields)[:_STATS_FIRST] if isinstance(f.dataType, eligible)]
+
+
+def stats_properties(schema: Any) -> dict[str, str]:
+    """The table properties that keep Delta statistics of the :func:`stats_columns` of ``schema``
+    only (a Spark ``StructType`` or an Arrow schema)."""
     from pg2delta.apply.merge import quote
 
-    eligible = (T.IntegralType, T.DecimalType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
-    names = [quote(f.name) for f in list(schema.fields)[:_STATS_FIRST] if isinstance(f.dataType, eligible)]
+    names = [quote(n) for n in stats_columns(schema)]
     if not names:
         return {INDEXED_COLUMNS: "0"}
     return {STATS_COLUMNS: ",".join(names)}
+
+
+def copy_file_options(schema: pa.Schema) -> dict[str, Any]:
+    """``pyarrow.parquet.ParquetWriter`` keywords for the Parquet files a table's copy is staged in:
+    files the embedded engine's lake takes as the table's own, unrewritten
+    (:meth:`DeltaWrites.adopt_copy`), so written as Delta data files are: snappy, and statistics of
+    the :func:`stats_columns` (the commit takes them from the footers), none of the other columns.
+    No dictionaries: they doubled the write, and the engine rewrites the files later anyway as
+    MERGEs touch them."""
+    return {"compression": "snappy", "use_dictionary": False, "write_statistics": stats_columns(schema) or False}
+
+
+# The names adopt_copy gives the files it moves into a table's folder.
+_ADOPTED = re.compile(r"part-\d{5}-[0-9a-f]{32}\.snappy\.parquet")
 
 
 def _creating(writer: Any, schema: Any) -> Any:
@@ -217,6 +248,43 @@ class DeltaWrites(DeltaReads):
             raise
         except Exception as exc:
             raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def adopt_copy(self, uri: str, staged_dir: str, schema: pa.Schema) -> bool:
+        """Make the Parquet files under ``staged_dir`` (a table's copy, written with
+        :func:`copy_file_options` and ``schema``) version 0 of the new Delta table at ``uri`` without
+        rewriting a row: they move into the table's folder and delta-rs converts it (Delta's
+        ``CONVERT TO DELTA``: one commit adding the files, their statistics read from the footers)
+        with :func:`stats_properties`.
+
+        Only where the files are this process's own (the embedded engine, a lake on the local
+        filesystem) and nothing is at ``uri`` yet; returns False, having done nothing, otherwise
+        (then :meth:`replace_table` writes the table). Files an earlier copy moved there before it
+        died, without its commit, are removed first.
+        """
+        if not self.embedded or not isinstance(self.lake.fs, pafs.LocalFileSystem):
+            return False
+        from deltalake import convert_to_deltalake
+
+        fs = self.lake.fs
+        folder = self.lake._local(uri)
+        try:
+            there = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+            if any(i.type != pafs.FileType.File or not _ADOPTED.fullmatch(i.base_name) for i in there):
+                return False  # a Delta table, or files that are not ours
+            for info in there:
+                fs.delete_file(info.path)
+            staged = fs.get_file_info(pafs.FileSelector(self.lake._local(staged_dir)))
+            files = sorted(i.path for i in staged if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
+            fs.create_dir(folder, recursive=True)
+            tag = uuid.uuid4().hex
+            for n, path in enumerate(files):
+                fs.move(path, f"{folder}/part-{n:05d}-{tag}.snappy.parquet")
+            fault_point("copy_adopt_moved")  # the files are in the table's folder, no Delta log says so
+            convert_to_deltalake(folder, mode="error", configuration=stats_properties(schema))
+        except Exception as exc:
+            raise LakeError(f"cannot commit the copy of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        log.info("committed the copy's %d file(s) as version 0 of %s", len(files), uri)
+        return True
 
     def delete_all(self, uri: str, *, txn: Txn | None = None) -> None:
         with self._txn(txn):
