@@ -148,8 +148,8 @@ STAGES: list[tuple[str, object, str]] = [
     ("  stage: COPY -> Arrow -> Parquet (in this process)", bs, "stage_table"),
     ("    decode COPY rows -> Arrow", bs.CopyPlan, "decode"),
     ("  commit: Delta + applied log", bs.Copier, "_commit"),
-    ("    Delta commit: staged files adopted (adopt_copy)", DeltaWrites, "adopt_copy"),
-    ("    Delta commit: rewritten by the engine (replace_table)", DeltaWrites, "replace_table"),
+    ("    Delta commit: adopted (adopt_copy)", DeltaWrites, "adopt_copy"),
+    ("    Delta commit: rewritten (replace_table)", DeltaWrites, "replace_table"),
 ]
 
 
