@@ -216,26 +216,33 @@ def test_new_tables_take_the_staged_files_unless_their_folder_holds_others(pgdb:
 
 
 @pytest.mark.skipif(TEST_ENGINE != "embedded", reason="Apache Spark writes the copy's table itself")
-def test_bootstrap_killed_between_moving_a_copy_and_its_commit(pgdb: str, tmp_path: Path) -> None:
-    """Files moved into a new table's folder without the commit that adopts them are removed by the
-    next bootstrap, which copies the table again: no row twice, none lost."""
+@pytest.mark.parametrize("point", ["copy_adopt_moved", "copy_after_replace"])
+def test_bootstrap_killed_around_a_copy_adopted(pgdb: str, tmp_path: Path, point: str) -> None:
+    """Killed after a new table's copy moved into its folder but before the commit adopting it, the
+    next bootstrap removes those files and copies the table again; killed after that commit but
+    before the applied log says so, it copies the table again over the adopted version. No row
+    twice, none lost."""
     slot, pub = _names()
     lake = tmp_path / "lake"
+    folder = lake / "public" / "acct"
     create_schema(pgdb, pub)
     _preload(pgdb, 4000)
     common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
-    killed = cli("bootstrap", *common, "--parallel", "1", env={FAULT_ENV: "copy_adopt_moved"})
+    killed = cli("bootstrap", *common, "--parallel", "1", env={FAULT_ENV: point})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    moved = list((lake / "public" / "acct").glob("*.parquet"))
-    assert moved and not (lake / "public" / "acct" / "_delta_log").exists()
+    assert list(folder.glob("*.parquet"))
+    assert (folder / "_delta_log").exists() == (point == "copy_after_replace")
     resumed = cli("bootstrap", *common, "--json")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "public.acct" in json.loads(resumed.stdout)["tables"]
-    acct = DeltaTable(str(lake / "public" / "acct"))
-    assert acct.version() == 0
-    on_disk = sorted(p.name for p in (lake / "public" / "acct").glob("*.parquet"))
-    assert on_disk == sorted(Path(u).name for u in acct.file_uris()), "files of the killed copy left beside the table"
-    assert_lake_matches(pgdb, lake, context="bootstrap killed between the move and the commit, resumed")
+    acct = DeltaTable(str(folder))
+    if point == "copy_adopt_moved":
+        assert acct.version() == 0
+        on_disk = sorted(p.name for p in folder.glob("*.parquet"))
+        assert on_disk == sorted(Path(u).name for u in acct.file_uris()), "files of the killed copy left beside the table"
+    else:
+        assert acct.version() == 1, "the copy is made again over the adopted one"
+    assert_lake_matches(pgdb, lake, context=f"bootstrap killed at {point}, resumed")
 
 
 def _copy_backends(dsn: str) -> int:
