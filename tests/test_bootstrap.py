@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -187,12 +188,18 @@ def test_bootstrap_killed_after_a_table_then_resumed(pgdb: str, tmp_path: Path) 
 
 def test_new_tables_take_the_staged_files_unless_their_folder_holds_others(pgdb: str, tmp_path: Path) -> None:
     """On the embedded engine a new table's version 0 is its copy's staged files, moved and
-    converted (no rewrite), with statistics of its key and none of a boolean or a bytea; a folder
-    holding somebody else's files is left as it is, and the engine writes the table there."""
+    converted (no rewrite), with statistics of its key and none of a boolean, a bytea or a float (in
+    the log or the footers: pysail would fold a NaN into a file's other value, and a later MERGE
+    would write that back); a folder holding somebody else's files is left as it is, and the engine
+    writes the table there."""
     slot, pub = _names()
     lake = tmp_path / "lake"
     create_schema(pgdb, pub)
     _preload(pgdb, 4000)
+    with psycopg.connect(pgdb, autocommit=True) as conn:  # floats: a file's NaN must survive a later MERGE (min = max of the other values)
+        conn.execute("CREATE TABLE floats (id int PRIMARY KEY, f float8, r real)")
+        conn.execute("INSERT INTO floats VALUES (1, 'NaN', 'NaN'), (2, 2.5, 2.5), (3, 2.5, 2.5)")
+        conn.execute(f"ALTER PUBLICATION {pub} ADD TABLE floats")
     foreign = lake / "shop" / "pair" / "notes.txt"
     foreign.parent.mkdir(parents=True)
     foreign.write_text("not ours")
@@ -209,10 +216,24 @@ def test_new_tables_take_the_staged_files_unless_their_folder_holds_others(pgdb:
     adds = pa.table(acct.get_add_actions(flatten=True))
     assert pc.min(adds.column("min.id")).as_py() == 1000001 and pc.max(adds.column("max.id")).as_py() == 1004000
     assert not [c for c in adds.column_names if c.startswith("min.") and c[4:] in ("flag", "blob")]
+    floats = DeltaTable(str(lake / "public" / "floats"))
+    assert not [c for c in pa.table(floats.get_add_actions(flatten=True)).column_names if c[4:] in ("f", "r")]
+    for file in floats.file_uris():  # nor in the files' footers, which pysail reads too
+        meta = pq.ParquetFile(file).metadata
+        for g in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                col = meta.row_group(g).column(c)
+                assert col.path_in_schema not in ("f", "r") or col.statistics is None or not col.statistics.has_min_max
     assert_lake_matches(pgdb, lake, context="bootstrap")
+    with psycopg.connect(pgdb, autocommit=True) as conn:  # a MERGE that rewrites the NaN rows' file
+        conn.execute("UPDATE floats SET r = 0.5 WHERE id = 2")
     again = cli("run", *common)
     assert again.returncode == 0, again.stderr[-2000:]
     assert_lake_matches(pgdb, lake, context="bootstrap, run")
+    rows = sorted(DeltaTable(str(lake / "public" / "floats")).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], repr(r["f"]), repr(r["r"])) for r in rows] == [
+        (1, "nan", "nan"), (2, "2.5", "0.5"), (3, "2.5", "2.5")
+    ], rows
 
 
 @pytest.mark.skipif(TEST_ENGINE != "embedded", reason="Apache Spark writes the copy's table itself")
