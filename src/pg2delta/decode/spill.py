@@ -51,7 +51,7 @@ class SpilledBatch:
 
     def load(self) -> pa.RecordBatch:
         try:
-            with self.lake.fs.open_input_file(self.lake._local(self.uri)) as f:
+            with self.lake.fs.open_input_file(self.lake.fs_path(self.uri)) as f:
                 table = pq.read_table(f)
         except (OSError, pa.ArrowException) as exc:
             raise LakeError(f"cannot read spilled changes {self.uri}: {exc}") from exc

@@ -266,14 +266,14 @@ class DeltaWrites(DeltaReads):
         from deltalake import convert_to_deltalake
 
         fs = self.lake.fs
-        folder = self.lake._local(uri)
+        folder = self.lake.fs_path(uri)
         try:
             there = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
             if any(i.type != pafs.FileType.File or not _ADOPTED.fullmatch(i.base_name) for i in there):
                 return False  # a Delta table, or files that are not ours
             for info in there:
                 fs.delete_file(info.path)
-            staged = fs.get_file_info(pafs.FileSelector(self.lake._local(staged_dir)))
+            staged = fs.get_file_info(pafs.FileSelector(self.lake.fs_path(staged_dir)))
             files = sorted(i.path for i in staged if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
             fs.create_dir(folder, recursive=True)
             tag = uuid.uuid4().hex

@@ -68,12 +68,13 @@ class Lake:
     def table_uri(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
 
-    def _local(self, uri: str) -> str:
+    def fs_path(self, uri: str) -> str:
+        """``uri`` (of this lake) as a path of :attr:`fs`."""
         return _filesystem(uri)[1]
 
     def exists(self, uri: str) -> bool:
         """Whether a file or folder is at ``uri`` (a path of the lake's filesystem)."""
-        return bool(self.fs.get_file_info(self._local(uri)).type != pafs.FileType.NotFound)
+        return bool(self.fs.get_file_info(self.fs_path(uri)).type != pafs.FileType.NotFound)
 
     def check_writable(self) -> None:
         probe = f"{self.path}/_pg2delta/.write-probe-{uuid.uuid4().hex}"
@@ -87,7 +88,7 @@ class Lake:
 
     def delta_version(self, uri: str) -> int | None:
         """The latest commit version of the Delta table at ``uri``, or None if there is none."""
-        log_dir = f"{self._local(uri)}/_delta_log"
+        log_dir = f"{self.fs_path(uri)}/_delta_log"
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
         except (OSError, pa.ArrowException) as exc:
@@ -102,7 +103,7 @@ class Lake:
         listing the log (Delta's protocol makes it optional). pysail 0.7.2 follows it and then
         cannot time-travel below that checkpoint; without it, it can (measured here).
         """
-        hint = f"{self._local(uri)}/_delta_log/_last_checkpoint"
+        hint = f"{self.fs_path(uri)}/_delta_log/_last_checkpoint"
         try:
             if self.fs.get_file_info(hint).type == pafs.FileType.NotFound:
                 return False
@@ -121,7 +122,7 @@ class Lake:
         version below its latest checkpoint, though the commits are all there). Refuses what
         plain Parquet files cannot express: deletion vectors and column mapping.
         """
-        local = self._local(uri)
+        local = self.fs_path(uri)
         files: dict[str, None] = {}
         schema: str | None = None
         for v in range(version + 1):
@@ -152,7 +153,7 @@ class Lake:
         (single or multi-part Parquet) and the JSON commits after it. None when there is no table;
         a LakeError when the log cannot be read this way (a V2 checkpoint and no JSON commits
         before it)."""
-        local = self._local(uri)
+        local = self.fs_path(uri)
         log_dir = f"{local}/_delta_log"
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
@@ -205,8 +206,8 @@ class Lake:
         pieces = []
         try:
             for path in sorted(files):
-                full = path if "://" in path or path.startswith("/") else f"{self._local(uri)}/{path}"
-                with self.fs.open_input_file(self._local(full)) as f:
+                full = path if "://" in path or path.startswith("/") else f"{self.fs_path(uri)}/{path}"
+                with self.fs.open_input_file(self.fs_path(full)) as f:
                     pieces.append(pq.read_table(f))
         except (OSError, pa.ArrowException) as exc:
             raise LakeError(f"cannot read {uri}: {exc}") from exc
@@ -243,6 +244,6 @@ class Lake:
 
     def unstage(self, uri: str) -> None:
         try:
-            self.fs.delete_file(self._local(uri))
+            self.fs.delete_file(self.fs_path(uri))
         except (OSError, pa.ArrowException):
             log.warning("could not remove staging file %s", uri)
