@@ -45,11 +45,13 @@ AIRFLOW_PINS := 'apache-airflow==$(AIRFLOW_VERSION)' apache-airflow-providers-ap
 # A Java 17 (Spark 3.5 and 4.x run on it), found or installed at run time: nobody sets JAVA_HOME.
 WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 # The tests start a driver JVM per CLI run for jobs of seconds: the client compiler alone and the
-# serial collector start faster (measured: 10-30% off a crash-and-rerun fault test). Tests only.
+# serial collector start faster (measured: 10-30% off a crash-and-rerun fault test). Tests only;
+# each test process's shared session, which lives for all its tests, keeps the full compiler
+# (tests/engines.py).
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2
 
-.PHONY: install install-spark install-airflow test-airflow demo test test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean
+.PHONY: install install-spark install-airflow test-airflow demo test java test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
@@ -102,8 +104,16 @@ demo: install postgres
 # Everything: lint, the whole suite on the embedded engine, the classic engine's tests on Apache
 # Spark + Delta, the Spark 3.5 line's Connect client against pysail, and the example Airflow DAGs.
 # The Airflow test runs inside the embedded tier's two workers (it mostly waits on Airflow and the
-# CLI), which is shorter than a tier of its own.
-test: lint test-embedded test-spark test-spark4 test-compat
+# CLI), which is shorter than a tier of its own. The Spark venvs are built (pip, Delta's jars)
+# while the embedded tier runs: that mostly waits on downloads, not on the cores the tests use.
+# Java and PostgreSQL 15 come first, so that no two package installs run at once.
+test: lint postgres java
+	$(MAKE) -j2 --output-sync=line test-embedded install-spark
+	$(MAKE) test-spark test-spark4 test-compat
+
+# A Java 17, found or installed (tools/java_home.sh).
+java:
+	@tools/java_home.sh >/dev/null
 
 test-embedded: install $(AIRFLOW_STAMP) postgres
 	$(PY) -m pytest -q $(XDIST)
