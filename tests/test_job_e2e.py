@@ -309,7 +309,7 @@ def _nan_safe(rows: list[tuple[object, ...]]) -> list[tuple[str, ...]]:
 
 
 # On Apache Spark in memory only: what differs there (the tables' statistics columns, Spark's own
-# NaN-aware joins) is the same for a spilled window, and each classic run of this test costs ~70 s.
+# NaN-aware joins) is the same for a spilled window, and each classic run of this test costs about 90 s.
 @pytest.mark.parametrize(
     "spill", [pytest.param(False, marks=pytest.mark.classic), True], ids=["in-memory", "spilled"]
 )
