@@ -34,6 +34,13 @@ if TEST_ENGINE != "embedded" and "PG2DELTA_TEST_PG" not in os.environ:
     PG_VERSIONS = PG_VERSIONS[-1:]
 
 
+def newest_server_only(pg_server: ThrowawayPostgres, why: str) -> None:
+    """Skip unless ``pg_server`` is the newest server under test: for tests of the lake's side, which
+    does not depend on the server (each run of them on another server costs CI time only)."""
+    if pg_server.version != max(PG_VERSIONS):
+        pytest.skip(f"{why}: run against the newest server only")
+
+
 # The slowest tests go to the test workers first, so that two workers (pytest-xdist) end together
 # rather than one finishing a long test alone at the end; measured with --durations.
 SLOW_FIRST = (

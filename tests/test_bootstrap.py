@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from conftest import PG_VERSIONS
+from conftest import newest_server_only
 from engines import TEST_ENGINE
 from pg2delta.bootstrap import run_bootstrap
 from pg2delta.config import load
@@ -188,11 +188,6 @@ def test_bootstrap_killed_after_a_table_then_resumed(pgdb: str, tmp_path: Path) 
     assert_lake_matches(pgdb, lake, context="bootstrap killed after a table, resumed, run")
 
 
-def _newest_server_only(pg_server: ThrowawayPostgres) -> None:
-    if pg_server.version != max(PG_VERSIONS):
-        pytest.skip("how the lake takes a copy does not depend on the server: run against the newest server only")
-
-
 def test_new_tables_take_the_staged_files_unless_their_folder_holds_others(
     pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path
 ) -> None:
@@ -201,7 +196,7 @@ def test_new_tables_take_the_staged_files_unless_their_folder_holds_others(
     the log or the footers: pysail would fold a NaN into a file's other value, and a later MERGE
     would write that back); a folder holding somebody else's files is left as it is, and the engine
     writes the table there."""
-    _newest_server_only(pg_server)
+    newest_server_only(pg_server, "how the lake takes a copy does not depend on the server")
     slot, pub = _names()
     lake = tmp_path / "lake"
     create_schema(pgdb, pub)
@@ -255,7 +250,7 @@ def test_bootstrap_killed_around_a_copy_adopted(
     next bootstrap removes those files and copies the table again; killed after that commit but
     before the applied log says so, it copies the table again over the adopted version. No row
     twice, none lost."""
-    _newest_server_only(pg_server)
+    newest_server_only(pg_server, "how the lake takes a copy does not depend on the server")
     slot, pub = _names()
     lake = tmp_path / "lake"
     folder = lake / "public" / "acct"

@@ -24,7 +24,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from changelog_support import assert_changelog_matches, changelog_rows, setup_source
-from conftest import PG_VERSIONS
+from conftest import newest_server_only
 from engines import TEST_ENGINE
 from pg2delta.apply.history import neighbours_sql, versions_sql, versions_summary_sql, window_versions
 from pg2delta.apply.merge import fill_toast_in_order
@@ -62,8 +62,7 @@ META = (
 def newest_pgdb(pgdb: str, pg_server: ThrowawayPostgres) -> str:
     """The newest server only, for the crash tests: what they prove (the history's commit replayed
     exactly once) is the lake's side; the history's versions are compared on every server above."""
-    if pg_server.version != max(PG_VERSIONS):
-        pytest.skip("a crash and its replay are the lake's side: run against the newest server only")
+    newest_server_only(pg_server, "a crash and its replay are the lake's side")
     return pgdb
 
 

@@ -19,7 +19,7 @@ import pytest
 from deltalake import DeltaTable
 
 from changelog_support import changelog_path, changelog_rows, write_config
-from conftest import PG_VERSIONS
+from conftest import newest_server_only
 from engines import TEST_ENGINE
 from pg2delta.faults import FAULT_ENV
 from pg2delta.source.throwaway import ThrowawayPostgres
@@ -41,8 +41,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def pgdb(pgdb: str, pg_server: ThrowawayPostgres) -> str:
     """The newest server only: maintenance reads and writes only the lake."""
-    if pg_server.version != max(PG_VERSIONS):
-        pytest.skip("maintenance reads and writes only the lake: run against the newest server only")
+    newest_server_only(pg_server, "maintenance reads and writes only the lake")
     return pgdb
 
 
