@@ -45,11 +45,16 @@ def test_every_version_reads_back_as_delta_rs_reads_it(tmp_path: Path, monkeypat
         engine.stop()
 
 
-def test_old_versions_keep_nan_in_float_columns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hint", [True, False], ids=["hint-dropped", "from-files"])
+def test_old_versions_keep_nan_in_float_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hint: bool) -> None:
     """Versions below the newest checkpoint (pysail's own, and maintenance's after a compaction by
-    delta-rs) keep a NaN of a float column whose other values in the file are all one value: they
-    are read through Delta, where the table keeps no float statistics, not from their files as
-    plain Parquet, where pysail takes some footers' statistics (which leave NaN out) as bounds."""
+    delta-rs) keep a NaN of a float column whose other values in the file are all one value. Read
+    through Delta, the table keeps no float statistics; read from their files as plain Parquet
+    (where time travel fails even without the hint), pysail would take the footers' float
+    statistics (pysail's own files' and delta-rs's compacted one's, which leave NaN out) as
+    bounds of every value, so those files are read from copies without them."""
+    if not hint:
+        monkeypatch.setattr(Lake, "drop_checkpoint_hint", lambda self, uri: False)
     lake = Lake(str(tmp_path))
     engine = Engine.start(EngineConfig(), lake)
     uri = lake.table_uri("s", "f")
@@ -72,5 +77,10 @@ def test_old_versions_keep_nan_in_float_columns(tmp_path: Path) -> None:
         assert engine.checkpoint(uri)  # at version 14, above the compacted one
         assert lake.delta_version(uri) == 14
         check(range(1, 15))
+        check(range(13, 15))  # read again: the copies of the first reads serve
+        copies = list((tmp_path / "_pg2delta").glob("**/*.parquet"))
+        assert bool(copies) != hint, copies  # pysail's files and delta-rs's compacted one have float bounds
     finally:
         engine.stop()
+    # Read from its files, the compacted file was copied without statistics; the copies go at stop.
+    assert not list((tmp_path / "_pg2delta").glob("**/*.parquet"))

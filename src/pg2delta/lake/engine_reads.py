@@ -159,8 +159,7 @@ class DeltaReads(EngineSession):
             except Exception as exc:
                 failed = exc
         # Else the files the JSON commits list at that version, read as plain Parquet with that
-        # version's schema. pysail trusts some footers' float statistics there, which leave NaN
-        # out (README: "Float NaN on the embedded engine").
+        # version's schema.
         log.debug("time travel to version %d of %s failed (%s); reading its files", version, uri, failed)
         files, text = self.lake.snapshot_at(uri, version)
         if text is None:
@@ -168,7 +167,18 @@ class DeltaReads(EngineSession):
         from pyspark.sql.types import StructType
 
         schema = StructType.fromJson(json.loads(text))
-        return self.spark.read.schema(schema).parquet(*files) if files else self.spark.createDataFrame([], schema)
+        if not files:
+            return self.spark.createDataFrame([], schema)
+        if not self.classic:
+            # pysail takes the float statistics delta-rs writes in a footer (a compacted file's) as
+            # bounds of every value, NaN included (README: "Float NaN on the embedded engine"):
+            # those files are read from copies without statistics, kept until the engine stops.
+            key = (uri, version)
+            if key not in self._version_copies:
+                folder = f"{self._copies_folder}/{len(self._version_copies)}"
+                self._version_copies[key] = self.lake.without_float_bounds(files, folder)
+            files = self._version_copies[key]
+        return self.spark.read.schema(schema).parquet(*files)
 
     def read_table(self, uri: str) -> list[dict[str, Any]]:
         """All rows of a (small) Delta table, or [] if it does not exist."""

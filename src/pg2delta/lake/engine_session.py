@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -205,6 +206,10 @@ class EngineSession:
         self._session_conf = dict(session_conf or {})
         self._owner = threading.get_ident()
         self._local = threading.local()
+        # Old versions read from their files: (uri, version) -> the files to read, some of them
+        # copies under the staging area (DeltaReads._read_version), removed when the engine stops.
+        self._version_copies: dict[tuple[str, int], list[str]] = {}
+        self._copies_folder = f"versions-{uuid.uuid4().hex}"
 
     @property
     def spark(self) -> Any:
@@ -241,8 +246,13 @@ class EngineSession:
             conf.unset(TXN_VERSION)
 
     def stop(self) -> None:
-        if self._stop is not None:
-            self._stop()
+        try:
+            if self._stop is not None:
+                self._stop()
+        finally:
+            if self._version_copies:
+                self.lake.unstage_dir(self._copies_folder)
+                self._version_copies.clear()
 
     @staticmethod
     def _delta_rs(uri: str) -> Any:

@@ -13,6 +13,7 @@ import logging
 import re
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -37,6 +38,17 @@ def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 STAGING_ROOT = "_pg2delta/staging"
+
+
+def _float_bounds(metadata: pq.FileMetaData) -> bool:
+    """Whether a Parquet footer holds the minimum and maximum of a float column in a row group."""
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for column in range(row_group.num_columns):
+            chunk = row_group.column(column)
+            if chunk.physical_type in ("FLOAT", "DOUBLE") and chunk.is_stats_set and chunk.statistics.has_min_max:
+                return True
+    return False
 
 
 class Lake:
@@ -228,6 +240,36 @@ class Lake:
         except (OSError, pa.ArrowException) as exc:
             raise LakeError(f"cannot write staging file {local}: {exc}") from exc
         return self.table_uri(rel)
+
+    def without_float_bounds(self, files: Sequence[str], name: str) -> list[str]:
+        """``files`` (Parquet files' URIs), each one whose footer holds a float column's minimum and
+        maximum replaced by a copy without statistics, written under the staging folder ``name``.
+
+        Those statistics leave NaN out, and pysail 0.7.2 reading plain Parquet takes them as bounds
+        of every value (a file holding ``[NaN, 2.5]`` reads back as ``[2.5, 2.5]``). delta-rs and
+        pyarrow write them; pg2delta's own files have none. Copied a row group at a time.
+        """
+        out: list[str] = []
+        for i, uri in enumerate(files):
+            path = self.fs_path(uri)
+            rel = f"{self.staging_rel}/{name}/{i:06d}.parquet"
+            try:
+                with self.fs.open_input_file(path) as f:
+                    source = pq.ParquetFile(f)
+                    if not _float_bounds(source.metadata):
+                        out.append(uri)
+                        continue
+                    self.fs.create_dir(f"{self.path}/{self.staging_rel}/{name}", recursive=True)
+                    with (
+                        self.fs.open_output_stream(f"{self.path}/{rel}") as sink,
+                        pq.ParquetWriter(sink, source.schema_arrow, compression="zstd", write_statistics=False) as writer,
+                    ):
+                        for group in range(source.num_row_groups):
+                            writer.write_table(source.read_row_group(group))
+            except (OSError, pa.ArrowException) as exc:
+                raise LakeError(f"cannot copy {uri} without its float statistics: {exc}") from exc
+            out.append(self.table_uri(rel))
+        return out
 
     def staging_uri(self, name: str) -> str:
         """The URI of ``name`` (a file or directory) in the lake's staging area."""
