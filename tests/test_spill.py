@@ -134,6 +134,8 @@ def test_kill_while_spilling_then_rerun(pgdb: str, tmp_path: Path) -> None:
     left = [p for p in spilled if p.exists()]
     assert not left, left[:3]
     assert not list((lake / "_pg2delta" / "staging").rglob("*.parquet"))
+    # And the rerun, which ended, left no folder of its own for the next run to take as a killed one's.
+    assert not list((lake / "_pg2delta" / "staging" / f"slot-{slot}").iterdir())
 
 
 def test_engine_reduce_with_no_final_row_to_resolve(tmp_path: Path, shared_engine: SharedEngine) -> None:

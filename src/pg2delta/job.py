@@ -165,6 +165,9 @@ class Job(Lakeside):
                     self._windows(run, report)
                 finally:
                     run.progress.close()
+                    # The run's own staging folder (each window removes its files, not the folder):
+                    # else the next run would take it for what a killed run left.
+                    self.lake.unstage_dir(run.run_id)
             finally:
                 catalog_conn.close()
             self._maintain_if_due(report)
