@@ -5,14 +5,19 @@ PostgreSQL (15 by default) with a temporary lake:
 
 (a) ``--changes`` inserts (default 1,000,000) in transactions of 10,000 rows;
 (b) the same number of inserts in **one** transaction;
-(c) ``--big`` inserts (default 5,000,000) in one transaction.
+(c) ``--big`` inserts (default 5,000,000) in one transaction;
+(d) ``--updated`` rows (default 1,000,000) already in the lake, then **one** ``UPDATE`` of every
+    one of them: the peak of the run that applies it (a ``MERGE`` into a populated table, where
+    (a) to (c) create theirs). Skipped with ``--updated 0``.
 
 Each is applied by the real CLI (``python -m pg2delta.cli run``, embedded engine, default
 settings unless ``--memory-budget`` is given) in a child process whose peak resident set size
 (``ru_maxrss`` from ``wait4``) is printed; the embedded engine runs inside that process, so its
 memory counts. The Delta table is then read with deltalake and must hold every row.
 
-Last line: ``memory_growth=<peak of (c) / peak of (a)>`` (target at most 1.3).
+Then ``update_growth=<peak of (d) / peak of (a)>`` (no target: what the embedded engine's
+``MERGE`` of a bulk update costs, see bench/README.md). Last line: ``memory_growth=<peak of (c) /
+peak of (a)>`` (target at most 1.3).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_decode import PUB, SLOT, TABLE, make_window
+import psycopg
+from bench_decode import PUB, SLOT, TABLE, UPDATE, make_window
 
 
 def run_cli(dsn: str, lake: Path, memory_budget: int | None) -> tuple[float, float, str]:
@@ -72,16 +78,46 @@ def scenario(label: str, pg: int, rows: int, txn_rows: int, memory_budget: int |
         shutil.rmtree(lake, ignore_errors=True)
 
 
+def update_scenario(pg: int, rows: int, memory_budget: int | None) -> float:
+    """(d): ``rows`` rows brought into the lake by a first run, then one UPDATE of them all; the peak
+    resident set of the second run, which merges it."""
+    win = make_window(pg, rows, txn_rows=10_000, update_share=0.0)
+    lake = Path(tempfile.mkdtemp(prefix="pg2delta-bench-memory-"))
+    try:
+        run_cli(win.pg.dsn, lake, memory_budget)
+        with psycopg.connect(win.pg.dsn, autocommit=True) as conn:
+            conn.execute(UPDATE, (1, rows))
+        peak, seconds, spilled = run_cli(win.pg.dsn, lake, memory_budget)
+        from deltalake import DeltaTable
+
+        schema, name = TABLE.split(".")
+        notes = DeltaTable(str(lake / schema / name)).to_pyarrow_table(columns=["note"]).column("note").to_pylist()
+        updated = sum(1 for n in notes if n is not None and n.startswith("updated "))
+        if len(notes) != rows or updated != rows:
+            raise SystemExit(f"(d): the Delta table holds {len(notes):,} rows, {updated:,} updated; PostgreSQL {rows:,}")
+        print(f"(d) one UPDATE of {rows:,} rows in a table of {rows:,}: run {seconds:.1f} s, {updated:,} rows "
+              f"updated in Delta, {spilled or 'spilled_rows: ?'}", flush=True)
+        print(f"peak_rss_mb_d={peak:.0f}", flush=True)
+        return peak
+    finally:
+        win.pg.stop()
+        shutil.rmtree(lake, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--changes", type=int, default=1_000_000, help="rows of (a) and (b) (default 1,000,000)")
     ap.add_argument("--big", type=int, default=5_000_000, help="rows of (c) (default 5,000,000)")
+    ap.add_argument("--updated", type=int, default=1_000_000, help="rows of (d), 0 to skip (default 1,000,000)")
     ap.add_argument("--pg", type=int, default=15, choices=(15, 18))
     ap.add_argument("--memory-budget", type=int, default=None, help="window.memory_budget in bytes (default: the job's)")
     args = ap.parse_args(argv)
     a = scenario("a", args.pg, args.changes, 10_000, args.memory_budget)
     scenario("b", args.pg, args.changes, args.changes, args.memory_budget)
     c = scenario("c", args.pg, args.big, args.big, args.memory_budget)
+    if args.updated:
+        d = update_scenario(args.pg, args.updated, args.memory_budget)
+        print(f"update_growth={d / a:.2f}", flush=True)
     print(f"memory_growth={c / a:.2f}")
     return 0
 
