@@ -29,10 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-from bench_decode import PUB, SLOT, TABLE, UPDATE, make_window
+from bench_decode import PUB, SLOT, TABLE, UPDATE, Window, make_window
 
 
 def run_cli(dsn: str, lake: Path, memory_budget: int | None) -> tuple[float, float, str]:
@@ -58,50 +60,54 @@ def run_cli(dsn: str, lake: Path, memory_budget: int | None) -> tuple[float, flo
     return usage.ru_maxrss / 1024, seconds, spilled
 
 
-def scenario(label: str, pg: int, rows: int, txn_rows: int, memory_budget: int | None) -> float:
+@contextmanager
+def window_and_lake(pg: int, rows: int, txn_rows: int) -> Iterator[tuple[Window, Path]]:
+    """A throwaway server whose slot holds ``rows`` inserts, and an empty lake; both gone afterwards."""
     win = make_window(pg, rows, txn_rows=txn_rows, update_share=0.0)
     lake = Path(tempfile.mkdtemp(prefix="pg2delta-bench-memory-"))
     try:
-        peak, seconds, spilled = run_cli(win.pg.dsn, lake, memory_budget)
-        from deltalake import DeltaTable
+        yield win, lake
+    finally:
+        win.pg.stop()
+        shutil.rmtree(lake, ignore_errors=True)
 
-        schema, name = TABLE.split(".")
-        held = DeltaTable(str(lake / schema / name)).to_pyarrow_table(columns=["id"]).num_rows
+
+def delta_column(lake: Path, column: str) -> list[object]:
+    """One column of the bench table's Delta table, read with deltalake (not the engine that wrote it)."""
+    from deltalake import DeltaTable
+
+    schema, name = TABLE.split(".")
+    return DeltaTable(str(lake / schema / name)).to_pyarrow_table(columns=[column]).column(column).to_pylist()
+
+
+def scenario(label: str, pg: int, rows: int, txn_rows: int, memory_budget: int | None) -> float:
+    with window_and_lake(pg, rows, txn_rows) as (win, lake):
+        peak, seconds, spilled = run_cli(win.pg.dsn, lake, memory_budget)
+        held = len(delta_column(lake, "id"))
         if held != rows:
             raise SystemExit(f"({label}): the Delta table holds {held:,} rows, PostgreSQL {rows:,}")
         print(f"({label}) {rows:,} inserts in transactions of {txn_rows:,}: run {seconds:.1f} s, "
               f"{held:,} rows in Delta, {spilled or 'spilled_rows: ?'}", flush=True)
         print(f"peak_rss_mb_{label}={peak:.0f}", flush=True)
         return peak
-    finally:
-        win.pg.stop()
-        shutil.rmtree(lake, ignore_errors=True)
 
 
 def update_scenario(pg: int, rows: int, memory_budget: int | None) -> float:
     """(d): ``rows`` rows brought into the lake by a first run, then one UPDATE of them all; the peak
     resident set of the second run, which merges it."""
-    win = make_window(pg, rows, txn_rows=10_000, update_share=0.0)
-    lake = Path(tempfile.mkdtemp(prefix="pg2delta-bench-memory-"))
-    try:
+    with window_and_lake(pg, rows, 10_000) as (win, lake):
         run_cli(win.pg.dsn, lake, memory_budget)
         with psycopg.connect(win.pg.dsn, autocommit=True) as conn:
             conn.execute(UPDATE, (1, rows))
         peak, seconds, spilled = run_cli(win.pg.dsn, lake, memory_budget)
-        from deltalake import DeltaTable
-
-        schema, name = TABLE.split(".")
-        notes = DeltaTable(str(lake / schema / name)).to_pyarrow_table(columns=["note"]).column("note").to_pylist()
-        updated = sum(1 for n in notes if n is not None and n.startswith("updated "))
+        notes = delta_column(lake, "note")
+        updated = sum(1 for n in notes if isinstance(n, str) and n.startswith("updated "))
         if len(notes) != rows or updated != rows:
             raise SystemExit(f"(d): the Delta table holds {len(notes):,} rows, {updated:,} updated; PostgreSQL {rows:,}")
         print(f"(d) one UPDATE of {rows:,} rows in a table of {rows:,}: run {seconds:.1f} s, {updated:,} rows "
               f"updated in Delta, {spilled or 'spilled_rows: ?'}", flush=True)
         print(f"peak_rss_mb_d={peak:.0f}", flush=True)
         return peak
-    finally:
-        win.pg.stop()
-        shutil.rmtree(lake, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
