@@ -170,9 +170,10 @@ class DeltaReads(EngineSession):
         if not files:
             return self.spark.createDataFrame([], schema)
         if not self.classic:
-            # pysail takes the float statistics delta-rs writes in a footer (a compacted file's) as
-            # bounds of every value, NaN included (README: "Float NaN on the embedded engine"):
-            # those files are read from copies without statistics, kept until the engine stops.
+            # pysail takes a footer's float statistics (its own Delta files have them, as delta-rs's
+            # compacted ones do) as bounds of every value, NaN included (README: "Float NaN on the
+            # embedded engine"): those files are read from copies without statistics, kept until
+            # the engine stops.
             key = (uri, version)
             if key not in self._version_copies:
                 folder = f"{self._copies_folder}/{len(self._version_copies)}"

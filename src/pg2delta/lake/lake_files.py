@@ -246,8 +246,9 @@ class Lake:
         maximum replaced by a copy without statistics, written under the staging folder ``name``.
 
         Those statistics leave NaN out, and pysail 0.7.2 reading plain Parquet takes them as bounds
-        of every value (a file holding ``[NaN, 2.5]`` reads back as ``[2.5, 2.5]``). delta-rs and
-        pyarrow write them; pg2delta's own files have none. Copied a row group at a time.
+        of every value (a file holding ``[NaN, 2.5]`` reads back as ``[2.5, 2.5]``). pysail's Delta
+        writes, delta-rs and pyarrow write them; pg2delta's staged files have none. Copied a row
+        group at a time.
         """
         out: list[str] = []
         for i, uri in enumerate(files):
