@@ -79,6 +79,7 @@ def test_backfill_into_fresh_path_equals_time_travel(pgdb: str, tmp_path: Path) 
         proc = _backfill(config, start, b, "--into", str(into), "--json")
         assert proc.returncode == EXIT_OK, proc.stderr[-3000:]
         assert json.loads(proc.stdout)["tables"], proc.stdout
+        assert not list((into / "_pg2delta" / "staging").glob("backfill-*")), "the backfill's staging folder left"
         for spec in TABLES:
             assert _copy(into, spec) == _main_as_of(lake, spec, b), f"{spec.qualified} as of {_fmt(b)}"
         # The same backfill again: nothing to do (exit 0 by default, and it says so), nothing written.

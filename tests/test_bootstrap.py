@@ -156,6 +156,7 @@ def test_bootstrap_under_a_concurrent_workload_then_run(pgdb: str, tmp_path: Pat
     assert during > 0 and after.changes > 0, "the workload did not write while the bootstrap ran"
     assert_lake_matches(pgdb, lake, context="bootstrap under a workload, then run")
     assert not list((lake / "_pg2delta" / "staging").rglob("*.parquet")), "staging files left behind"
+    assert not (lake / "_pg2delta" / "staging" / "bootstrap" / slot).exists(), "the copy's staging folder left"
 
 
 @pytest.mark.classic

@@ -354,9 +354,12 @@ def _apply(
     # The target's engine: staging (changelog slices, MERGE sources) goes under the target lake,
     # so a backfill --into writes nothing into the lake it reads.
     job = Lakeside(target_config, engine_factory=engine.with_lake)
-    with _progress(plans, b) as progress:
-        for plan in plans:
-            _apply_one(config, engine, lake, target_lake, b, plan, into, job, run_id, report, progress)
+    try:
+        with _progress(plans, b) as progress:
+            for plan in plans:
+                _apply_one(config, engine, lake, target_lake, b, plan, into, job, run_id, report, progress)
+    finally:
+        job.lake.unstage_dir(run_id)  # the backfill's staging folder: its files go as they are used
     return report
 
 

@@ -993,12 +993,14 @@ def append_log_row(
     append_log(job.engine, job.lake, [log_row(job.config.source.slot, run_id, lsn, lsn, logged, kind=KIND_BOOTSTRAP)])
 
 
-def _clean_staging(job: Lakeside) -> None:
-    """Remove what an interrupted copy of this slot staged (never visible in any Delta table)."""
+def _clean_staging(job: Lakeside, *, done: bool = False) -> None:
+    """Remove the staging folder of this slot's copies: before a copy, what an interrupted one
+    staged (never visible in any Delta table); with ``done``, after a copy, its own emptied folder."""
     path = f"{job.lake.path}/{STAGING}/{job.config.source.slot}"
     try:
         job.lake.fs.delete_dir(path)
-        log.info("removed staging files of an interrupted copy")
+        if not done:
+            log.info("removed staging files of an interrupted copy")
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -1016,24 +1018,27 @@ def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, p
     tmp = f"pg2delta_tmp_{uuid.uuid4().hex[:16]}"
     run_id = uuid.uuid4().hex
     _clean_staging(job)
-    with ExportedSnapshot(cfg.source.dsn, tmp, temporary=True, connect_timeout=cfg.source.connect_timeout) as exported:
-        snap = exported.snapshot
-        if info is not None and info.confirmed_flush_lsn is not None and snap.consistent_lsn < info.confirmed_flush_lsn:
-            raise SourceStateError(
-                f"the new snapshot ({format_lsn(snap.consistent_lsn)}) is before slot {cfg.source.slot!r} "
-                f"({format_lsn(info.confirmed_flush_lsn)}); nothing was copied"
-            )
-        copier = Copier(job, snap, run_id, parallel=parallel)
-        catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
-        try:
-            # The publication as of the snapshot: the tables the slot publishes from its consistent point.
-            open_snapshot(catalog_conn, snap)
-            tables = [t for t in copied_tables(catalog_conn, cfg) if t.oid in missing]
-            plans = copier.plans(catalog_conn, tables)
-            catalog_conn.execute("COMMIT")
-            return copier.copy_all(plans)
-        finally:
-            catalog_conn.close()
+    try:
+        with ExportedSnapshot(cfg.source.dsn, tmp, temporary=True, connect_timeout=cfg.source.connect_timeout) as exported:
+            snap = exported.snapshot
+            if info is not None and info.confirmed_flush_lsn is not None and snap.consistent_lsn < info.confirmed_flush_lsn:
+                raise SourceStateError(
+                    f"the new snapshot ({format_lsn(snap.consistent_lsn)}) is before slot {cfg.source.slot!r} "
+                    f"({format_lsn(info.confirmed_flush_lsn)}); nothing was copied"
+                )
+            copier = Copier(job, snap, run_id, parallel=parallel)
+            catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
+            try:
+                # The publication as of the snapshot: the tables the slot publishes from its consistent point.
+                open_snapshot(catalog_conn, snap)
+                tables = [t for t in copied_tables(catalog_conn, cfg) if t.oid in missing]
+                plans = copier.plans(catalog_conn, tables)
+                catalog_conn.execute("COMMIT")
+                return copier.copy_all(plans)
+            finally:
+                catalog_conn.close()
+    finally:
+        _clean_staging(job, done=True)
 
 
 def copy_new_tables(job: Lakeside, src: SlotSource, *, parallel: int = DEFAULT_PARALLEL) -> bool:
@@ -1117,6 +1122,7 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
         job.start_engine_early()
         n_workers = min(parallel, len(copied_tables(src.conn, cfg)))
         with contextlib.ExitStack() as stack:
+            stack.callback(_clean_staging, job, done=True)  # last, once the workers have stopped
             workers = stack.enter_context(Workers(n_workers)) if n_workers > 1 else None
             exported = stack.enter_context(ExportedSnapshot(
                 cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout
