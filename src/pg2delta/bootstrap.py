@@ -51,7 +51,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from queue import Empty
@@ -993,18 +993,28 @@ def append_log_row(
     append_log(job.engine, job.lake, [log_row(job.config.source.slot, run_id, lsn, lsn, logged, kind=KIND_BOOTSTRAP)])
 
 
-def _clean_staging(job: Lakeside, *, done: bool = False) -> None:
-    """Remove the staging folder of this slot's copies: before a copy, what an interrupted one
-    staged (never visible in any Delta table); with ``done``, after a copy, its own emptied folder."""
+@contextlib.contextmanager
+def _slot_staging(job: Lakeside) -> Iterator[None]:
+    """This slot's staging folder for a copy: emptied first of what an interrupted copy staged
+    (never visible in any Delta table), and removed when the copy ends."""
     path = f"{job.lake.path}/{STAGING}/{job.config.source.slot}"
+
+    def remove() -> bool:
+        try:
+            job.lake.fs.delete_dir(path)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            log.warning("could not remove %s: %s", path, exc)
+            return False
+
+    if remove():
+        log.info("removed staging files of an interrupted copy")
     try:
-        job.lake.fs.delete_dir(path)
-        if not done:
-            log.info("removed staging files of an interrupted copy")
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("could not remove %s: %s", path, exc)
+        yield
+    finally:
+        remove()
 
 
 def _read_state(job: Lakeside) -> LakeBootstrap:
@@ -1017,28 +1027,26 @@ def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, p
     info = src.slot_info()
     tmp = f"pg2delta_tmp_{uuid.uuid4().hex[:16]}"
     run_id = uuid.uuid4().hex
-    _clean_staging(job)
-    try:
-        with ExportedSnapshot(cfg.source.dsn, tmp, temporary=True, connect_timeout=cfg.source.connect_timeout) as exported:
-            snap = exported.snapshot
-            if info is not None and info.confirmed_flush_lsn is not None and snap.consistent_lsn < info.confirmed_flush_lsn:
-                raise SourceStateError(
-                    f"the new snapshot ({format_lsn(snap.consistent_lsn)}) is before slot {cfg.source.slot!r} "
-                    f"({format_lsn(info.confirmed_flush_lsn)}); nothing was copied"
-                )
-            copier = Copier(job, snap, run_id, parallel=parallel)
-            catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
-            try:
-                # The publication as of the snapshot: the tables the slot publishes from its consistent point.
-                open_snapshot(catalog_conn, snap)
-                tables = [t for t in copied_tables(catalog_conn, cfg) if t.oid in missing]
-                plans = copier.plans(catalog_conn, tables)
-                catalog_conn.execute("COMMIT")
-                return copier.copy_all(plans)
-            finally:
-                catalog_conn.close()
-    finally:
-        _clean_staging(job, done=True)
+    with _slot_staging(job), ExportedSnapshot(
+        cfg.source.dsn, tmp, temporary=True, connect_timeout=cfg.source.connect_timeout
+    ) as exported:
+        snap = exported.snapshot
+        if info is not None and info.confirmed_flush_lsn is not None and snap.consistent_lsn < info.confirmed_flush_lsn:
+            raise SourceStateError(
+                f"the new snapshot ({format_lsn(snap.consistent_lsn)}) is before slot {cfg.source.slot!r} "
+                f"({format_lsn(info.confirmed_flush_lsn)}); nothing was copied"
+            )
+        copier = Copier(job, snap, run_id, parallel=parallel)
+        catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
+        try:
+            # The publication as of the snapshot: the tables the slot publishes from its consistent point.
+            open_snapshot(catalog_conn, snap)
+            tables = [t for t in copied_tables(catalog_conn, cfg) if t.oid in missing]
+            plans = copier.plans(catalog_conn, tables)
+            catalog_conn.execute("COMMIT")
+            return copier.copy_all(plans)
+        finally:
+            catalog_conn.close()
 
 
 def copy_new_tables(job: Lakeside, src: SlotSource, *, parallel: int = DEFAULT_PARALLEL) -> bool:
@@ -1115,14 +1123,13 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
             return report
 
         run_id = uuid.uuid4().hex
-        _clean_staging(job)
         # What the copy needs gets ready while the slot is created and the catalog read: the
         # engine starts in a thread, the worker processes start (the snapshot's table list,
         # read below, is what is copied; this one only says how many workers are worth starting).
         job.start_engine_early()
         n_workers = min(parallel, len(copied_tables(src.conn, cfg)))
         with contextlib.ExitStack() as stack:
-            stack.callback(_clean_staging, job, done=True)  # last, once the workers have stopped
+            stack.enter_context(_slot_staging(job))  # left last, once the workers have stopped
             workers = stack.enter_context(Workers(n_workers)) if n_workers > 1 else None
             exported = stack.enter_context(ExportedSnapshot(
                 cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout
