@@ -276,3 +276,96 @@ def test_spilled_window_in_driver_buckets_equals_in_memory(
         assert mem is not None and spill is not None
         assert mem[0] == spill[0], spec.qualified
         assert sorted(mem[1], key=repr) == sorted(spill[1], key=repr), spec.qualified
+
+
+def test_spilled_inserts_are_merged_without_a_reduce(
+    pgdb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spilled window of a table that holds only inserts, under a key PostgreSQL keeps unique
+    (a primary key, REPLICA IDENTITY FULL's, a keyless table's position), has one change per key:
+    the engine merges the staged changes as they are, with no reduce query, into a table the
+    window creates (an append) and into one with rows (a MERGE), also after a truncate in the
+    window. A key set in the config, an
+    update or a delete in the window: reduced as before. A crash after the commits replays the
+    window to the same lake (no row twice)."""
+    from pg2delta.lake import engine_staged
+
+    reduced: list[str] = []
+    real = engine_staged._Steps.filled
+
+    def spy(self: object, uri: str, *args: object, **kwargs: object) -> str:
+        reduced.append(uri.rstrip("/").rsplit("/", 1)[-1])
+        return real(self, uri, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_staged._Steps, "filled", spy)
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    create_schema(pgdb, pub)
+    lake = tmp_path / "lake"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+    def insert(first: int, n: int) -> None:
+        with psycopg.connect(pgdb) as conn:
+            for lo in range(first, first + n, 50):  # several transactions
+                hi = min(lo + 50, first + n)
+                conn.execute(
+                    "INSERT INTO acct (id, name, amount, body) SELECT g, 'n' || g, g / 7.0, repeat('b', g %% 90) "
+                    "FROM generate_series(%s, %s - 1) g", (lo, hi)
+                )
+                conn.execute("INSERT INTO shop.pair (region, n, qty) SELECT 'r' || (g %% 3), g, g FROM generate_series(%s, %s - 1) g", (lo, hi))
+                conn.execute("INSERT INTO fullid (id, val) SELECT g, 'v' || g FROM generate_series(%s, %s - 1) g", (lo, hi))
+                conn.execute("INSERT INTO events (kind, n) SELECT 'k', g FROM generate_series(%s, %s - 1) g", (lo, hi))
+                conn.commit()
+
+    def spilled_run(config: Path | None = None) -> None:
+        report = run(load(config, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake), **SPILL))
+        assert sum(w.spilled_rows for w in report.windows) > 0
+
+    insert(1, 200)
+    spilled_run()  # every table created by this window: appended
+    assert_lake_matches(pgdb, lake, context="inserts into new tables")
+    assert reduced == []
+    insert(1000, 200)
+    spilled_run()  # into tables with rows: MERGEd
+    assert_lake_matches(pgdb, lake, context="inserts into tables with rows")
+    assert reduced == []
+
+    # Killed after the window's commits, before the slot moved: the rerun merges the same inserts again.
+    insert(2000, 150)
+    before = confirmed_lsn(pgdb, slot)
+    common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    env = {"PG2DELTA_MEMORY_BUDGET": "1"}
+    crashed = cli(*common, env={**env, FAULT_ENV: "after_commits"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert confirmed_lsn(pgdb, slot) == before
+    again = cli(*common, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, context="after the crash and the rerun")
+
+    # Keys inserted, truncated and inserted again in one window: only the inserts after the
+    # truncate are staged, one per key.
+    insert(5000, 50)
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("TRUNCATE acct, shop.pair, fullid, events")
+    insert(5000, 60)
+    spilled_run()
+    assert_lake_matches(pgdb, lake, context="inserts around a truncate")
+    assert reduced == []
+
+    # An update of one table's row: that table's window is reduced, the others' are not.
+    insert(3000, 100)
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("UPDATE acct SET name = 'changed' WHERE id = 3005")
+    spilled_run()
+    assert_lake_matches(pgdb, lake, context="an update among the inserts")
+    assert reduced == ["acct"]
+
+    # A key from the config is not known to be unique: reduced, even with inserts only.
+    reduced.clear()
+    insert(4000, 100)
+    conf = tmp_path / "keys.toml"
+    conf.write_text('[tables."shop.pair"]\nkey = ["region", "n"]\n')
+    spilled_run(conf)
+    assert_lake_matches(pgdb, lake, context="a key from the config")
+    assert reduced == ["pair"]

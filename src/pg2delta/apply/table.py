@@ -190,6 +190,9 @@ def _merge_staged(
         txn=txn,
         rows=staged.rows,
         bucket_files=staged.buckets,
+        # Inserts only, under the replica identity (unique, not null): one change per key. A key
+        # set in the config is not known to be unique, so its changes are reduced.
+        distinct_keys=not nullable_keys and set(staged.ops) <= {"I"},
     )
     report.delta_version = side.lake.delta_version(uri)
     log.info(

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from pg2delta.decode.changes import OP_COL
 from pg2delta.errors import DataError, LakeError
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import Txn
@@ -47,6 +48,7 @@ class StagedReduce(DeltaReads):
         txn: Txn | None = None,
         rows: int = 0,
         bucket_files: Sequence[Sequence[str]] = (),
+        distinct_keys: bool = False,
     ) -> int:
         """Reduce the staged changes under ``changes_dir`` to one row per key in the engine and MERGE them
         (a spilled window, see :mod:`pg2delta.decode.spill`); returns the number of rows merged.
@@ -60,10 +62,20 @@ class StagedReduce(DeltaReads):
         ``bucket_files``: the staged files of each bucket, when the driver wrote them in buckets of
         the key (pg2delta.apply.stage.key_buckets); each query then reads its bucket's files only,
         rather than every file through a hash filter. The one MERGE reads every bucket's rows.
+        ``distinct_keys``: no key has more than one staged change (inserts only, under a key
+        PostgreSQL keeps unique): the changes are the final rows, merged as they are, with no reduce.
         """
         steps = _Steps(self, work)
         buckets = 1 if toast_columns else len(bucket_files) or max(1, -(-rows // REDUCE_BUCKET_ROWS))
         try:
+            if distinct_keys and not toast_columns:
+                from pg2delta.apply.merge import quote
+
+                cols = [quote(c) for c in [*data_columns, OP_COL]]
+                final = steps.view(self.spark.read.parquet(changes_dir).selectExpr(*cols))
+                log.debug("%s: %d staged inserts of distinct keys, merged as they are", uri, rows)
+                self._commit(uri, final, statement_for(self.target(uri), final), f"MERGE into {uri}", txn)
+                return rows
             final = steps.filled(
                 uri, changes_dir, key_names=key_names, data_columns=data_columns, toast_columns=toast_columns,
                 lookup_version=lookup_version, nullable_keys=nullable_keys, optional=optional, every_row=False,
