@@ -24,6 +24,7 @@ from pg2delta.config import load
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import run
 from pg2delta.lake.engine import EngineConfig, Lake
+from pg2delta.lake.engine_session import AppendRows
 from workload import ACCT, TABLES, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema, lake_rows
 
 pytestmark = pytest.mark.e2e
@@ -203,6 +204,39 @@ def test_engine_reduce_in_buckets_equals_one_query(
         tables.append(sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"]))
     assert tables[0] == tables[1]
     assert len(tables[0]) > 20
+
+
+def test_embedded_appends_write_bounded_files(
+    tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded engine writes a large append (a new table's window) into files of about
+    EMBEDDED_FILE_BYTES each (pysail holds a file's rows until it closes it), every row once."""
+    from pg2delta.lake import engine_session
+
+    monkeypatch.setattr(engine_session, "EMBEDDED_FILE_BYTES", 1 << 20)
+    n = 300_000
+    lake = Lake(str(tmp_path / "lake"))
+    uri = lake.table_uri("public", "t")
+    lake.stage(pa.table({
+        "id": pa.array(range(n), pa.int64()), "body": [f"row {i} " + "x" * (i % 50) for i in range(n)],
+        "_pg2delta_lsn": pa.array([10] * n, pa.int64()), "_pg2delta_pos": pa.array(range(n), pa.int64()),
+        "_pg2delta_op": ["I"] * n, "_pg2delta_toast": pa.array([None] * n, pa.list_(pa.string())),
+    }), "changes/part-000000")
+    engine = shared_engine.start(EngineConfig(), lake)
+    if not engine.embedded:
+        pytest.skip("the file size is set on the embedded engine only")
+    engine.ensure_table(uri, lake.staging_uri("changes"), ["id", "body"])
+    merged = engine.merge_reduced(
+        uri, lake.staging_uri("changes"), lambda t, v: AppendRows(("id", "body"), "_pg2delta_op <> 'D'"),
+        work="reduce", key_names=["id"], data_columns=["id", "body"], toast_columns=(),
+        lookup_version=None, nullable_keys=False, rows=n, distinct_keys=True,
+    )
+    assert merged == n
+    table = DeltaTable(uri)
+    sizes = [Path(f).stat().st_size for f in table.file_uris()]
+    assert len(sizes) >= 3, sizes
+    assert max(sizes) < 2 << 20, sizes
+    assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(n))
 
 
 def test_key_buckets_put_equal_keys_together() -> None:

@@ -192,7 +192,7 @@ class DeltaWrites(DeltaReads):
                 order = [c for c in df.columns if c not in drop] + [c for c in filled if c not in df.columns]
                 out = out.crossJoin(self.spark.read.parquet(staged)).selectExpr(*[quote(c) for c in order])
             self.keep_stats_of(uri, out.schema)  # a column widened to a float keeps none
-            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(uri)
+            self.delta_writer(out, "overwrite").option("overwriteSchema", "true").save(uri)
         except LakeError:
             raise
         except Exception as exc:
@@ -238,7 +238,7 @@ class DeltaWrites(DeltaReads):
         """
         try:
             df = self.spark.read.parquet(staged_dir)
-            writer = df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+            writer = self.delta_writer(df, "overwrite").option("overwriteSchema", "true")
             if self.lake.delta_version(uri) is None:
                 writer = _creating(writer, df.schema)
             else:
@@ -314,7 +314,7 @@ class DeltaWrites(DeltaReads):
                 for f in self.spark.read.format("delta").load(uri).schema.fields:
                     if f.name not in have:
                         df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
-            writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
+            writer = self.delta_writer(df, "append").option("mergeSchema", "true")
             if not exists:
                 writer = _creating(writer, df.schema)
             if txn is not None and self.idempotent_writes:
@@ -354,7 +354,7 @@ class DeltaWrites(DeltaReads):
         """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
         try:
             df = self._read_version(source, version)
-            _creating(df.write.format("delta").mode("append"), df.schema).save(target)
+            _creating(self.delta_writer(df, "append"), df.schema).save(target)
         except LakeError:
             raise
         except Exception as exc:
