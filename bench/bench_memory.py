@@ -9,6 +9,9 @@ PostgreSQL (15 by default) with a temporary lake:
 (d) ``--updated`` rows (default 1,000,000) already in the lake, then **one** ``UPDATE`` of every
     one of them: the peak of the run that applies it (a ``MERGE`` into a populated table, where
     (a) to (c) create theirs). Skipped with ``--updated 0``.
+(e) **one** transaction of ``--big`` changes that inserts 80 % of its rows and updates a quarter of
+    those: spilled, and reduced to one row per key by the engine, in buckets of the key (a window
+    of inserts only, as (c), has one change per key and skips the reduce). Skipped with ``--mixed 0``.
 
 Each is applied by the real CLI (``python -m pg2delta.cli run``, embedded engine, default
 settings unless ``--memory-budget`` is given) in a child process whose peak resident set size
@@ -16,7 +19,8 @@ settings unless ``--memory-budget`` is given) in a child process whose peak resi
 memory counts. The Delta table is then read with deltalake and must hold every row.
 
 Then ``update_growth=<peak of (d) / peak of (a)>`` (no target: what the embedded engine's
-``MERGE`` of a bulk update costs, see bench/README.md). Last line: ``memory_growth=<peak of (c) /
+``MERGE`` of a bulk update costs, see bench/README.md) and ``reduce_growth=<peak of (e) / peak
+of (a)>`` (the spilled reduce's share, held to the same 1.3 as ``memory_growth``). Last line: ``memory_growth=<peak of (c) /
 peak of (a)>`` (target at most 1.3).
 """
 
@@ -34,7 +38,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-from bench_decode import PUB, SLOT, TABLE, UPDATE, Window, make_window
+from bench_decode import INSERT, PUB, SETUP, SLOT, TABLE, UPDATE, Window, make_window
+
+from pg2delta.source.throwaway import ThrowawayPostgres
 
 
 def run_cli(dsn: str, lake: Path, memory_budget: int | None) -> tuple[float, float, str]:
@@ -110,11 +116,44 @@ def update_scenario(pg: int, rows: int, memory_budget: int | None) -> float:
         return peak
 
 
+def mixed_scenario(pg: int, changes: int, memory_budget: int | None) -> float:
+    """(e): one transaction of ``changes`` changes, inserts then updates of a quarter of them, into
+    a new table; the peak of the run that applies it."""
+    updates = changes // 5
+    inserts = changes - updates
+    server = ThrowawayPostgres.start(pg)
+    lake = Path(tempfile.mkdtemp(prefix="pg2delta-bench-memory-"))
+    try:
+        with psycopg.connect(server.dsn) as conn:
+            conn.execute(SETUP)
+            conn.commit()
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (SLOT,))
+            conn.commit()
+            conn.execute(INSERT, (1, inserts))
+            conn.execute(UPDATE, (1, updates))
+            conn.commit()
+        peak, seconds, spilled = run_cli(server.dsn, lake, memory_budget)
+        notes = delta_column(lake, "note")
+        updated = sum(1 for n in notes if isinstance(n, str) and n.startswith("updated "))
+        if len(notes) != inserts or updated != updates:
+            raise SystemExit(f"(e): the Delta table holds {len(notes):,} rows, {updated:,} updated; "
+                             f"PostgreSQL {inserts:,}, {updates:,}")
+        print(f"(e) one transaction of {inserts:,} inserts and {updates:,} updates: run {seconds:.1f} s, "
+              f"{len(notes):,} rows in Delta, {updated:,} updated, {spilled or 'spilled_rows: ?'}", flush=True)
+        print(f"peak_rss_mb_e={peak:.0f}", flush=True)
+        return peak
+    finally:
+        server.stop()
+        shutil.rmtree(lake, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--changes", type=int, default=1_000_000, help="rows of (a) and (b) (default 1,000,000)")
     ap.add_argument("--big", type=int, default=5_000_000, help="rows of (c) (default 5,000,000)")
     ap.add_argument("--updated", type=int, default=1_000_000, help="rows of (d), 0 to skip (default 1,000,000)")
+    ap.add_argument("--mixed", type=int, default=5_000_000,
+                    help="changes of (e), in one transaction, 0 to skip (default 5,000,000)")
     ap.add_argument("--pg", type=int, default=15, choices=(15, 18))
     ap.add_argument("--memory-budget", type=int, default=None, help="window.memory_budget in bytes (default: the job's)")
     args = ap.parse_args(argv)
@@ -124,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.updated:
         d = update_scenario(args.pg, args.updated, args.memory_budget)
         print(f"update_growth={d / a:.2f}", flush=True)
+    if args.mixed:
+        e = mixed_scenario(args.pg, args.mixed, args.memory_budget)
+        print(f"reduce_growth={e / a:.2f}", flush=True)
     print(f"memory_growth={c / a:.2f}")
     return 0
 
