@@ -601,3 +601,32 @@ def test_partition_truncated_or_detached_under_partitions_root_then_resync(pgdb:
     assert "a dropped partition (OID" in done.stderr and "copying public.m again" in done.stderr
     assert_lake_matches(pgdb, lake, [M], context="dropped, resynced by the run")
     _the_run_after(pgdb, lake, resyncing, [M], "UPDATE m SET v = 'later' WHERE k = 4")
+
+
+def test_leaves_publishing_different_columns_stop_only_their_root(pgdb: str, tmp_path: Path) -> None:
+    """``partitions = "root"`` whose leaves publish different column lists cannot be one Delta
+    table: a resync or a verify of that root stops (exit 78) naming both lists, and nothing is
+    copied; a resync or a verify of another table of the publication is not stopped by it."""
+    lake = tmp_path / "lake"
+    _slot, common = _partitioned(pgdb, lake, via_root=False)
+    pub = common[common.index("--publication") + 1]
+    _sql(
+        pgdb,
+        "CREATE TABLE m2 PARTITION OF m FOR VALUES IN (2)",
+        "CREATE TABLE other (id int PRIMARY KEY, v text)",
+        f"ALTER PUBLICATION {pub} ADD TABLE other",
+        "INSERT INTO m SELECT g, 2, 'two ' || g FROM generate_series(1, 10) g",
+        "INSERT INTO other SELECT g, 'o' || g FROM generate_series(1, 10) g",
+    )
+    config = _config(tmp_path, common, "public.m", 'partitions = "root"')
+    _ok("run", "--config", config)
+    assert_lake_matches(pgdb, lake, [M, OTHER], context="before the column lists")
+    _sql(pgdb, f"ALTER PUBLICATION {pub} SET TABLE m1 (id, k, v), m2 (id, k), other")
+    version = DeltaTable(str(lake / "public" / "m")).version()
+    for command in ("verify", "resync"):
+        stopped = cli(command, "--config", config, "--table", "public.m")
+        assert stopped.returncode == 78, (command, stopped.returncode, stopped.stderr[-2000:])
+        assert "publish different columns (public.m1: id, k, v; public.m2: id, k)" in stopped.stderr, stopped.stderr[-2000:]
+        _ok(command, "--config", config, "--table", "public.other")
+    assert DeltaTable(str(lake / "public" / "m")).version() == version  # the root: nothing copied
+    assert_lake_matches(pgdb, lake, [OTHER], context="other resynced")

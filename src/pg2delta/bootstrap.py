@@ -269,6 +269,16 @@ class PublishedTable:
     # ``partitions = "root"``: the published leaf partitions copied into this root's table, each as
     # (schema, name, row filter); empty for a table copied from itself.
     parts: tuple[tuple[str, str, str | None], ...] = ()
+    # Why the table cannot be copied or compared as published (its leaves publish different
+    # columns): raised by :meth:`usable` where the table itself is copied or verified, so that the
+    # other tables of the publication can be.
+    problem: str | None = None
+
+    def usable(self) -> PublishedTable:
+        """This table, or :class:`SchemaError` (exit 78) with :attr:`problem`."""
+        if self.problem is not None:
+            raise SchemaError(self.problem)
+        return self
 
     @property
     def oid(self) -> int:
@@ -364,17 +374,21 @@ def _rooted(
     conn: psycopg.Connection[Any], oid: int, schema: str, name: str, leaves: Sequence[PublishedTable]
 ) -> PublishedTable:
     """One table for the root ``oid`` of ``leaves`` (``partitions = "root"``): their columns (they
-    must publish the same ones, as one Delta table holds them), each leaf's row filter, and the
-    root's leaf partitions of now (the run compares them to notice one attached or detached)."""
+    must publish the same ones, as one Delta table holds them, else :attr:`PublishedTable.problem`
+    says so), each leaf's row filter, and the root's leaf partitions of now (the run compares them
+    to notice one attached or detached)."""
     first = leaves[0]
-    for leaf in leaves[1:]:
-        if leaf.relation.columns != first.relation.columns:
-            raise SchemaError(
-                f"the partitions of {schema}.{name} (partitions = \"root\") publish different columns "
-                f"({first.qualified}: {', '.join(c.name for c in first.relation.columns)}; {leaf.qualified}: "
-                f"{', '.join(c.name for c in leaf.relation.columns)}): pg2delta copies them into one Delta "
-                "table only when they publish the same columns; give them one column list in the publication"
-            )
+    problem = next(
+        (
+            f"the partitions of {schema}.{name} (partitions = \"root\") publish different columns "
+            f"({first.qualified}: {', '.join(c.name for c in first.relation.columns)}; {leaf.qualified}: "
+            f"{', '.join(c.name for c in leaf.relation.columns)}): pg2delta copies them into one Delta "
+            "table only when they publish the same columns; give them one column list in the publication"
+            for leaf in leaves[1:]
+            if leaf.relation.columns != first.relation.columns
+        ),
+        None,
+    )
     estimates = [t.estimated_rows for t in leaves if t.estimated_rows is not None]
     return PublishedTable(
         dataclasses.replace(first.relation, oid=oid, namespace=schema, name=name),
@@ -384,6 +398,7 @@ def _rooted(
         sum(estimates) if estimates else None,
         leaves=partition_leaves(conn, [f"{schema}.{name}"]).get(oid),
         parts=tuple((t.relation.namespace, t.relation.name, t.row_filter) for t in leaves),
+        problem=problem,
     )
 
 
@@ -662,7 +677,7 @@ class Copier:
     def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
         catalog = PgTypeCatalog(catalog_conn)
         decoder = WindowDecoder(catalog, key_resolver(self.job.config, catalog_conn))
-        return [CopyPlan.make(t, decoder.relation_version(t.relation)) for t in tables]
+        return [CopyPlan.make(t.usable(), decoder.relation_version(t.relation)) for t in tables]
 
     def _stage_rel(self, table: PublishedTable) -> str:
         return f"{self.staging}/{table.relation.namespace}.{table.relation.name}"

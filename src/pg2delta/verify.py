@@ -666,7 +666,7 @@ def verify(
                 if pub is None:
                     result = TableResult(t.schema, t.table, t.version, skipped="not in the publication")
                 else:
-                    result = verify_table(engine, conn, config, pub, t, show=show_values, max_differences=max_differences)
+                    result = verify_table(engine, conn, config, pub.usable(), t, show=show_values, max_differences=max_differences)
                 if result.skipped and tables:  # asked for by name: say why it cannot be compared
                     raise SchemaError(f"cannot verify {result.name}: {result.skipped}")
                 report.tables.append(result)
