@@ -259,6 +259,23 @@ def test_reduce_then_apply_equals_apply_all(work: tuple[dict[int, Row], list[Op]
     assert red.table.num_rows == len({r["id"] for r in rows})
     assert _apply(lake, red) == want
     assert red.inserts + red.updates + red.deletes == len(rows)
+    # A key PostgreSQL keeps unique (what the decoder emits here): the same lake.
+    assert _apply(lake, reduce_changes(table(rows), ["id"], distinct_keys=True)) == want
+
+
+def test_inserts_under_a_unique_key_are_their_own_final_rows() -> None:
+    """``distinct_keys``: a window of inserts only is kept as it is (the caller vouches that the key
+    is unique), and equals what the reduce keeps; any other operation in it, and it is reduced."""
+    inserts = table([ch(10, 1, "I", 1, "a", "A"), ch(10, 3, "I", 2, "b"), ch(20, 1, "I", 3, "c", "C")])
+    kept = reduce_changes(inserts, ["id"], ["id", "v"], distinct_keys=True)
+    assert kept.table.equals(reduce_changes(inserts, ["id"], ["id", "v"]).table)
+    assert (kept.inserts, kept.updates, kept.deletes, kept.lookups) == (3, 0, 0, ())
+    # Nothing is searched for: two inserts of one key (which PostgreSQL does not send) both stay.
+    twice = table([ch(10, 1, "I", 1, "a"), ch(20, 1, "I", 1, "b")])
+    assert reduce_changes(twice, ["id"], distinct_keys=True).table.num_rows == 2
+    assert reduce_changes(twice, ["id"]).table.num_rows == 1
+    mixed = table([ch(10, 1, "I", 1, "a"), ch(20, 1, "U", 1, "b")])
+    assert finals(reduce_changes(mixed, ["id"], distinct_keys=True)) == {1: ("U", "b", None, None)}
 
 
 def test_unchanged_toast_of_a_nan_key() -> None:

@@ -52,10 +52,14 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def reduce_changes(changes: pa.Table, key_names: Sequence[str], columns: Sequence[str] | None = None) -> Reduced:
+def reduce_changes(
+    changes: pa.Table, key_names: Sequence[str], columns: Sequence[str] | None = None, *, distinct_keys: bool = False
+) -> Reduced:
     """The final state per key of ``changes`` (rows already in commit order). ``columns``: those
     the final rows need besides the key, the operation and the unchanged-TOAST list (default: all);
-    the others (commit position, xid, time) are not gathered."""
+    the others (commit position, xid, time) are not gathered. ``distinct_keys``: the caller knows
+    that no key has two inserts (a key PostgreSQL keeps unique), so changes that are all inserts
+    are their own final rows, kept as they are."""
     n = changes.num_rows
     ops = changes.column(OP_COL)
     counts = pc.value_counts(ops).to_pylist() if n else []
@@ -64,12 +68,15 @@ def reduce_changes(changes: pa.Table, key_names: Sequence[str], columns: Sequenc
         return Reduced(changes, (), 0, 0, 0)
     if not key_names:
         raise ValueError("reduce_changes needs key columns")
+    wanted = None if columns is None else {*columns, *key_names, OP_COL, TOAST_COL}
+    if distinct_keys and set(by_op) == {"I"}:
+        kept = changes if wanted is None else changes.select([c for c in changes.column_names if c in wanted])
+        return Reduced(kept, (), n, 0, 0)
     indexed = changes.append_column(_INDEX, pa.array(np.arange(n, dtype=np.int64)))
     last = indexed.select([*key_names, _INDEX]).group_by(list(key_names), use_threads=False).aggregate(
         [(_INDEX, "max")]
     )
     keep = np.sort(last.column(f"{_INDEX}_max").to_numpy())
-    wanted = None if columns is None else {*columns, *key_names, OP_COL, TOAST_COL}
     # The kept rows in commit order by a mask, not a gather: a filter copies each batch's runs of
     # kept rows as they are, where a take over many batches joins them all first.
     mask = np.zeros(n, dtype=bool)

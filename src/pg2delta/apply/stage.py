@@ -205,11 +205,14 @@ def stage_changes(
     return staged, kept_by_update
 
 def reduce(
-    schema: str, name: str, changes: pa.Table | None, key_names: list[str], data_columns: Sequence[str]
+    schema: str, name: str, changes: pa.Table | None, key_names: list[str], data_columns: Sequence[str],
+    *, configured_key: bool = True,
 ) -> tuple[Reduced, list[str], list[str]] | None:
     """``changes`` reduced to one final state per key, with the key and data columns the MERGE
     uses (a table without a key is keyed by commit position); None when there is nothing to merge.
-    What the run merges and what ``pg2delta plan`` counts."""
+    What the run merges and what ``pg2delta plan`` counts. ``configured_key=False``: the key is
+    one PostgreSQL keeps unique (the replica identity, or the commit position), so a window of
+    inserts only is kept as it is (:func:`~pg2delta.apply.merge.reduce_changes`)."""
     if changes is not None:
         changes = filtered(changes, pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
     if changes is None or changes.num_rows == 0:
@@ -225,7 +228,7 @@ def reduce(
             )
         key_names = [LSN_COL, POS_COL]
         data_columns = [*data_columns, LSN_COL, POS_COL]
-    return reduce_changes(changes, key_names, data_columns), key_names, data_columns
+    return reduce_changes(changes, key_names, data_columns, distinct_keys=not configured_key), key_names, data_columns
 
 def newest_commit_ts(tgt: Target, truncates: Sequence[TruncateEvent], applied_lsn: int) -> int | None:
     """Commit time (microseconds since 1970, UTC) of the newest transaction the window applies to ``tgt``."""

@@ -97,7 +97,7 @@ def merge_changes(
             if changes.name is not None:
                 side.lake.unstage_dir(changes.name)
         return
-    reducing = reduce(schema, name, changes, key_names, data_columns)
+    reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys)
     if reducing is None:
         if report.truncated and side.lake.delta_version(uri) is not None:
             side.engine.delete_all(uri, txn=txn)
