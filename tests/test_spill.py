@@ -39,6 +39,30 @@ def _second_slot(dsn: str) -> str:
     return slot
 
 
+def _source(dsn: str, tmp_path: Path) -> tuple[str, str, Path]:
+    """The workload's tables, a publication of them and a slot, and a path for the lake."""
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    create_schema(dsn, pub)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    return slot, pub, tmp_path / "lake"
+
+
+SPILL_ENV = {"PG2DELTA_MEMORY_BUDGET": "1"}
+
+
+def _killed_spilling(dsn: str, slot: str, pub: str, lake: Path, point: str) -> list[str]:
+    """``pg2delta run`` with every chunk spilled, killed at ``point``: the slot has not moved.
+    Returns the command, for the rerun (with :data:`SPILL_ENV`)."""
+    before = confirmed_lsn(dsn, slot)
+    common = ["run", "--dsn", dsn, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    crashed = cli(*common, env={**SPILL_ENV, FAULT_ENV: point})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert confirmed_lsn(dsn, slot) == before
+    return common
+
+
 def _meta_free(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     return [{k: v for k, v in r.items() if k != "_pg2delta_commit_ts"} for r in rows]
 
@@ -76,13 +100,9 @@ def test_spilled_window_equals_in_memory(pgdb: str, tmp_path: Path) -> None:
 
 def test_one_transaction_larger_than_the_budget(pgdb: str, tmp_path: Path) -> None:
     """One UPDATE of every row, with a key change and unchanged TOAST, given out in parts and spilled."""
-    tag = uuid.uuid4().hex[:8]
-    slot, pub = f"slot_{tag}", f"pub_{tag}"
-    create_schema(pgdb, pub)
-    lake = tmp_path / "lake"
+    slot, pub, lake = _source(pgdb, tmp_path)
     big = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g)"  # 12.8 kB: stored out of line
     with psycopg.connect(pgdb, autocommit=True) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         conn.execute("ALTER TABLE acct ALTER COLUMN body SET STORAGE EXTERNAL")
         conn.execute(f"INSERT INTO acct (id, name, body) SELECT g, 'n' || g, {big} FROM generate_series(1, 3000) g")
     cfg = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake), **SPILL)
@@ -111,23 +131,14 @@ def test_one_transaction_larger_than_the_budget(pgdb: str, tmp_path: Path) -> No
 
 
 def test_kill_while_spilling_then_rerun(pgdb: str, tmp_path: Path) -> None:
-    tag = uuid.uuid4().hex[:8]
-    slot, pub = f"slot_{tag}", f"pub_{tag}"
-    create_schema(pgdb, pub)
-    lake = tmp_path / "lake"
-    with psycopg.connect(pgdb, autocommit=True) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    slot, pub, lake = _source(pgdb, tmp_path)
     with Workload(pgdb, 9101) as wl:
         wl.phase(50)
     before = confirmed_lsn(pgdb, slot)
-    common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
-    env = {"PG2DELTA_MEMORY_BUDGET": "1"}
-    crashed = cli(*common, env={**env, FAULT_ENV: "after_spill"})
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    assert confirmed_lsn(pgdb, slot) == before
+    common = _killed_spilling(pgdb, slot, pub, lake, "after_spill")
     spilled = list((lake / "_pg2delta" / "staging").rglob("*.parquet"))
     assert spilled, "the killed run had spilled nothing"
-    again = cli(*common, env=env)
+    again = cli(*common, env=SPILL_ENV)
     assert again.returncode == 0, again.stderr[-2000:]
     assert confirmed_lsn(pgdb, slot) != before
     assert_lake_matches(pgdb, lake)
@@ -332,12 +343,7 @@ def test_spilled_inserts_are_merged_without_a_reduce(
         return real(self, uri, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_staged._Steps, "filled", spy)
-    tag = uuid.uuid4().hex[:8]
-    slot, pub = f"slot_{tag}", f"pub_{tag}"
-    create_schema(pgdb, pub)
-    lake = tmp_path / "lake"
-    with psycopg.connect(pgdb, autocommit=True) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    slot, pub, lake = _source(pgdb, tmp_path)
 
     def insert(first: int, n: int) -> None:
         with psycopg.connect(pgdb) as conn:
@@ -367,13 +373,8 @@ def test_spilled_inserts_are_merged_without_a_reduce(
 
     # Killed after the window's commits, before the slot moved: the rerun merges the same inserts again.
     insert(2000, 150)
-    before = confirmed_lsn(pgdb, slot)
-    common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
-    env = {"PG2DELTA_MEMORY_BUDGET": "1"}
-    crashed = cli(*common, env={**env, FAULT_ENV: "after_commits"})
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    assert confirmed_lsn(pgdb, slot) == before
-    again = cli(*common, env=env)
+    common = _killed_spilling(pgdb, slot, pub, lake, "after_commits")
+    again = cli(*common, env=SPILL_ENV)
     assert again.returncode == 0, again.stderr[-2000:]
     assert_lake_matches(pgdb, lake, context="after the crash and the rerun")
 
