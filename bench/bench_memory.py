@@ -70,11 +70,20 @@ def run_cli(dsn: str, lake: Path, memory_budget: int | None) -> tuple[float, flo
 def window_and_lake(pg: int, rows: int, txn_rows: int) -> Iterator[tuple[Window, Path]]:
     """A throwaway server whose slot holds ``rows`` inserts, and an empty lake; both gone afterwards."""
     win = make_window(pg, rows, txn_rows=txn_rows, update_share=0.0)
-    lake = Path(tempfile.mkdtemp(prefix="pg2delta-bench-memory-"))
     try:
-        yield win, lake
+        with empty_lake() as lake:
+            yield win, lake
     finally:
         win.pg.stop()
+
+
+@contextmanager
+def empty_lake() -> Iterator[Path]:
+    """A temporary lake folder, removed afterwards."""
+    lake = Path(tempfile.mkdtemp(prefix="pg2delta-bench-memory-"))
+    try:
+        yield lake
+    finally:
         shutil.rmtree(lake, ignore_errors=True)
 
 
@@ -86,16 +95,27 @@ def delta_column(lake: Path, column: str) -> list[object]:
     return DeltaTable(str(lake / schema / name)).to_pyarrow_table(columns=[column]).column(column).to_pylist()
 
 
+def updated_rows(lake: Path) -> tuple[int, int]:
+    """The bench table's rows in Delta (read with deltalake) and how many carry the UPDATE's note."""
+    notes = delta_column(lake, "note")
+    return len(notes), sum(1 for n in notes if isinstance(n, str) and n.startswith("updated "))
+
+
+def measured(label: str, peak: float, what: str) -> float:
+    """Print what case ``label`` ran and its peak (``peak_rss_mb_<label>=``); return the peak."""
+    print(f"({label}) {what}", flush=True)
+    print(f"peak_rss_mb_{label}={peak:.0f}", flush=True)
+    return peak
+
+
 def scenario(label: str, pg: int, rows: int, txn_rows: int, memory_budget: int | None) -> float:
     with window_and_lake(pg, rows, txn_rows) as (win, lake):
         peak, seconds, spilled = run_cli(win.pg.dsn, lake, memory_budget)
         held = len(delta_column(lake, "id"))
         if held != rows:
             raise SystemExit(f"({label}): the Delta table holds {held:,} rows, PostgreSQL {rows:,}")
-        print(f"({label}) {rows:,} inserts in transactions of {txn_rows:,}: run {seconds:.1f} s, "
-              f"{held:,} rows in Delta, {spilled or 'spilled_rows: ?'}", flush=True)
-        print(f"peak_rss_mb_{label}={peak:.0f}", flush=True)
-        return peak
+        return measured(label, peak, f"{rows:,} inserts in transactions of {txn_rows:,}: run {seconds:.1f} s, "
+                        f"{held:,} rows in Delta, {spilled or 'spilled_rows: ?'}")
 
 
 def update_scenario(pg: int, rows: int, memory_budget: int | None) -> float:
@@ -106,14 +126,11 @@ def update_scenario(pg: int, rows: int, memory_budget: int | None) -> float:
         with psycopg.connect(win.pg.dsn, autocommit=True) as conn:
             conn.execute(UPDATE, (1, rows))
         peak, seconds, spilled = run_cli(win.pg.dsn, lake, memory_budget)
-        notes = delta_column(lake, "note")
-        updated = sum(1 for n in notes if isinstance(n, str) and n.startswith("updated "))
-        if len(notes) != rows or updated != rows:
-            raise SystemExit(f"(d): the Delta table holds {len(notes):,} rows, {updated:,} updated; PostgreSQL {rows:,}")
-        print(f"(d) one UPDATE of {rows:,} rows in a table of {rows:,}: run {seconds:.1f} s, {updated:,} rows "
-              f"updated in Delta, {spilled or 'spilled_rows: ?'}", flush=True)
-        print(f"peak_rss_mb_d={peak:.0f}", flush=True)
-        return peak
+        held, updated = updated_rows(lake)
+        if held != rows or updated != rows:
+            raise SystemExit(f"(d): the Delta table holds {held:,} rows, {updated:,} updated; PostgreSQL {rows:,}")
+        return measured("d", peak, f"one UPDATE of {rows:,} rows in a table of {rows:,}: run {seconds:.1f} s, "
+                        f"{updated:,} rows updated in Delta, {spilled or 'spilled_rows: ?'}")
 
 
 def mixed_scenario(pg: int, changes: int, memory_budget: int | None) -> float:
@@ -122,7 +139,6 @@ def mixed_scenario(pg: int, changes: int, memory_budget: int | None) -> float:
     updates = changes // 5
     inserts = changes - updates
     server = ThrowawayPostgres.start(pg)
-    lake = Path(tempfile.mkdtemp(prefix="pg2delta-bench-memory-"))
     try:
         with psycopg.connect(server.dsn) as conn:
             conn.execute(SETUP)
@@ -132,19 +148,16 @@ def mixed_scenario(pg: int, changes: int, memory_budget: int | None) -> float:
             conn.execute(INSERT, (1, inserts))
             conn.execute(UPDATE, (1, updates))
             conn.commit()
-        peak, seconds, spilled = run_cli(server.dsn, lake, memory_budget)
-        notes = delta_column(lake, "note")
-        updated = sum(1 for n in notes if isinstance(n, str) and n.startswith("updated "))
-        if len(notes) != inserts or updated != updates:
-            raise SystemExit(f"(e): the Delta table holds {len(notes):,} rows, {updated:,} updated; "
+        with empty_lake() as lake:
+            peak, seconds, spilled = run_cli(server.dsn, lake, memory_budget)
+            held, updated = updated_rows(lake)
+        if held != inserts or updated != updates:
+            raise SystemExit(f"(e): the Delta table holds {held:,} rows, {updated:,} updated; "
                              f"PostgreSQL {inserts:,}, {updates:,}")
-        print(f"(e) one transaction of {inserts:,} inserts and {updates:,} updates: run {seconds:.1f} s, "
-              f"{len(notes):,} rows in Delta, {updated:,} updated, {spilled or 'spilled_rows: ?'}", flush=True)
-        print(f"peak_rss_mb_e={peak:.0f}", flush=True)
-        return peak
+        return measured("e", peak, f"one transaction of {inserts:,} inserts and {updates:,} updates: run "
+                        f"{seconds:.1f} s, {held:,} rows in Delta, {updated:,} updated, {spilled or 'spilled_rows: ?'}")
     finally:
         server.stop()
-        shutil.rmtree(lake, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,14 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def one_change_per_key(ops: Collection[str], *, unique_key: bool) -> bool:
+    """Whether no key can have two of these changes (``ops``: their operations, after the window's
+    last truncate): only inserts, under a key PostgreSQL keeps unique and not null (``unique_key``:
+    the replica identity or the commit position, not a key set in the config), since a key is
+    inserted again only after a delete. Such changes are their own final rows, with no reduce."""
+    return unique_key and set(ops) <= {"I"}
+
+
 def reduce_changes(
     changes: pa.Table, key_names: Sequence[str], columns: Sequence[str] | None = None, *, distinct_keys: bool = False
 ) -> Reduced:
@@ -69,7 +77,7 @@ def reduce_changes(
     if not key_names:
         raise ValueError("reduce_changes needs key columns")
     wanted = None if columns is None else {*columns, *key_names, OP_COL, TOAST_COL}
-    if distinct_keys and set(by_op) == {"I"}:
+    if one_change_per_key(by_op, unique_key=distinct_keys):
         kept = changes if wanted is None else changes.select([c for c in changes.column_names if c in wanted])
         return Reduced(kept, (), n, 0, 0)
     indexed = changes.append_column(_INDEX, pa.array(np.arange(n, dtype=np.int64)))

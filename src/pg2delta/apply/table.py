@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from pg2delta.apply.history import StagedWindow, window_versions
 from pg2delta.apply.keys import key_tuple
-from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement, quote
+from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement, one_change_per_key, quote
 from pg2delta.apply.schema import Plan, conform
 from pg2delta.apply.stage import (
     StagedChanges,
@@ -190,9 +190,7 @@ def _merge_staged(
         txn=txn,
         rows=staged.rows,
         bucket_files=staged.buckets,
-        # Inserts only, under the replica identity (unique, not null): one change per key. A key
-        # set in the config is not known to be unique, so its changes are reduced.
-        distinct_keys=not nullable_keys and set(staged.ops) <= {"I"},
+        distinct_keys=one_change_per_key(staged.ops, unique_key=not nullable_keys),
     )
     report.delta_version = side.lake.delta_version(uri)
     log.info(
