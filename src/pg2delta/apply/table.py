@@ -40,7 +40,7 @@ from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import Applied
-from pg2delta.lake.engine import AppendRows, Engine, Txn
+from pg2delta.lake.engine import AppendRows, Engine, MergeRows, Txn
 from pg2delta.lake.lakeside import Lakeside
 from pg2delta.memory import release_memory
 
@@ -128,6 +128,7 @@ def merge_changes(
             staged,
             lambda target, view: _statement(target, view, key_names, data_columns, new, report.truncated, nullable_keys),
             txn=txn,
+            rows=report.rows_merged,
         )
     finally:
         side.lake.unstage(staged)
@@ -204,13 +205,16 @@ def _merge_staged(
 def _statement(
     target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], new: bool, truncate: bool,
     nullable_keys: bool,
-) -> str | AppendRows:
+) -> AppendRows | MergeRows:
     """The commit of a window's final rows: a MERGE, or into a table this window created (no row
     to match, nothing a truncate could remove) an append of the rows that are not deletes. A
     replay after a crash finds the table there and merges the same rows again."""
     if new:
         return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
-    return merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys)
+    return MergeRows(
+        merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys),
+        tuple(key_names), tuple(data_columns), truncate, nullable_keys,
+    )
 
 
 def fill_lookups(

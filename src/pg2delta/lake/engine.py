@@ -10,7 +10,9 @@ Only APIs that pyspark 3.5 and 4.x share are used, and only SQL that both Apache
 with delta-spark and pysail accept: data reaches Spark as Parquet files read with
 ``spark.read.parquet`` (``createDataFrame`` from Arrow exists only from 4.0), tables are
 created and widened with (empty) appends using ``mergeSchema`` (pysail has no
-``ALTER TABLE ADD COLUMNS``), and every change lands through ``MERGE INTO delta.`path```.
+``ALTER TABLE ADD COLUMNS``), and every change lands through ``MERGE INTO delta.`path``` (on the
+embedded engine, a window of many rows through an overwrite of its key range instead, see
+:mod:`pg2delta.lake.engine_commits`).
 
 The engine is one object, :class:`Engine`, made of parts that each hold one kind of work, in
 modules next to this one:
@@ -18,6 +20,8 @@ modules next to this one:
 * :mod:`pg2delta.lake.engine_session`: starting and stopping the session, per-thread sessions,
   SQL whose failures become :class:`LakeError`, Delta's idempotent writes, engine differences;
 * :mod:`pg2delta.lake.engine_reads`: reads of Delta tables (schemas, rows, versions, time travel);
+* :mod:`pg2delta.lake.engine_commits`: the commit of a window's final rows (MERGE, append, or the
+  embedded engine's rewrite of their key range);
 * :mod:`pg2delta.lake.engine_writes`: commits (create and widen, rewrite, MERGE, append, delete);
 * :mod:`pg2delta.lake.engine_staged`: a spilled window's changes reduced and filled in the engine;
 * :mod:`pg2delta.lake.engine_maintain`: compaction, vacuum and checkpoints (delta-rs on pysail);
@@ -41,6 +45,7 @@ from pg2delta.lake.engine_session import (
     TXN_VERSION,
     AppendRows,
     EngineConfig,
+    MergeRows,
     Txn,
     open_session,
 )
@@ -48,7 +53,7 @@ from pg2delta.lake.engine_staged import StagedReduce
 from pg2delta.lake.engine_writes import DeltaWrites
 from pg2delta.lake.lake_files import Lake
 
-__all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "AppendRows", "Engine", "EngineConfig", "Lake", "Txn"]
+__all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "AppendRows", "Engine", "EngineConfig", "Lake", "MergeRows", "Txn"]
 
 
 class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):

@@ -86,6 +86,22 @@ class AppendRows:
     where: str
 
 
+@dataclass(frozen=True, slots=True)
+class MergeRows:
+    """What a statement builder returns for a table that holds rows: the ``MERGE INTO`` of a
+    window's final rows (``statement``), and what it does, so that the engine may commit the same
+    rows another way (see :mod:`pg2delta.lake.engine_commits`): the source's rows are one per
+    ``key_names`` with their ``columns`` and the op column; a delete removes the table's row of its
+    key, any other op replaces it (or inserts it); ``truncate``: rows the source lacks are removed
+    too. ``nullable_keys``: keys are matched null-safely."""
+
+    statement: str
+    key_names: tuple[str, ...]
+    columns: tuple[str, ...]
+    truncate: bool
+    nullable_keys: bool
+
+
 def _delta_jars_named(conf: dict[str, str]) -> bool:
     """Whether Spark will have jars it was told about: under ``spark-submit`` (the JVM is up, with
     its ``--packages``/``--jars``), or ``spark.jars``/``spark.jars.packages`` in the config or in
@@ -300,25 +316,6 @@ class EngineSession:
             return list(self.spark.sql(statement).collect())
         except Exception as exc:  # pyspark raises many unrelated types; keep the cause chain
             raise LakeError(f"{what} failed: {' '.join(str(exc).split())[:500]}") from exc
-
-    def _commit(self, uri: str, view: str, statement: str | AppendRows, what: str, txn: Txn | None) -> None:
-        """Run ``statement`` (Spark SQL, or an :class:`AppendRows` of the temporary view ``view``) as
-        one commit to the Delta table at ``uri``, with Delta's idempotent-write id ``txn`` where the
-        engine has them."""
-        if isinstance(statement, str):
-            with self._txn(txn):
-                self._sql(statement, what)
-            return
-        from pg2delta.apply.merge import quote
-
-        cols = ", ".join(quote(c) for c in statement.columns)
-        try:
-            writer = self.delta_writer(self.spark.sql(f"SELECT {cols} FROM {view} WHERE {statement.where}"), "append")
-            if txn is not None and self.idempotent_writes:
-                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
-            writer.save(uri)
-        except Exception as exc:
-            raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
     def query(self, statement: str, what: str) -> list[Any]:
         """The rows of a (small: aggregates, a few rows) Spark SQL query; :class:`LakeError` on failure."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from pg2delta.decode.changes import OP_COL
 from pg2delta.errors import DataError, LakeError
-from pg2delta.lake.engine_reads import DeltaReads
+from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_session import Txn
 from pg2delta.memory import release_memory
 
@@ -29,7 +29,7 @@ log = logging.getLogger("pg2delta.lake.engine")
 REDUCE_BUCKET_ROWS = 500_000
 
 
-class StagedReduce(DeltaReads):
+class StagedReduce(Commits):
     """The reduce of staged changes in the engine, and what is computed from them."""
 
     def merge_reduced(
@@ -74,7 +74,7 @@ class StagedReduce(DeltaReads):
                 cols = [quote(c) for c in [*data_columns, OP_COL]]
                 final = steps.view(self.spark.read.parquet(changes_dir).selectExpr(*cols))
                 log.debug("%s: %d staged inserts of distinct keys, merged as they are", uri, rows)
-                self._commit(uri, final, statement_for(self.target(uri), final), f"MERGE into {uri}", txn)
+                self._commit(uri, final, statement_for(self.target(uri), final), f"MERGE into {uri}", txn, rows=rows)
                 return rows
             final = steps.filled(
                 uri, changes_dir, key_names=key_names, data_columns=data_columns, toast_columns=toast_columns,
@@ -83,7 +83,7 @@ class StagedReduce(DeltaReads):
             )
             merged = int(self.spark.sql(f"SELECT count(*) AS n FROM {final}").collect()[0]["n"])
             log.debug("%s: %d rows to merge", uri, merged)
-            self._commit(uri, final, statement_for(self.target(uri), final), f"MERGE into {uri}", txn)
+            self._commit(uri, final, statement_for(self.target(uri), final), f"MERGE into {uri}", txn, rows=merged)
             return merged
         except (LakeError, DataError):
             raise

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 
 from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
-from pg2delta.lake.engine_reads import DeltaReads
+from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_session import Txn
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
@@ -87,7 +87,7 @@ def _creating(writer: Any, schema: Any) -> Any:
     return writer
 
 
-class DeltaWrites(DeltaReads):
+class DeltaWrites(Commits):
     """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
 
     def ensure_table(self, uri: str, staged: str, columns: Sequence[str], current: Collection[str] | None = None) -> bool:
@@ -206,12 +206,15 @@ class DeltaWrites(DeltaReads):
             ", ".join(filled) or "none",
         )
 
-    def merge(self, uri: str, staged: str, statement_for: Any, *, txn: Txn | None = None) -> None:
+    def merge(
+        self, uri: str, staged: str, statement_for: Any, *, txn: Txn | None = None, rows: int | None = None
+    ) -> None:
         """Run the MERGE built by ``statement_for(target, source_view)`` (or the append of an
         :class:`pg2delta.lake.engine_session.AppendRows` it returns) with ``staged`` as the source.
 
         With ``txn``, Delta skips the MERGE when the table already committed that transaction
-        (where the engine supports it, :attr:`idempotent_writes`).
+        (where the engine supports it, :attr:`idempotent_writes`). ``rows``: how many rows ``staged``
+        holds, when known (see :meth:`pg2delta.lake.engine_commits.Commits._commit`).
         """
         view = f"pg2delta_src_{uuid.uuid4().hex[:12]}"
         try:
@@ -219,7 +222,7 @@ class DeltaWrites(DeltaReads):
         except Exception as exc:
             raise LakeError(f"cannot read staged changes {staged}: {' '.join(str(exc).split())[:500]}") from exc
         try:
-            self._commit(uri, view, statement_for(self.target(uri), view), f"MERGE into {uri}", txn)
+            self._commit(uri, view, statement_for(self.target(uri), view), f"MERGE into {uri}", txn, rows=rows)
         finally:
             try:
                 self.spark.catalog.dropTempView(view)

@@ -1,0 +1,252 @@
+"""A window's final rows committed on the embedded engine as a rewrite of their key range, not a
+MERGE (pg2delta.lake.engine_commits): the same table as the MERGE gives, one commit, the files
+outside the range untouched; and through the job, with a crash after the commit and its replay.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from engines import SharedEngine
+from pg2delta.apply.merge import merge_statement
+from pg2delta.config import load
+from pg2delta.faults import FAULT_ENV
+from pg2delta.job import run
+from pg2delta.lake import engine_commits
+from pg2delta.lake.engine import EngineConfig, Lake, MergeRows
+from workload import TABLES, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema
+
+OP = "_pg2delta_op"
+
+I32, I64, F64, S = pa.int32(), pa.int64(), pa.float64(), pa.string()
+
+
+def _case(
+    table: dict[str, pa.Array], source: dict[str, pa.Array], key: list[str], *, truncate: bool = False,
+    nullable: bool = False, files: int = 1,
+) -> dict[str, Any]:
+    return {"table": pa.table(table), "source": pa.table(source), "key": key, "truncate": truncate,
+            "nullable": nullable, "files": files}
+
+
+CASES = {
+    # An integer key, the table in four files; the source updates, deletes and inserts inside the
+    # second file's range only: the other three files stay as they are.
+    "int key": _case(
+        {"id": pa.array(range(0, 400), I32), "v": [f"t{i}" for i in range(400)]},
+        {"id": pa.array([100, 150, 151, 199, 120], I32), "v": ["u100", None, "u151", "u199", "x"],
+         OP: ["U", "D", "U", "I", "D"]},
+        ["id"], files=4,
+    ),
+    # A key past the table's rows widens the range to the last file; one that the table lacks is deleted.
+    "int key, new rows past the end": _case(
+        {"id": pa.array(range(0, 400), I64), "v": [f"t{i}" for i in range(400)]},
+        {"id": pa.array([5, 1000, 1001, 2000], I64), "v": ["u5", "n1000", None, "n2000"], OP: ["U", "I", "D", "I"]},
+        ["id"], files=4,
+    ),
+    # Composite key; the table's first key column narrower than the source's is cast back to it.
+    "composite key": _case(
+        {"a": pa.array([1, 1, 2, 2, 3], I64), "b": ["x", "y", "x", "y", "x"], "v": pa.array([1, 2, 3, 4, 5], I64)},
+        {"a": pa.array([1, 2, 2, 4], I64), "b": ["y", "x", "z", "x"], "v": pa.array([20, None, 7, 8], I32),
+         OP: ["U", "D", "I", "I"]},
+        ["a", "b"],
+    ),
+    # A keyless table's key is its position; rows the lake got under an earlier key have none and stay.
+    "position key with NULLs in the table": _case(
+        {"v": ["old1", "old2", "p1", "p2"], "_pg2delta_lsn": pa.array([None, None, 10, 10], I64),
+         "_pg2delta_pos": pa.array([None, None, 1, 2], I64)},
+        {"v": ["p3", "p2"], "_pg2delta_lsn": pa.array([20, 10], I64), "_pg2delta_pos": pa.array([1, 2], I64),
+         OP: ["I", "I"]},
+        ["_pg2delta_lsn", "_pg2delta_pos"],
+    ),
+    # A key from the config may be NULL, matched null-safely: the table is rewritten whole.
+    "nullable key": _case(
+        {"code": pa.array([None, 1, 2], I64), "v": ["null", "one", "two"]},
+        {"code": pa.array([None, 2, 3], I64), "v": ["null2", None, "three"], OP: ["U", "D", "I"]},
+        ["code"], nullable=True,
+    ),
+    # A float key with NaN (no range of floats): NaN updated, not duplicated.
+    "float key with NaN": _case(
+        {"f": pa.array([math.nan, 0.5, 1.5], F64), "v": ["nan", "half", "one and a half"]},
+        {"f": pa.array([math.nan, 1.5, 2.5], F64), "v": ["nan2", None, "new"], OP: ["U", "D", "I"]},
+        ["f"],
+    ),
+    "string key": _case(
+        {"s": ["a", "b", "it's", "back\\slash"], "v": pa.array([1, 2, 3, 4], I64)},
+        {"s": ["it's", "back\\slash", "c"], "v": pa.array([30, None, 5], I64), OP: ["U", "D", "I"]},
+        ["s"],
+    ),
+    # A truncate in the window: the table is the source's rows that are not deletes.
+    "truncate": _case(
+        {"id": pa.array(range(0, 50), I32), "v": [f"t{i}" for i in range(50)]},
+        {"id": pa.array([3, 7, 60], I32), "v": ["u3", None, "n60"], OP: ["I", "D", "I"]},
+        ["id"], truncate=True,
+    ),
+}
+
+
+def _committed(tmp_path: Path, shared: SharedEngine, case: dict[str, Any], name: str) -> tuple[list[dict[str, Any]], DeltaTable, set[str]]:
+    """The case's table (in ``files`` appends), the source committed as a MergeRows; the rows after,
+    the table, and the files before the commit."""
+    lake = Lake(str(tmp_path / name))
+    uri = lake.table_uri("public", "t")
+    engine = shared.start(EngineConfig(), lake)
+    table, source, key = case["table"], case["source"], case["key"]
+    step = -(-table.num_rows // case["files"])
+    for at in range(0, table.num_rows, step):
+        engine.append(uri, table.slice(at, step))
+    before = set(DeltaTable(uri).file_uris())
+    staged = lake.stage(source, "source")
+    columns = tuple(table.column_names)
+    engine.merge(
+        uri, staged,
+        lambda t, v: MergeRows(
+            merge_statement(t, v, key, columns, truncate=case["truncate"], nullable_keys=case["nullable"]),
+            tuple(key), columns, case["truncate"], case["nullable"],
+        ),
+        rows=source.num_rows,
+    )
+    dt = DeltaTable(uri)
+    rows = dt.to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: repr(sorted(r.items()))), dt, before
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_rewrite_equals_merge(
+    name: str, tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each case committed by a MERGE and by the rewrite of its key range: the same rows, in one
+    commit each; an integer key's rewrite leaves the files outside the source's range alone."""
+    if not shared_engine.start(EngineConfig(), Lake(str(tmp_path))).embedded:
+        pytest.skip("the rewrite is the embedded engine's")
+    case = CASES[name]
+    monkeypatch.setattr(engine_commits, "EMBEDDED_REWRITE_ROWS", 1 << 40)
+    merged, merge_table, _ = _committed(tmp_path, shared_engine, case, "merge")
+    monkeypatch.setattr(engine_commits, "EMBEDDED_REWRITE_ROWS", 0)
+    rewritten, table, before = _committed(tmp_path, shared_engine, case, "rewrite")
+    assert _nan_safe(rewritten) == _nan_safe(merged)
+    appends = case["files"]
+    assert table.version() == merge_table.version() == appends  # one commit, after the appends
+    assert [h["operation"] for h in table.history(1)] == ["WRITE"]
+    assert [h["operation"] for h in merge_table.history(1)] == ["MERGE"]
+    if name == "int key":
+        kept = before & set(table.file_uris())
+        assert len(kept) == 3, (before, table.file_uris())  # the second file alone was rewritten
+
+
+def _nan_safe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: ("NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
+
+
+def test_rewrite_keeps_a_merge_for_columns_the_source_lacks(
+    tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column of the table that the window does not set (a dropped column the lake keeps): the
+    rows a MERGE updates keep its value, so such a table stays a MERGE."""
+    monkeypatch.setattr(engine_commits, "EMBEDDED_REWRITE_ROWS", 0)
+    case = _case(
+        {"id": pa.array([1, 2, 3], I32), "v": ["a", "b", "c"], "gone": ["g1", "g2", "g3"]},
+        {"id": pa.array([2, 4], I32), "v": ["b2", "d"], OP: ["U", "I"]},
+        ["id"],
+    )
+    lake = Lake(str(tmp_path / "lake"))
+    uri = lake.table_uri("public", "t")
+    engine = shared_engine.start(EngineConfig(), lake)
+    engine.append(uri, case["table"])
+    staged = lake.stage(case["source"], "source")
+    engine.merge(
+        uri, staged,
+        lambda t, v: MergeRows(merge_statement(t, v, ["id"], ["id", "v"], truncate=False), ("id",), ("id", "v"), False, False),
+        rows=2,
+    )
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "v": "a", "gone": "g1"}, {"id": 2, "v": "b2", "gone": "g2"},
+        {"id": 3, "v": "c", "gone": "g3"}, {"id": 4, "v": "d", "gone": None},
+    ]
+    assert [h["operation"] for h in table.history(1)] == ["MERGE"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("budget", [None, 1], ids=["in-memory", "spilled"])
+def test_random_workload_committed_as_rewrites(
+    pgdb: str, tmp_path: Path, budget: int | None, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The random workload (every kind of table, TOAST, key changes, truncates) with every window's
+    MERGE into a table that has rows committed as a rewrite instead: the lake equals PostgreSQL
+    after each run, in-memory windows and spilled ones."""
+    if not shared_engine.start(EngineConfig(), Lake(str(tmp_path))).embedded:
+        pytest.skip("the rewrite is the embedded engine's")
+    monkeypatch.setattr(engine_commits, "EMBEDDED_REWRITE_ROWS", 0)
+    rewrites: list[str] = []
+    original = engine_commits.Commits._rewrite_range
+
+    def spy(self: Any, uri: str, *args: Any) -> bool:
+        done = original(self, uri, *args)
+        if done:
+            rewrites.append(uri)
+        return done
+
+    monkeypatch.setattr(engine_commits.Commits, "_rewrite_range", spy)
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    create_schema(pgdb, pub)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    lake = tmp_path / "lake"
+    flags: dict[str, Any] = {"memory_budget": budget, "split_rows": 7} if budget else {}
+    with Workload(pgdb, 4242 + (budget or 0)) as wl:
+        for phase in range(3):
+            wl.phase(60)
+            cfg = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake), **flags)
+            report = run(cfg)
+            assert report.end_lsn > 0
+            assert_lake_matches(pgdb, lake, context=f"phase {phase}, budget {budget}")
+    # Every table: the first phase creates them (appends), the later ones rewrite.
+    assert {uri.rsplit("/", 2)[-2] + "." + uri.rsplit("/", 2)[-1] for uri in rewrites} == {t.qualified for t in TABLES}
+
+
+@pytest.mark.e2e
+def test_bulk_update_rewritten_then_replayed(pgdb: str, tmp_path: Path) -> None:
+    """One transaction updating 120,000 rows of a 150,000-row table (also deleting and inserting),
+    at the default threshold, through the real CLI: killed right after its commit, the slot has
+    not moved; the rerun commits the same rows again and the lake equals PostgreSQL."""
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    table = f"bulk_{tag}"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v text, n int)")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE {table}")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute(f"INSERT INTO {table} SELECT g, 'v' || g, g % 7 FROM generate_series(1, 150000) g")
+    lake = tmp_path / "lake"
+    common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    first = cli(*common)
+    assert first.returncode == 0, first.stderr[-2000:]
+    with psycopg.connect(pgdb) as conn, conn.transaction():
+        conn.execute(f"UPDATE {table} SET v = 'u' || id, n = n + 1 WHERE id > 30000")
+        conn.execute(f"DELETE FROM {table} WHERE id % 1000 = 0")
+        conn.execute(f"INSERT INTO {table} SELECT g, 'new', 0 FROM generate_series(200001, 201000) g")
+    before = confirmed_lsn(pgdb, slot)
+    crashed = cli(*common, env={FAULT_ENV: "after_commits"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert confirmed_lsn(pgdb, slot) == before
+    rerun = cli(*common, "-v")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "committed as a rewrite" in rerun.stderr
+    dt = DeltaTable(str(lake / "public" / table))
+    assert [h["operation"] for h in dt.history(2)] == ["WRITE", "WRITE"]  # the crashed run's, and the replay's
+    got = sorted(tuple(r.values()) for r in dt.to_pyarrow_table(columns=["id", "v", "n"]).to_pylist())
+    with psycopg.connect(pgdb) as conn:
+        want = sorted(conn.execute(f"SELECT id, v, n FROM {table}").fetchall())
+    assert len(want) == 150000 - 150 + 1000
+    assert got == want
