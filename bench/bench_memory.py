@@ -1,14 +1,16 @@
 """`make bench-memory`: peak memory of `pg2delta run` against the size of one transaction.
 
-Three windows of the mixed 10-column table of ``bench_decode.py``, each on a throwaway
+Windows of the mixed 10-column table of ``bench_decode.py``, each on a throwaway
 PostgreSQL (15 by default) with a temporary lake:
 
 (a) ``--changes`` inserts (default 1,000,000) in transactions of 10,000 rows;
 (b) the same number of inserts in **one** transaction;
 (c) ``--big`` inserts (default 5,000,000) in one transaction;
 (d) ``--updated`` rows (default 1,000,000) already in the lake, then **one** ``UPDATE`` of every
-    one of them: the peak of the run that applies it (a ``MERGE`` into a populated table, where
-    (a) to (c) create theirs). Skipped with ``--updated 0``.
+    one of them: the peak of the run that applies it (a commit into a populated table, where
+    (a) to (c) create theirs: on the embedded engine, past 100,000 rows, an overwrite of the
+    window's key range rather than a ``MERGE``, see pg2delta.lake.engine_commits). Skipped with
+    ``--updated 0``.
 (e) **one** transaction of ``--big`` changes that inserts 80 % of its rows and updates a quarter of
     those: spilled, and reduced to one row per key by the engine, in buckets of the key (a window
     of inserts only, as (c), has one change per key and skips the reduce). Skipped with ``--mixed 0``.
@@ -18,8 +20,8 @@ settings unless ``--memory-budget`` is given) in a child process whose peak resi
 (``ru_maxrss`` from ``wait4``) is printed; the embedded engine runs inside that process, so its
 memory counts. The Delta table is then read with deltalake and must hold every row.
 
-Then ``update_growth=<peak of (d) / peak of (a)>`` (no target: what the embedded engine's
-``MERGE`` of a bulk update costs, see bench/README.md) and ``reduce_growth=<peak of (e) / peak
+Then ``update_growth=<peak of (d) / peak of (a)>`` (no target: what a bulk update into a table
+that has rows costs, see bench/README.md) and ``reduce_growth=<peak of (e) / peak
 of (a)>`` (the spilled reduce's share, held to the same 1.3 as ``memory_growth``). Last line: ``memory_growth=<peak of (c) /
 peak of (a)>`` (target at most 1.3).
 """

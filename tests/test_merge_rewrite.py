@@ -85,6 +85,12 @@ CASES = {
         {"s": ["it's", "back\\slash", "c"], "v": pa.array([30, None, 5], I64), OP: ["U", "D", "I"]},
         ["s"],
     ),
+    # A truncate in the window and nothing after it but deletes: the table ends empty.
+    "truncate, deletes only": _case(
+        {"id": pa.array(range(0, 50), I32), "v": [f"t{i}" for i in range(50)]},
+        {"id": pa.array([3, 60], I32), "v": [None, None], OP: ["D", "D"]},
+        ["id"], truncate=True,
+    ),
     # A truncate in the window: the table is the source's rows that are not deletes.
     "truncate": _case(
         {"id": pa.array(range(0, 50), I32), "v": [f"t{i}" for i in range(50)]},
@@ -120,18 +126,22 @@ def _committed(tmp_path: Path, shared: SharedEngine, case: dict[str, Any], name:
     return sorted(rows, key=lambda r: repr(sorted(r.items()))), dt, before
 
 
+@pytest.mark.parametrize("buckets", [False, True], ids=["one-query", "in-buckets"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_rewrite_equals_merge(
-    name: str, tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+    name: str, buckets: bool, tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each case committed by a MERGE and by the rewrite of its key range: the same rows, in one
-    commit each; an integer key's rewrite leaves the files outside the source's range alone."""
+    """Each case committed by a MERGE and by the rewrite of its key range, in one query and in hash
+    buckets of the key (staged, then one overwrite): the same rows, in one commit each; an integer
+    key's rewrite leaves the files outside the source's range alone."""
     if not shared_engine.start(EngineConfig(), Lake(str(tmp_path))).embedded:
         pytest.skip("the rewrite is the embedded engine's")
     case = CASES[name]
     monkeypatch.setattr(engine_commits, "EMBEDDED_REWRITE_ROWS", 1 << 40)
     merged, merge_table, _ = _committed(tmp_path, shared_engine, case, "merge")
     monkeypatch.setattr(engine_commits, "EMBEDDED_REWRITE_ROWS", 0)
+    if buckets:
+        monkeypatch.setattr(engine_commits, "REWRITE_BUCKET_ROWS", 1)
     rewritten, table, before = _committed(tmp_path, shared_engine, case, "rewrite")
     assert _nan_safe(rewritten) == _nan_safe(merged)
     appends = case["files"]

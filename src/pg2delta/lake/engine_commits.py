@@ -17,12 +17,14 @@ as the ``MERGE`` would make; a replay after a crash writes the same rows again.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from pg2delta.decode.changes import OP_COL
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import AppendRows, MergeRows, Txn
+from pg2delta.memory import release_memory
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -40,6 +42,13 @@ EMBEDDED_REWRITE_ROWS = 100_000
 # statistics leave it out), dates and times (literals in a time zone), nor strings (Delta keeps
 # statistics of a string's first 32 characters, and random UUIDs span the whole table anyway).
 _RANGE_TYPES = frozenset({"tinyint", "smallint", "int", "bigint"})
+
+# Rows of the table in the source's range (or four times as many rows of the source, whose keys
+# alone the join holds) past which the new rows are computed in hash buckets of the key
+# (Commits._rewrite_range); key types hashed alike on both sides once cast to the table's (not
+# floats: NaN and -0.0).
+REWRITE_BUCKET_ROWS = 500_000
+_HASH_TYPES = frozenset({"tinyint", "smallint", "int", "bigint", "string", "decimal", "date", "timestamp", "boolean"})
 
 
 class Commits(DeltaReads):
@@ -82,11 +91,17 @@ class Commits(DeltaReads):
         """``merge`` committed as an overwrite of the source's key range (see the module's docstring);
         False, having done nothing, when it must stay a ``MERGE``: fewer than
         :data:`EMBEDDED_REWRITE_ROWS` rows, or a table with columns the source does not set (a
-        ``MERGE`` keeps their values in the rows it updates)."""
-        from pyspark.sql import functions as F
+        ``MERGE`` keeps their values in the rows it updates).
 
-        from pg2delta.apply.merge import key_equal, quote
+        Which side of the join pysail collects follows its estimates (a range filter on the table
+        makes it guess the table's side smaller, every column of it): past
+        :data:`REWRITE_BUCKET_ROWS` rows on either side, the new rows of the range are computed one
+        hash bucket of the key at a time into the staging area, each bucket's join bounded whichever
+        side it collects, and the overwrite then reads them back."""
 
+        from pg2delta.apply.merge import quote
+
+        work = f"rewrite-{uuid.uuid4().hex}"
         try:
             fields = {f.name: f for f in self.spark.read.format("delta").load(uri).schema.fields}
             source = self.spark.table(view)
@@ -100,33 +115,83 @@ class Commits(DeltaReads):
             if got["n"] < max(1, EMBEDDED_REWRITE_ROWS):
                 return False
             where = _range(k, got["lo"], got["hi"]) if ranged else None
-            keys = ", ".join(quote(c) for c in merge.key_names)
-            nan_safe = self.nan_safe_keys(source.schema, merge.key_names)
-            on = " AND ".join(
-                key_equal(f"t.{quote(c)}", f"s.{quote(c)}", nullable=merge.nullable_keys, nan_safe=c in nan_safe)
-                for c in merge.key_names
-            )
-            rest = (
-                self.spark.sql(
-                    f"SELECT t.* FROM (SELECT * FROM {self.target(uri)}{f' WHERE {where}' if where else ''}) AS t "
-                    f"LEFT ANTI JOIN (SELECT {keys} FROM {view}) AS s ON {on}"
-                )
-                if not merge.truncate
-                else None
-            )
-            sourced = source.where(f"{quote(OP_COL)} <> 'D'").select(*[
-                (F.col(quote(c)) if source.schema[c].dataType == f.dataType else F.col(quote(c)).cast(f.dataType)).alias(c)
-                for c, f in fields.items()
-            ])
-            rows = sourced if rest is None else rest.select(*[F.col(quote(c)) for c in fields]).unionByName(sourced)
+            # The source in the table's types (a key compared or hashed in another type differs).
+            cast = _typed(source, fields, OP_COL)
+            table = self.spark.read.format("delta").load(uri)
+            if where is not None:
+                table = table.where(where)
+            in_range = 0 if merge.truncate else int(table.count())
+            hashable = all(fields[c].dataType.simpleString().split("(")[0] in _HASH_TYPES for c in merge.key_names)
+            # The join holds the range's rows (every column) or the window's keys (a few): the
+            # window's rows count for a quarter. A truncate's has no join.
+            buckets = max(1, -(-max(got["n"] // 4, in_range) // REWRITE_BUCKET_ROWS)) if hashable and not merge.truncate else 1
+            if buckets == 1:
+                rows = self._range_rows(merge, fields, cast, table, None)
+            else:
+                keys = ", ".join(quote(c) for c in merge.key_names)
+                parts = []
+                for i in range(buckets):
+                    part = self.lake.staging_uri(f"{work}/part-{i:04d}")
+                    bucket = f"pmod(hash({keys}), {buckets}) = {i}"
+                    writer = self._range_rows(merge, fields, cast, table, bucket).write.mode("overwrite")
+                    # No statistics: pysail would read a NaN back as the file's other value.
+                    writer.option("statistics_enabled", "none").parquet(part)
+                    release_memory()
+                    if self.lake.exists(part):
+                        parts.append(part)
+                rows = _typed(self.spark.read.parquet(*parts), fields) if parts else table.limit(0)
             writer = self.delta_writer(rows, "overwrite")
             if where is not None:
                 writer = writer.option("replaceWhere", where)
             writer.save(uri)
         except Exception as exc:
             raise LakeError(f"{what} (a rewrite of its key range) failed: {' '.join(str(exc).split())[:500]}") from exc
-        log.debug("%s: %d rows committed as a rewrite of %s", uri, got["n"], where or "the whole table")
+        finally:
+            self.lake.unstage_dir(work)
+        log.debug(
+            "%s: %d rows committed as a rewrite of %s (%d rows before, %d bucket(s))",
+            uri, got["n"], where or "the whole table", in_range, buckets,
+        )
         return True
+
+    def _range_rows(self, merge: MergeRows, fields: dict[str, Any], source: Any, table: Any, bucket: str | None) -> Any:
+        """The new rows of the range (of one hash ``bucket`` of the key): the rows of ``table`` (the
+        range's) less the keys of ``source`` (the window's rows in the table's types, and the op),
+        plus its rows that are not deletes. DataFrames joined by name: pysail's SQL ``UNION ALL``
+        refuses a timestamp's time zone spelled "UTC" on one side and "Etc/UTC" on the other."""
+        from pyspark.sql import functions as F
+
+        from pg2delta.apply.merge import key_equal, quote
+
+        if bucket is not None:
+            source, table = source.where(bucket), table.where(bucket)
+        columns = [F.col(quote(c)) for c in fields]
+        sourced = source.where(f"{quote(OP_COL)} <> 'D'").select(*columns)
+        if merge.truncate:
+            return sourced
+        nan_safe = self.nan_safe_keys(source.schema, merge.key_names)
+        on = " AND ".join(
+            key_equal(f"t.{quote(c)}", f"s.{quote(c)}", nullable=merge.nullable_keys, nan_safe=c in nan_safe)
+            for c in merge.key_names
+        )
+        keys = source.select(*[F.col(quote(c)) for c in merge.key_names])
+        kept = table.alias("t").join(keys.alias("s"), F.expr(on), "left_anti")
+        return kept.select(*columns).unionByName(sourced)
+
+
+def _typed(df: Any, fields: dict[str, Any], *also: str) -> Any:
+    """``df``'s columns ``fields`` (and ``also``) in the table's types. A column already of its type
+    is left alone: cast, a timestamp's time zone would read "Etc/UTC" where the table's reads "UTC",
+    which pysail's union of the rows it keeps with the new ones (``replaceWhere``) refuses."""
+    from pyspark.sql import functions as F
+
+    from pg2delta.apply.merge import quote
+
+    have = {f.name: f.dataType for f in df.schema.fields}
+    return df.select(
+        *[F.col(quote(c)) if have[c] == f.dataType else F.col(quote(c)).cast(f.dataType).alias(c) for c, f in fields.items()],
+        *[F.col(quote(c)) for c in also],
+    )
 
 
 def _range(column: str, lo: Any, hi: Any) -> str:
