@@ -102,6 +102,7 @@ class Commits(DeltaReads):
         from pg2delta.apply.merge import quote
 
         work = f"rewrite-{uuid.uuid4().hex}"
+        views: list[str] = []
         try:
             fields = {f.name: f for f in self.spark.read.format("delta").load(uri).schema.fields}
             source = self.spark.table(view)
@@ -116,24 +117,25 @@ class Commits(DeltaReads):
                 return False
             where = _range(k, got["lo"], got["hi"]) if ranged else None
             # The source in the table's types (a key compared or hashed in another type differs).
-            cast = _typed(source, fields, OP_COL)
+            cast = self._view(views, _typed(source, fields, OP_COL))
             table = self.spark.read.format("delta").load(uri)
             if where is not None:
                 table = table.where(where)
             in_range = 0 if merge.truncate else int(table.count())
+            ranged_rows = self._view(views, table)
             hashable = all(fields[c].dataType.simpleString().split("(")[0] in _HASH_TYPES for c in merge.key_names)
             # The join holds the range's rows (every column) or the window's keys (a few): the
             # window's rows count for a quarter. A truncate's has no join.
             buckets = max(1, -(-max(got["n"] // 4, in_range) // REWRITE_BUCKET_ROWS)) if hashable and not merge.truncate else 1
             if buckets == 1:
-                rows = self._range_rows(merge, fields, cast, table, None)
+                rows = self._range_rows(merge, fields, cast, ranged_rows, None)
             else:
                 keys = ", ".join(quote(c) for c in merge.key_names)
                 parts = []
                 for i in range(buckets):
                     part = self.lake.staging_uri(f"{work}/part-{i:04d}")
                     bucket = f"pmod(hash({keys}), {buckets}) = {i}"
-                    writer = self._range_rows(merge, fields, cast, table, bucket).write.mode("overwrite")
+                    writer = self._range_rows(merge, fields, cast, ranged_rows, bucket).write.mode("overwrite")
                     # No statistics: pysail would read a NaN back as the file's other value.
                     writer.option("statistics_enabled", "none").parquet(part)
                     release_memory()
@@ -147,6 +149,11 @@ class Commits(DeltaReads):
         except Exception as exc:
             raise LakeError(f"{what} (a rewrite of its key range) failed: {' '.join(str(exc).split())[:500]}") from exc
         finally:
+            for name in views:
+                try:
+                    self.spark.catalog.dropTempView(name)
+                except Exception:
+                    log.debug("could not drop temp view %s", name)
             self.lake.unstage_dir(work)
         log.debug(
             "%s: %d rows committed as a rewrite of %s (%d rows before, %d bucket(s))",
@@ -154,43 +161,52 @@ class Commits(DeltaReads):
         )
         return True
 
-    def _range_rows(self, merge: MergeRows, fields: dict[str, Any], source: Any, table: Any, bucket: str | None) -> Any:
-        """The new rows of the range (of one hash ``bucket`` of the key): the rows of ``table`` (the
-        range's) less the keys of ``source`` (the window's rows in the table's types, and the op),
-        plus its rows that are not deletes. DataFrames joined by name: pysail's SQL ``UNION ALL``
-        refuses a timestamp's time zone spelled "UTC" on one side and "Etc/UTC" on the other."""
-        from pyspark.sql import functions as F
+    def _view(self, views: list[str], df: Any) -> str:
+        name = f"pg2delta_rewrite_{uuid.uuid4().hex[:12]}"
+        df.createOrReplaceTempView(name)
+        views.append(name)
+        return name
 
+    def _range_rows(self, merge: MergeRows, fields: dict[str, Any], source: str, table: str, bucket: str | None) -> Any:
+        """The new rows of the range (of one hash ``bucket`` of the key): the rows of the view
+        ``table`` (the range's) less the keys of the view ``source`` (the window's rows in the
+        table's types, and the op), plus its rows that are not deletes. The two are joined by name as
+        DataFrames: pysail's SQL ``UNION ALL`` refuses a timestamp's time zone spelled "UTC" on one
+        side and "Etc/UTC" on the other. (SQL and ``selectExpr`` only: pyspark 3.5's
+        ``pyspark.sql.functions`` take the classic path unless this process's environment says Connect.)"""
         from pg2delta.apply.merge import key_equal, quote
 
-        if bucket is not None:
-            source, table = source.where(bucket), table.where(bucket)
-        columns = [F.col(quote(c)) for c in fields]
-        sourced = source.where(f"{quote(OP_COL)} <> 'D'").select(*columns)
+        also = f" AND {bucket}" if bucket else ""
+        cols = [quote(c) for c in fields]
+        sourced = self.spark.sql(f"SELECT {', '.join(cols)} FROM {source} WHERE {quote(OP_COL)} <> 'D'{also}")
         if merge.truncate:
             return sourced
-        nan_safe = self.nan_safe_keys(source.schema, merge.key_names)
+        nan_safe = self.nan_safe_keys(self.spark.table(source).schema, merge.key_names)
         on = " AND ".join(
             key_equal(f"t.{quote(c)}", f"s.{quote(c)}", nullable=merge.nullable_keys, nan_safe=c in nan_safe)
             for c in merge.key_names
         )
-        keys = source.select(*[F.col(quote(c)) for c in merge.key_names])
-        kept = table.alias("t").join(keys.alias("s"), F.expr(on), "left_anti")
-        return kept.select(*columns).unionByName(sourced)
+        keys = ", ".join(quote(c) for c in merge.key_names)
+        kept = self.spark.sql(
+            f"SELECT t.* FROM (SELECT * FROM {table} WHERE true{also}) AS t "
+            f"LEFT ANTI JOIN (SELECT {keys} FROM {source} WHERE true{also}) AS s ON {on}"
+        )
+        return kept.selectExpr(*cols).unionByName(sourced)
 
 
 def _typed(df: Any, fields: dict[str, Any], *also: str) -> Any:
     """``df``'s columns ``fields`` (and ``also``) in the table's types. A column already of its type
     is left alone: cast, a timestamp's time zone would read "Etc/UTC" where the table's reads "UTC",
     which pysail's union of the rows it keeps with the new ones (``replaceWhere``) refuses."""
-    from pyspark.sql import functions as F
-
     from pg2delta.apply.merge import quote
 
     have = {f.name: f.dataType for f in df.schema.fields}
-    return df.select(
-        *[F.col(quote(c)) if have[c] == f.dataType else F.col(quote(c)).cast(f.dataType).alias(c) for c, f in fields.items()],
-        *[F.col(quote(c)) for c in also],
+    return df.selectExpr(
+        *[
+            quote(c) if have[c] == f.dataType else f"CAST({quote(c)} AS {f.dataType.simpleString()}) AS {quote(c)}"
+            for c, f in fields.items()
+        ],
+        *[quote(c) for c in also],
     )
 
 
