@@ -87,6 +87,19 @@ class Commits(DeltaReads):
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
+    def stage_rows(self, df: Any, target: str) -> bool:
+        """``df`` written to the staging area's ``target`` as Parquet, to be read back once, whole;
+        False when nothing was written: pysail writes nothing at all for an empty result (Apache
+        Spark a file with the schema)."""
+        writer = df.write.mode("overwrite")
+        if not self.classic:
+            # No statistics: pysail would read a NaN back as the file's other value (see
+            # pg2delta.lake.engine_writes.STATS_COLUMNS).
+            writer = writer.option("statistics_enabled", "none")
+        writer.parquet(target)
+        release_memory()
+        return self.lake.exists(target)
+
     def _rewrite_range(self, uri: str, view: str, merge: MergeRows, what: str) -> bool:
         """``merge`` committed as an overwrite of the source's key range (see the module's docstring);
         False, having done nothing, when it must stay a ``MERGE``: fewer than
@@ -135,11 +148,7 @@ class Commits(DeltaReads):
                 for i in range(buckets):
                     part = self.lake.staging_uri(f"{work}/part-{i:04d}")
                     bucket = f"pmod(hash({keys}), {buckets}) = {i}"
-                    writer = self._range_rows(merge, fields, cast, ranged_rows, bucket).write.mode("overwrite")
-                    # No statistics: pysail would read a NaN back as the file's other value.
-                    writer.option("statistics_enabled", "none").parquet(part)
-                    release_memory()
-                    if self.lake.exists(part):
+                    if self.stage_rows(self._range_rows(merge, fields, cast, ranged_rows, bucket), part):
                         parts.append(part)
                 rows = _typed(self.spark.read.parquet(*parts), fields) if parts else table.limit(0)
             writer = self.delta_writer(rows, "overwrite")

@@ -20,7 +20,6 @@ from pg2delta.decode.changes import OP_COL
 from pg2delta.errors import DataError, LakeError
 from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_session import Txn
-from pg2delta.memory import release_memory
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -152,22 +151,10 @@ class _Steps:
         self.views.append(name)
         return name
 
-    def write(self, df: Any, target: str) -> bool:
-        """``df`` written to ``target`` as Parquet; False when nothing was written: pysail writes
-        nothing at all for an empty result (Apache Spark a file with the schema)."""
-        writer = df.write.mode("overwrite")
-        if not self.engine.classic:
-            # No statistics: pysail would read a NaN back as the file's other value (see
-            # pg2delta.lake.engine_writes.STATS_COLUMNS); these files are read once, whole.
-            writer = writer.option("statistics_enabled", "none")
-        writer.parquet(target)
-        release_memory()
-        return self.engine.lake.exists(target)
-
     def materialized(self, df: Any, part: str, *, target: str | None = None) -> str:
         # Written out and read back: the next step starts from files, not from a growing plan.
         target = target or self.engine.lake.staging_uri(f"{self.work}/{part}")
-        if not self.write(df, target):
+        if not self.engine.stage_rows(df, target):
             return self.view(df)  # the plan itself, which yields no rows either
         return self.view(self.engine.spark.read.parquet(target))
 
@@ -259,7 +246,7 @@ class _Steps:
                 nullable_keys=nullable_keys, optional=optional, every_row=every_row,
             )
             target = engine.lake.staging_uri(f"{self.work}/final-{i:04d}")
-            if self.write(spark.sql(last), target):
+            if self.engine.stage_rows(spark.sql(last), target):
                 parts.append(target)
         log.debug("%s: the staged changes reduced in %d buckets", uri, buckets)
         return self.view(spark.read.parquet(*parts)) if parts else self.view(spark.sql(last))
