@@ -51,7 +51,7 @@ WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2
 
-.PHONY: install install-spark install-airflow test-airflow demo test java test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean
+.PHONY: install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
@@ -108,15 +108,32 @@ demo: install postgres
 # while the embedded tier runs: that mostly waits on downloads, not on the cores the tests use.
 # Java and PostgreSQL 15 come first, so that no two package installs run at once.
 test: lint postgres java
-	$(MAKE) -j2 --output-sync=line test-embedded install-spark
-	$(MAKE) test-spark test-spark4 test-compat
+	$(MAKE) -j2 --output-sync=line test-embedded install-side
+	$(MAKE) test-spark test-spark4 test-compat test-monitoring
+
+# What the later tiers need, installed one after the other beside the embedded tier.
+install-side: install-spark monitoring
 
 # A Java 17, found or installed (tools/java_home.sh).
 java:
 	@tools/java_home.sh >/dev/null
 
 test-embedded: install $(AIRFLOW_STAMP) postgres
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(XDIST) -m "not monitoring"
+
+# Prometheus from Debian, if this machine does not have it yet: the Grafana dashboard's test runs
+# every query of examples/grafana/pg2delta.json against a real one (tests/test_grafana_dashboard.py).
+monitoring:
+	@if ! command -v prometheus >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends prometheus >/dev/null \
+	    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; \
+	  else echo "Prometheus is missing: install Debian's prometheus package (the dashboard test will be skipped)"; fi; \
+	fi
+
+# The Grafana dashboard against a real Prometheus scraping the metrics files of real runs.
+test-monitoring: install monitoring postgres
+	$(PY) -m pytest -q -p no:cacheprovider -m monitoring
 
 # The example DAGs in Airflow (airflow dags test) against a throwaway PostgreSQL, on the embedded engine.
 test-airflow: install $(AIRFLOW_STAMP) postgres
@@ -135,7 +152,7 @@ test-spark4: $(SPARK4_STAMP) postgres
 # tests again on the oldest supported stack: the pyspark 3.5 Spark Connect client against pysail,
 # numpy 1.x, pyarrow 15, pandas 2.
 test-compat: $(SPARK35_STAMP) postgres
-	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not e2e"
+	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not e2e and not monitoring"
 	$(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) tests/test_job_e2e.py tests/test_type_fidelity.py
 
 # The C extension built with AddressSanitizer and UBSan (in a copy of src/ under .cache/asan),

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -118,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-changes", type=int, help="changes per window (default from config)")
     run.add_argument("--max-bytes", type=int, help="bytes per window (default from config)")
     _idle_flag(run)
+    run.add_argument(
+        "--metrics-file", metavar="PATH",
+        help="also write how the run ended as Prometheus metrics to PATH (atomically, failed runs too; "
+        "for node_exporter's textfile collector)",
+    )
     boot = sub.add_parser(
         "bootstrap", help="create the slot and copy every published table into the lake as of its start"
     )
@@ -209,6 +215,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pg2delta.job import run
 
     config = _config(args)
+    args.run_slot = config.source.slot  # for --metrics-file, should the run fail
     until = parse_lsn(args.until_lsn) if args.until_lsn is not None else None
     report = run(config, until_lsn=until, create_slot=args.create_slot)
     tables: dict[str, dict[str, Any]] = {}
@@ -238,6 +245,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from pg2delta.maintain import report_json
 
         summary["maintenance"] = report_json(report.maintenance)
+    args.run_summary = summary
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -532,6 +540,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "metrics_file", None) and args.command == "run":
+        return _with_run_metrics(args)
+    return _dispatch(args)
+
+
+def _with_run_metrics(args: argparse.Namespace) -> int:
+    """``run`` as :func:`_dispatch` runs it, then its outcome written to ``--metrics-file``
+    (pg2delta.run_metrics), whatever the exit code."""
+    from pg2delta.run_metrics import RunOutcome, write_run_metrics
+
+    started = time.monotonic()
+    code = _dispatch(args)
+    summary = getattr(args, "run_summary", None) or {}
+    outcome = RunOutcome(
+        slot=getattr(args, "run_slot", None) or args.slot or "",
+        exit_code=code,
+        seconds=time.monotonic() - started,
+        idle=bool(summary.get("idle")),
+        windows=int(summary.get("windows", 0)),
+        rows_read=int(summary.get("rows_read", 0)),
+        changes=int(summary.get("changes", 0)),
+    )
+    try:
+        write_run_metrics(args.metrics_file, outcome)
+    except OSError as exc:
+        print(f"pg2delta: cannot write --metrics-file {args.metrics_file}: {exc}", file=sys.stderr)
+        return code or EXIT_NEEDS_HUMAN
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

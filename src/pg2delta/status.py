@@ -27,7 +27,7 @@ from pg2delta.errors import (
     EXIT_STATUS_UNRESERVED,
     SourceStateError,
 )
-from pg2delta.lake.applied_log import LOG_TABLE
+from pg2delta.lake.applied_log import KIND_WINDOW, LOG_TABLE
 from pg2delta.lake.engine import Lake
 from pg2delta.lsn import format_lsn
 from pg2delta.source.slot import ServerState, SlotInfo, SlotSource
@@ -96,6 +96,19 @@ def _slot_section(info: SlotInfo, server: ServerState) -> dict[str, Any]:
     }
 
 
+# The kinds of change a window applies, as the applied log counts them (its columns).
+_OPS = ("inserts", "updates", "deletes")
+
+
+def _count_applied(total: dict[str, int], row: dict[str, Any]) -> None:
+    """Add an applied-log row's changes to ``total``: windows only (a bootstrap's or a backfill's
+    copy is not changes applied, and its row counts nothing a window did)."""
+    if (row.get("kind") or KIND_WINDOW) != KIND_WINDOW:
+        return
+    for op in _OPS:
+        total[op] += int(row.get(op) or 0)
+
+
 def _tables(config: Config, lake: Lake) -> tuple[list[dict[str, Any]], int | None, int | None]:
     """Per Delta table of this slot: its last logged window and what the lake holds now; plus the
     applied log's version and the newest commit time applied to any table."""
@@ -107,10 +120,12 @@ def _tables(config: Config, lake: Lake) -> tuple[list[dict[str, Any]], int | Non
         return [], log_version, None
     latest: dict[int, dict[str, Any]] = {}
     commits: dict[int, int] = {}  # per relation, the newest commit time applied
+    totals: dict[int, dict[str, int]] = {}  # per relation, the changes its windows applied
     for row in applied.to_pylist():
         if row.get("slot") != config.source.slot or row.get("relation_oid") is None:
             continue  # rows without a table mark a bootstrap's start
         oid = int(row["relation_oid"])
+        _count_applied(totals.setdefault(oid, dict.fromkeys(_OPS, 0)), row)
         commit = _us(row.get("commit_ts"))
         if commit is not None:
             commits[oid] = max(commit, commits.get(oid, commit))
@@ -135,6 +150,7 @@ def _tables(config: Config, lake: Lake) -> tuple[list[dict[str, Any]], int | Non
                 "delta_version": now["delta_version"] if now else None,
                 "files": now["files"] if now else None,
                 "size_bytes": now["size_bytes"] if now else None,
+                "rows_applied": totals[int(row["relation_oid"])],
                 "changelog": _delta(lake, lake.table_uri(changelog_path(schema, name))),
                 "history": _delta(lake, lake.table_uri(schema, history_table(name))),
             }
@@ -291,4 +307,25 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
                 "history")
     table_gauge("pg2delta_history_size_bytes", "Bytes of data files in the table's SCD2 history", "size_bytes",
                 "history")
+    reg.register(_RowsApplied(name, report["tables"]))
     write_to_textfile(path, reg)
+
+
+class _RowsApplied:
+    """``pg2delta_table_rows_applied_total``: a counter per table and kind of change (the applied
+    log's windows add up; it only grows), so that ``increase()`` over it gives rows applied per hour."""
+
+    def __init__(self, slot: str, tables: list[dict[str, Any]]) -> None:
+        self.slot, self.tables = slot, tables
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "pg2delta_table_rows_applied", "Changes the table's logged windows applied, by kind (insert, update, delete)",
+            labels=["slot", "table", "op"],
+        )
+        for t in self.tables:
+            for op in _OPS:
+                family.add_metric([self.slot, t["table"], op.removesuffix("s")], t["rows_applied"][op])
+        yield family
