@@ -380,7 +380,7 @@ class LakeSide(_Side):
     hash60 = "CAST(conv(substr(q.r, 1, 15), 16, 10) AS DECIMAL(38,0))"
 
     def __init__(self, engine: Engine, view: str, key: Sequence[ColumnType], columns: Sequence[ColumnType]) -> None:
-        from pg2delta.apply.merge import quote
+        from pg2delta.lake.sql import quote
 
         def text(cols: Sequence[ColumnType]) -> str:
             parts = [spark_item(spark_value(quote(c.name), c, engine.decimal_text)) for c in cols]

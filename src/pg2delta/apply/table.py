@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from pg2delta.apply.history import StagedWindow, window_versions
 from pg2delta.apply.keys import key_tuple
-from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement, one_change_per_key, quote
+from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement, one_change_per_key
 from pg2delta.apply.schema import Plan, conform
 from pg2delta.apply.stage import (
     StagedChanges,
@@ -42,6 +42,7 @@ from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import Applied
 from pg2delta.lake.engine import AppendRows, Engine, MergeRows, Txn
 from pg2delta.lake.lakeside import Lakeside
+from pg2delta.lake.sql import quote
 from pg2delta.memory import release_memory
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ bytes; then every batch held so far goes to Parquet files under the lake's stagi
 per run of consecutive batches of one relation version, so files stay in commit order) and only a
 small :class:`SpilledBatch` stays on the driver. A table with spilled batches is never gathered on
 the driver again: its changes are conformed batch by batch into a staging directory and reduced to
-one row per key by the engine (:func:`pg2delta.apply.merge.final_source_sql`), where on a cluster the
+one row per key by the engine (:func:`pg2delta.lake.staged_sql.final_source_sql`), where on a cluster the
 executors do the work; its SCD2 history's versions are computed there as well (:mod:`pg2delta.apply.history`). Together with the decoder giving a large transaction out in parts
 (``WindowDecoder(split_rows=...)``) the driver's memory does not follow the size of a transaction
 or of a window.

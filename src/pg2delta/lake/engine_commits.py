@@ -24,6 +24,7 @@ from pg2delta.decode.changes import OP_COL
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import AppendRows, MergeRows, Txn
+from pg2delta.lake.sql import key_equal, quote
 from pg2delta.memory import release_memory
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
@@ -76,8 +77,6 @@ class Commits(DeltaReads):
             with self._txn(txn):
                 self._sql(statement, what)
             return
-        from pg2delta.apply.merge import quote
-
         cols = ", ".join(quote(c) for c in statement.columns)
         try:
             writer = self.delta_writer(self.spark.sql(f"SELECT {cols} FROM {view} WHERE {statement.where}"), "append")
@@ -111,8 +110,6 @@ class Commits(DeltaReads):
         :data:`REWRITE_BUCKET_ROWS` rows on either side, the new rows of the range are computed one
         hash bucket of the key at a time into the staging area, each bucket's join bounded whichever
         side it collects, and the overwrite then reads them back."""
-
-        from pg2delta.apply.merge import quote
 
         work = f"rewrite-{uuid.uuid4().hex}"
         views: list[str] = []
@@ -183,8 +180,6 @@ class Commits(DeltaReads):
         DataFrames: pysail's SQL ``UNION ALL`` refuses a timestamp's time zone spelled "UTC" on one
         side and "Etc/UTC" on the other. (SQL and ``selectExpr`` only: pyspark 3.5's
         ``pyspark.sql.functions`` take the classic path unless this process's environment says Connect.)"""
-        from pg2delta.apply.merge import key_equal, quote
-
         also = f" AND {bucket}" if bucket else ""
         cols = [quote(c) for c in fields]
         sourced = self.spark.sql(f"SELECT {', '.join(cols)} FROM {source} WHERE {quote(OP_COL)} <> 'D'{also}")
@@ -207,8 +202,6 @@ def _typed(df: Any, fields: dict[str, Any], *also: str) -> Any:
     """``df``'s columns ``fields`` (and ``also``) in the table's types. A column already of its type
     is left alone: cast, a timestamp's time zone would read "Etc/UTC" where the table's reads "UTC",
     which pysail's union of the rows it keeps with the new ones (``replaceWhere``) refuses."""
-    from pg2delta.apply.merge import quote
-
     have = {f.name: f.dataType for f in df.schema.fields}
     return df.selectExpr(
         *[

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
+from pg2delta.lake.sql import key_equal, quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -80,8 +81,6 @@ class DeltaReads(EngineSession):
         With ``version``, the table as of that Delta version (time travel); columns the table
         did not have then come back as None. ``nullable_keys`` matches keys null-safely.
         """
-        from pg2delta.apply.merge import key_equal, quote
-
         if not keys or self.lake.delta_version(uri) is None:
             return []
         keyset = pa.table({k: [key[i] for key in keys] for i, k in enumerate(key_names)})
@@ -192,8 +191,6 @@ class DeltaReads(EngineSession):
 
     def max_of(self, uri: str, column: str) -> int | None:
         """The largest value of an integer column of the Delta table at ``uri`` (None: empty or missing)."""
-        from pg2delta.apply.merge import quote
-
         if self.lake.delta_version(uri) is None:
             return None
         rows = self._sql(f"SELECT max({quote(column)}) AS m FROM {self.target(uri)}", f"reading max({column}) of {uri}")
@@ -203,8 +200,6 @@ class DeltaReads(EngineSession):
     def history_high(self, uri: str, pairs: Sequence[tuple[str, str]]) -> int | None:
         """The largest of the ``(lsn, pos)`` column pairs' LSNs over rows whose position is not negative
         (an SCD2 history's window-written bounds, see history.py; None: empty or missing)."""
-        from pg2delta.apply.merge import quote
-
         if self.lake.delta_version(uri) is None:
             return None
         parts = ", ".join(

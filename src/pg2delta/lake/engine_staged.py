@@ -18,8 +18,10 @@ from typing import Any
 
 from pg2delta.decode.changes import OP_COL
 from pg2delta.errors import DataError, LakeError
+from pg2delta.lake import staged_sql
 from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_session import Txn
+from pg2delta.lake.sql import quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -68,8 +70,6 @@ class StagedReduce(Commits):
         buckets = 1 if toast_columns else len(bucket_files) or max(1, -(-rows // REDUCE_BUCKET_ROWS))
         try:
             if distinct_keys and not toast_columns:
-                from pg2delta.apply.merge import quote
-
                 cols = [quote(c) for c in [*data_columns, OP_COL]]
                 final = steps.view(self.spark.read.parquet(changes_dir).selectExpr(*cols))
                 log.debug("%s: %d staged inserts of distinct keys, merged as they are", uri, rows)
@@ -114,7 +114,7 @@ class StagedReduce(Commits):
         Parquet and read back; the last one is written to the staging area's ``out``. Returns its URI
         and the first row of ``summary(view of it)`` (a small aggregate). ``work`` as in :meth:`merge_reduced`;
         ``truncates``: (commit LSN, position) of the truncates among the changes (see
-        :func:`pg2delta.apply.merge.ordered_changes_sql`)."""
+        :func:`pg2delta.lake.staged_sql.ordered_changes_sql`)."""
         steps = _Steps(self, work)
         try:
             current = steps.filled(
@@ -178,8 +178,6 @@ class _Steps:
         unchanged TOAST filled from earlier changes of the row, else from the table at ``lookup_version``;
         :class:`DataError` when neither has a value. ``buckets`` > 1 (no ``toast_columns``): computed
         one hash bucket of the keys at a time, each written out before the next starts."""
-        from pg2delta.apply import merge as m
-
         spark = self.engine.spark
         if buckets > 1 and not toast_columns:
             return self._reduced_in_buckets(
@@ -188,12 +186,12 @@ class _Steps:
                 bucket_files=bucket_files,
             )
         changes = self.view(spark.read.parquet(changes_dir))
-        ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, toast_columns, truncates)))
+        ordered = self.view(spark.sql(staged_sql.ordered_changes_sql(changes, key_names, toast_columns, truncates)))
         chain = lake = None
         if toast_columns:
             chain = self._toast_chain(uri, ordered, key_names, toast_columns, every_row=every_row)
             lake = self._lake_values(uri, key_names, toast_columns, lookup_version)
-        final_sql = m.final_source_sql(
+        final_sql = staged_sql.final_source_sql(
             ordered, chain, lake, key_names, data_columns, toast_columns,
             nullable_keys=nullable_keys, optional=optional, every_row=every_row,
             nan_safe_keys=self.engine.nan_safe_keys(spark.table(changes).schema, key_names),
@@ -201,7 +199,7 @@ class _Steps:
         final = self.materialized(spark.sql(final_sql), "final")
         log.debug("%s: the staged changes with their unchanged TOAST filled", uri)
         if chain is not None:
-            lost = spark.sql(f"SELECT {m.LAKE_KEY} FROM {final} WHERE {m.MISSING} LIMIT 1").collect()
+            lost = spark.sql(f"SELECT {staged_sql.LAKE_KEY} FROM {final} WHERE {staged_sql.MISSING} LIMIT 1").collect()
             if lost:
                 raise DataError(
                     f"cannot recover an unchanged TOAST value in {uri} (row {lost[0][0].asDict()}): the row is "
@@ -226,10 +224,8 @@ class _Steps:
     ) -> str:
         """:meth:`filled` without unchanged TOAST, one hash bucket of the keys at a time: the files
         of each of ``bucket_files``, else every staged file through a hash filter of the key."""
-        from pg2delta.apply import merge as m
-
         engine, spark = self.engine, self.engine.spark
-        by_key = ", ".join(m.quote(k) for k in key_names)
+        by_key = ", ".join(quote(k) for k in key_names)
         source = spark.read.parquet(changes_dir)
         parts: list[str] = []
         last = ""
@@ -240,8 +236,8 @@ class _Steps:
                 changes = self.view(spark.read.parquet(*bucket_files[i]))
             else:
                 changes = self.view(source.where(f"pmod(hash({by_key}), {buckets}) = {i}"))
-            ordered = self.view(spark.sql(m.ordered_changes_sql(changes, key_names, (), truncates)))
-            last = m.final_source_sql(
+            ordered = self.view(spark.sql(staged_sql.ordered_changes_sql(changes, key_names, (), truncates)))
+            last = staged_sql.final_source_sql(
                 ordered, None, None, key_names, data_columns, (),
                 nullable_keys=nullable_keys, optional=optional, every_row=every_row,
             )
@@ -256,18 +252,16 @@ class _Steps:
     ) -> str:
         """The view of each change's unchanged TOAST values filled from earlier changes of the row,
         following it through key changes: resolved one step at a time (at most 64), each written out."""
-        from pg2delta.apply import merge as m
-
         spark = self.engine.spark
         chain = self.materialized(
-            spark.sql(m.toast_chain_sql(ordered, key_names, toast_columns, every_row=every_row)), "chain-0"
+            spark.sql(staged_sql.toast_chain_sql(ordered, key_names, toast_columns, every_row=every_row)), "chain-0"
         )
         step = 0
-        while spark.sql(f"SELECT 1 FROM {chain} WHERE {m.unresolved_sql(chain, toast_columns)} LIMIT 1").collect():
+        while spark.sql(f"SELECT 1 FROM {chain} WHERE {staged_sql.unresolved_sql(chain, toast_columns)} LIMIT 1").collect():
             step += 1
             if step > 64:
                 raise LakeError(f"unchanged TOAST of {uri}: the chain of key changes did not resolve in 64 steps")
-            chain = self.materialized(spark.sql(m.resolve_step_sql(chain, toast_columns)), f"chain-{step}")
+            chain = self.materialized(spark.sql(staged_sql.resolve_step_sql(chain, toast_columns)), f"chain-{step}")
         return chain
 
     def _lake_values(
@@ -275,17 +269,15 @@ class _Steps:
     ) -> str | None:
         """The view of the table's keys and TOAST columns at ``lookup_version`` (a negative one: none
         to look at), each row marked present; None when there is no table."""
-        from pg2delta.apply import merge as m
-
         engine = self.engine
         if (lookup_version is None or lookup_version >= 0) and engine.lake.delta_version(uri) is not None:
             table = engine.read_version(uri, lookup_version)
             present = set(table.columns)
             cols = [
-                m.quote(c) if c in present else f"NULL AS {m.quote(c)}"
+                quote(c) if c in present else f"NULL AS {quote(c)}"
                 for c in dict.fromkeys([*key_names, *toast_columns])
             ]
-            return self.view(table.selectExpr(*cols, f"true AS {m.PRESENT}"))
+            return self.view(table.selectExpr(*cols, f"true AS {staged_sql.PRESENT}"))
         return None
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
 from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_session import Txn
+from pg2delta.lake.sql import quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -58,8 +59,6 @@ def stats_columns(schema: Any) -> list[str]:
 def stats_properties(schema: Any) -> dict[str, str]:
     """The table properties that keep Delta statistics of the :func:`stats_columns` of ``schema``
     only (a Spark ``StructType`` or an Arrow schema)."""
-    from pg2delta.apply.merge import quote
-
     names = [quote(n) for n in stats_columns(schema)]
     if not names:
         return {INDEXED_COLUMNS: "0"}
@@ -96,8 +95,6 @@ class DeltaWrites(Commits):
         ``current``: the table's columns when the caller knows them (saves reading its schema).
         Returns True when the table's schema changed.
         """
-        from pg2delta.apply.merge import quote
-
         existing = self.lake.delta_version(uri)
         try:
             df = self.spark.read.parquet(staged).select(*[quote(c) for c in columns]).limit(0)
@@ -175,8 +172,6 @@ class DeltaWrites(Commits):
         and pysail accept; pysail has no ``ALTER TABLE``, and Delta's in-place type widening needs a
         table feature that not every reader supports. Earlier versions stay readable (time travel).
         """
-        from pg2delta.apply.merge import quote
-
         staged = self.lake.stage(fill, f"fill-{uuid.uuid4().hex}") if fill is not None else None
         filled = list(fill.column_names) if fill is not None else []
         try:
