@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from pg2delta.errors import ConfigError
-from pg2delta.lake.engine import ENGINES, EngineConfig
+
+ENGINES = ("embedded", "spark", "connect")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    kind: str = "embedded"  # embedded | spark | connect
+    remote: str | None = None  # sc://host:port for kind = "connect"
+    app_name: str = "pg2delta"
+    spark_conf: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

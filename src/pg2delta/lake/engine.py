@@ -38,13 +38,12 @@ needs from here: ``Engine``, ``EngineConfig``, ``Lake``, ``Txn``. The parts log 
 
 from __future__ import annotations
 
+from pg2delta.config import ENGINES, EngineConfig
 from pg2delta.lake.engine_maintain import DeltaMaintenance
 from pg2delta.lake.engine_session import (
-    ENGINES,
     TXN_APP_ID,
     TXN_VERSION,
     AppendRows,
-    EngineConfig,
     MergeRows,
     Txn,
     open_session,

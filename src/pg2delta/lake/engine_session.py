@@ -17,10 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from pg2delta.config import ENGINES, EngineConfig
 from pg2delta.errors import ConfigError, LakeError
 from pg2delta.lake.lake_files import Lake
-
-ENGINES = ("embedded", "spark", "connect")
 
 # Bytes per Parquet file the embedded engine writes into a Delta table. pysail's Delta writer
 # keeps a file's rows in memory (row groups of a million rows) until it closes the file, so the
@@ -28,14 +27,6 @@ ENGINES = ("embedded", "spark", "connect")
 # inserts (bench/README.md), the append's peak fell by about 250 MB. ``pg2delta maintain``
 # compacts them into larger files.
 EMBEDDED_FILE_BYTES = 32 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    kind: str = "embedded"  # embedded | spark | connect
-    remote: str | None = None  # sc://host:port for kind = "connect"
-    app_name: str = "pg2delta"
-    spark_conf: tuple[tuple[str, str], ...] = ()
 
 
 # pyspark 3.5's Spark Connect client deadlocks when a SparkSession is garbage-collected on one of
@@ -296,7 +287,7 @@ class EngineSession:
 
     def nan_safe_keys(self, schema: Any, key_names: Sequence[str]) -> frozenset[str]:
         """The key columns of ``schema`` (a Spark ``StructType``) that joins with a Delta table must
-        match NaN-safely (pg2delta.apply.merge.key_equal): the float ones, on pysail. Apache Spark
+        match NaN-safely (pg2delta.lake.sql.key_equal): the float ones, on pysail. Apache Spark
         does not trust float statistics as bounds of NaN."""
         if self.classic:
             return frozenset()
