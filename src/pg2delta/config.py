@@ -27,8 +27,8 @@ ENGINES = ("embedded", "spark", "connect")
 class EngineConfig:
     kind: str = "embedded"  # embedded | spark | connect
     remote: str | None = None  # sc://host:port for kind = "connect"
-    app_name: str = "pg2delta"
-    spark_conf: tuple[tuple[str, str], ...] = ()
+    app_name: str = "pg2delta"  # the Spark application name (spark.app.name) of a session pg2delta starts
+    spark_conf: tuple[tuple[str, str], ...] = ()  # [engine.spark_conf]: Spark settings of the session, name = "value"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,8 @@ class ErrorKind(enum.Enum):
 # Exit codes for schedulers (Airflow, cron). 0 is not an error, and neither is a run with nothing to
 # do: it exits 0 too, unless ``--idle-exit-code N`` asks for another code to branch on (3 is the
 # conventional choice, pg2delta's own before it exited 0).
-EXIT_OK = 0
-EXIT_NOTHING_TO_DO = 3
+EXIT_OK = 0  # windows applied and the slot advanced, or nothing to do
+EXIT_NOTHING_TO_DO = 3  # the usual --idle-exit-code: a run with nothing to do (the default before, now 0)
 EXIT_RETRYABLE = 75  # EX_TEMPFAIL: try again later, unchanged
 EXIT_NEEDS_HUMAN = 78  # EX_CONFIG: do not retry until someone looks
 EXIT_BUSY = 73  # another run holds the slot; the next scheduled run will do the work
@@ -36,7 +36,7 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in pg2delta
 # Codes an idle run may not take: they mean failures.
 RESERVED_EXIT_CODES = frozenset({EXIT_RETRYABLE, EXIT_NEEDS_HUMAN, EXIT_BUSY, EXIT_INTERNAL, 130})
 
-# ``pg2delta status``: what it found, worst first when several hold (see the README's table).
+# ``pg2delta status``: what it found, worst first when several hold (docs/operations/monitoring.md).
 EXIT_STATUS_LAG = 10  # lag over --max-lag-bytes or --max-lag-seconds
 EXIT_STATUS_UNRESERVED = 11  # wal_status 'unreserved': the next checkpoint may remove WAL the slot needs
 EXIT_STATUS_INVALIDATED = 12  # the slot is invalidated: its changes are gone, the lake needs a new bootstrap
