@@ -51,13 +51,13 @@ WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2
 
-.PHONY: install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean
+.PHONY: install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean docs docs-reference docs-serve
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[embedded,dev]'
+	$(PY) -m pip install --quiet -e '.[embedded,dev,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -101,13 +101,13 @@ postgres:
 demo: install postgres
 	$(PY) tools/demo.py
 
-# Everything: lint, the whole suite on the embedded engine, the classic engine's tests on Apache
+# Everything: lint, the docs site, the whole suite on the embedded engine, the classic engine's tests on Apache
 # Spark + Delta, the Spark 3.5 line's Connect client against pysail, and the example Airflow DAGs.
 # The Airflow test runs inside the embedded tier's two workers (it mostly waits on Airflow and the
 # CLI), which is shorter than a tier of its own. The Spark venvs are built (pip, Delta's jars)
 # while the embedded tier runs: that mostly waits on downloads, not on the cores the tests use.
 # Java and PostgreSQL 15 come first, so that no two package installs run at once.
-test: lint postgres java
+test: lint docs postgres java
 	$(MAKE) -j2 --output-sync=line test-embedded install-side
 	$(MAKE) test-spark test-spark4 test-compat test-monitoring
 
@@ -176,6 +176,20 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The docs site (docs/, mkdocs.yml) built with --strict into site/ (git-ignored): a broken link or
+# anchor, or a page left out of the nav, fails. First checks that the reference pages' generated
+# parts (configuration, exit codes) are what the code says now; `make docs-reference` rewrites them.
+docs: install
+	$(PY) tools/gen_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-reference: install
+	$(PY) tools/gen_reference.py
+
+# The site at http://127.0.0.1:8000, rebuilt on every change.
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 bench-decode: install postgres
 	$(PY) bench/bench_decode.py
 
@@ -202,4 +216,4 @@ bench-spark: $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(SPARK35_PY) bench/bench_spark.py
 
 clean:
-	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) $(AIRFLOW_VENV) .cache var lake .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) $(AIRFLOW_VENV) .cache var lake site .pytest_cache .mypy_cache .ruff_cache
