@@ -208,14 +208,18 @@ def _config(args: argparse.Namespace) -> Config:
         flags.update(max_changes=args.max_changes, max_bytes=args.max_bytes)
     if args.command == "backfill":
         flags.update(max_changes=args.max_changes)
-    return load(args.config, need_source=args.command not in ("backfill", "versions"), **flags)
+    config = load(args.config, need_source=args.command not in ("backfill", "versions"), **flags)
+    args.config_loaded = config
+    from pg2delta.lineage import Lineage
+
+    args.lineage = Lineage.start(args.command, config.source.slot)
+    return config
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from pg2delta.job import run
 
     config = _config(args)
-    args.run_slot = config.source.slot  # for --metrics-file, should the run fail
     until = parse_lsn(args.until_lsn) if args.until_lsn is not None else None
     report = run(config, until_lsn=until, create_slot=args.create_slot)
     tables: dict[str, dict[str, Any]] = {}
@@ -245,7 +249,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from pg2delta.maintain import report_json
 
         summary["maintenance"] = report_json(report.maintenance)
-    args.run_summary = summary
+    args.summary = summary  # for lineage and --metrics-file (_main)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -265,6 +269,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     until = parse_lsn(args.until_lsn) if args.until_lsn is not None else None
     report = plan(config, until_lsn=until)
     summary = to_json(report)
+    args.summary = summary  # for lineage and --metrics-file (_main)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -320,6 +325,7 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
             for t in report.copied
         },
     }
+    args.summary = summary  # for lineage and --metrics-file (_main)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -349,6 +355,7 @@ def _cmd_resync(args: argparse.Namespace) -> int:
             for t in copied
         },
     }
+    args.summary = summary  # for lineage and --metrics-file (_main)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -381,6 +388,7 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
             for t in report.tables
         },
     }
+    args.summary = summary  # for lineage and --metrics-file (_main)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -407,6 +415,7 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
     config = _config(args)
     report = maintain(config)
     summary = {"schema_version": JSON_SCHEMA_VERSION, "command": "maintain", **report_json(report)}
+    args.summary = summary  # for lineage and --metrics-file (_main)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -424,6 +433,7 @@ def _cmd_versions(args: argparse.Namespace) -> int:
     config = _config(args)
     report = versions(config, parse_lsn(args.at_lsn))
     summary = to_json(report)
+    args.summary = summary  # for lineage and --metrics-file (_main)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -448,6 +458,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     config = _config(args)
     report = verify(config, args.table, show_values=args.show_values, max_differences=max(1, args.max_differences))
     summary = to_json(report)
+    args.summary = summary  # for lineage and --metrics-file (_main)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -478,6 +489,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             write_metrics(report, args.metrics_file)
         except OSError as exc:
             raise ConfigError(f"cannot write --metrics-file {args.metrics_file}: {exc}") from exc
+    args.summary = report  # for lineage (_main)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -541,8 +553,17 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "metrics_file", None) and args.command == "run":
-        return _with_run_metrics(args)
-    return _dispatch(args)
+        code = _with_run_metrics(args)
+    else:
+        code = _dispatch(args)
+    lineage = getattr(args, "lineage", None)
+    if lineage is not None:  # OpenLineage configured (pg2delta.lineage): COMPLETE or FAIL
+        from pg2delta.lake.engine import Lake
+
+        config = args.config_loaded
+        lineage.finish(code, getattr(args, "summary", None), getattr(args, "error_line", None),
+                       config.source.dsn, Lake(config.lake_root).table_uri)
+    return code
 
 
 def _with_run_metrics(args: argparse.Namespace) -> int:
@@ -552,9 +573,9 @@ def _with_run_metrics(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     code = _dispatch(args)
-    summary = getattr(args, "run_summary", None) or {}
+    summary = getattr(args, "summary", None) or {}
     outcome = RunOutcome(
-        slot=getattr(args, "run_slot", None) or args.slot or "",
+        slot=config.source.slot if (config := getattr(args, "config_loaded", None)) else args.slot or "",
         exit_code=code,
         seconds=time.monotonic() - started,
         idle=bool(summary.get("idle")),
@@ -597,6 +618,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _cmd_maintain(args)
         return _cmd_status(args)
     except Pg2DeltaError as exc:
+        args.error_line = exc.one_line()
         print(exc.one_line(), file=sys.stderr)
         log.debug("details", exc_info=True)
         return exc.exit_code
@@ -604,7 +626,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("pg2delta: interrupted; the slot was not advanced past anything unapplied", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug: say so on one line, keep the trace for --verbose
-        print(f"pg2delta: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        args.error_line = f"pg2delta: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        print(args.error_line, file=sys.stderr)
         log.debug("traceback", exc_info=True)
         return EXIT_INTERNAL
 
