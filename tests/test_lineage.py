@@ -65,13 +65,17 @@ def test_commands_emit_lineage(pgdb: str, pg_server: ThrowawayPostgres, tmp_path
     }
     common = ["--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
 
-    # Unconfigured: no event, and nothing but pg2delta's own line on standard output.
-    plain = cli("bootstrap", *common, "--json")
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    json.loads(plain.stdout)  # the report alone (the client's console transport would print events)
-    assert not events_file.exists()
-
+    booted = cli("bootstrap", *common, "--json", env=env)
+    assert booted.returncode == 0, booted.stderr[-3000:]
+    boot_report = json.loads(booted.stdout)
+    # Unconfigured: no event, and nothing but pg2delta's own report on standard output.
     with Workload(pgdb, 17) as wl:
+        wl.phase(20)
+        before = _events(events_file)
+        plain = cli("run", *common, "--json")
+        assert plain.returncode == 0, plain.stderr[-3000:]
+        json.loads(plain.stdout)  # the report alone (the client's console transport would print events)
+        assert _events(events_file) == before
         wl.phase(40)
     ran = cli("run", *common, "--json", env=env)
     assert ran.returncode == 0, ran.stderr[-3000:]
@@ -85,9 +89,10 @@ def test_commands_emit_lineage(pgdb: str, pg_server: ThrowawayPostgres, tmp_path
     assert failed.returncode != 0
 
     runs = _by_run(_events(events_file))
-    assert len(runs) == 4, {k: [e["eventType"] for e in v] for k, v in runs.items()}
+    assert len(runs) == 5, {k: [e["eventType"] for e in v] for k, v in runs.items()}
     by_job = {evs[0]["job"]["name"] + ("!" if evs[-1]["eventType"] == "FAIL" else ""): evs for evs in runs.values()}
-    assert set(by_job) == {f"{slot}.run", f"{slot}.resync", f"{slot}.maintain", f"missing_{tag}.run!"}, sorted(by_job)
+    assert set(by_job) == {f"{slot}.bootstrap", f"{slot}.run", f"{slot}.resync", f"{slot}.maintain",
+                           f"missing_{tag}.run!"}, sorted(by_job)
     for evs in runs.values():
         assert [e["eventType"] for e in evs] in (["START", "COMPLETE"], ["START", "FAIL"])
         for e in evs:
@@ -109,6 +114,10 @@ def test_commands_emit_lineage(pgdb: str, pg_server: ThrowawayPostgres, tmp_path
     assert (facet["slot"], facet["command"], facet["fromLsn"], facet["toLsn"]) == (
         slot, "run", run_report["from_lsn"], run_report["to_lsn"]
     )
+    # The bootstrap: every published table, with the rows it copied, and the slot's start.
+    boot = by_job[f"{slot}.bootstrap"][-1]
+    _check_outputs(boot, lake, {n: t["rows"] for n, t in boot_report["tables"].items()})
+    assert boot["run"]["facets"]["pg2delta"]["fromLsn"] == boot_report["start_lsn"]
     # The resync: the table copied again, with the rows it copied.
     resync_report = json.loads(resynced.stdout)
     _check_outputs(by_job[f"{slot}.resync"][-1], lake, {n: t["rows"] for n, t in resync_report["tables"].items()})
