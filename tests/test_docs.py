@@ -97,3 +97,15 @@ def test_readme_is_a_front_door() -> None:
     for code, _name, _comment in _gen().exit_code_constants():
         if code != errors.EXIT_NOTHING_TO_DO:
             assert re.search(rf"^\| ([\d, ]*\b{code}\b[\d, ]*) \|", readme, flags=re.M), code
+
+
+def test_paths_the_docs_name_exist() -> None:
+    """A file or folder of the repository named in the docs (`src/...`, `tests/...`) is there: a
+    module moved or a test renamed shows up here rather than as a dead pointer for the reader."""
+    pages = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    missing = []
+    for page in pages:
+        for path in re.findall(r"`((?:src|tests|tools|jobs|examples|conf|bench)/[^`\s<>…{}]*)`", page.read_text()):
+            if not any(ROOT.glob(path.rstrip("/"))):
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, missing
