@@ -9,7 +9,7 @@ Three DAGs:
 * ``pg2delta_embedded_backfill`` — by hand, with ``from_lsn``/``to_lsn`` (and ``into``, ``tables``)
   in the run's configuration: replays the changelog.
 
-pg2delta's exit codes (README, "Exit codes") become task states:
+pg2delta's exit codes (docs/reference/exit-codes.md) become task states:
 
 * 0 — success (a run with nothing to do too);
 * 73 — another run holds the slot: the task is *skipped* (the next scheduled run does the work);
@@ -122,7 +122,7 @@ with DAG(
         bash_command='"$PG2DELTA" bootstrap --config "$PG2DELTA_CONFIG" --parallel "$PARALLEL"',
         env={**ENV, "PARALLEL": "{{ params.parallel }}"},
         # Not retried blindly: once the slot exists a second bootstrap is refused (78); see the
-        # README's Bootstrap section for --resume.
+        # docs/commands/bootstrap.md for --resume.
         retries=0,
     )
 

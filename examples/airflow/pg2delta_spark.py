@@ -8,7 +8,7 @@ Three DAGs, as in ``pg2delta_embedded.py``: ``pg2delta_spark_run`` every 5 minut
 The Spark connection (``spark_default``, or ``PG2DELTA_SPARK_CONN_ID``) names the master and
 ``deploy-mode`` ``client``: pg2delta runs on the driver, whose Python must have pg2delta installed
 (``pip install 'pg2delta[spark]'``; ``PG2DELTA_PYTHON`` below). Delta comes from ``packages`` and
-its two session configs, as in the README's spark-submit command line; drop them where the
+its two session configs, as in docs/engines/spark-submit.md's command line; drop them where the
 platform loads Delta already.
 
 Exit codes: the SparkSubmitOperator fails the task on any non-zero exit of spark-submit and does
