@@ -50,6 +50,9 @@ WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 # (tests/engines.py).
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2
+# MkDocs for the docs site (make docs), in a venv of its own.
+DOCS_VENV ?= .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
 .PHONY: install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean docs docs-reference docs-serve
 
@@ -57,7 +60,7 @@ XDIST ?= -n 2
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[embedded,dev,docs]'
+	$(PY) -m pip install --quiet -e '.[embedded,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -101,18 +104,19 @@ postgres:
 demo: install postgres
 	$(PY) tools/demo.py
 
-# Everything: lint, the docs site, the whole suite on the embedded engine, the classic engine's tests on Apache
+# Everything: lint, the whole suite on the embedded engine (the docs site built beside it), the classic engine's tests on Apache
 # Spark + Delta, the Spark 3.5 line's Connect client against pysail, and the example Airflow DAGs.
 # The Airflow test runs inside the embedded tier's two workers (it mostly waits on Airflow and the
 # CLI), which is shorter than a tier of its own. The Spark venvs are built (pip, Delta's jars)
 # while the embedded tier runs: that mostly waits on downloads, not on the cores the tests use.
 # Java and PostgreSQL 15 come first, so that no two package installs run at once.
-test: lint docs postgres java
+test: lint postgres java
 	$(MAKE) -j2 --output-sync=line test-embedded install-side
 	$(MAKE) test-spark test-spark4 test-compat test-monitoring
 
-# What the later tiers need, installed one after the other beside the embedded tier.
-install-side: install-spark monitoring
+# What the later tiers need, installed one after the other beside the embedded tier; first the docs
+# site, built with --strict (seconds), so that a broken link fails early.
+install-side: docs install-spark monitoring
 
 # A Java 17, found or installed (tools/java_home.sh).
 java:
@@ -179,17 +183,24 @@ lint: install
 # The docs site (docs/, mkdocs.yml) built with --strict into site/ (git-ignored): a broken link or
 # anchor, or a page left out of the nav, fails (not with --quiet, which hides the warnings --strict
 # counts). First checks that the reference pages' generated parts (configuration, exit codes, the
-# command line) are what the code says now; `make docs-reference` rewrites them.
-docs: install
+# command line) are what the code says now (with pg2delta's own venv); `make docs-reference`
+# rewrites them. MkDocs and its theme (pyproject's `docs` extra) live in a small venv of their own,
+# which `make test` builds and uses beside the embedded tier, off its critical path.
+$(DOCS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install --quiet $$($(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))')
+	touch $(DOCS_STAMP)
+
+docs: install $(DOCS_STAMP)
 	$(PY) tools/gen_reference.py --check
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
 
 docs-reference: install
 	$(PY) tools/gen_reference.py
 
 # The site at http://127.0.0.1:8000, rebuilt on every change.
-docs-serve: install
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs serve
 
 bench-decode: install postgres
 	$(PY) bench/bench_decode.py
@@ -217,4 +228,4 @@ bench-spark: $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(SPARK35_PY) bench/bench_spark.py
 
 clean:
-	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) $(AIRFLOW_VENV) .cache var lake site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) $(AIRFLOW_VENV) $(DOCS_VENV) .cache var lake site .pytest_cache .mypy_cache .ruff_cache
