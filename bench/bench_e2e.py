@@ -46,11 +46,11 @@ import pg2delta.apply.stage as stagemod
 import pg2delta.apply.table as applymod
 import pg2delta.job as jobmod
 from pg2delta import config as cfgmod
+from pg2delta.apply.lakeside import Lakeside
 from pg2delta.decode.changes import WindowDecoder
 from pg2delta.lake import applied_log
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.engine_writes import DeltaWrites
-from pg2delta.lake.lakeside import Lakeside
 from pg2delta.source.slot import SlotSource
 
 

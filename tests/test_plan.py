@@ -66,7 +66,7 @@ def _per_table(tables: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int, i
     ids=["one-window", "small-windows", "one-window-spilled"],
 )
 def test_plan_counts_equal_the_run(pgdb: str, tmp_path: Path, max_changes: int | None, spill: bool) -> None:
-    # spill: a memory budget of one byte, so plan and run both take the spilled path (pg2delta.decode.spill)
+    # spill: a memory budget of one byte, so plan and run both take the spilled path (pg2delta.window.spill)
     env = {"PG2DELTA_MEMORY_BUDGET": "1"} if spill else None
     slot, pub = _names()
     lake = tmp_path / "lake"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pg2delta.apply.schema import Shape, arrow_type, conform, plan, shape_cut, shape_of, spark_type, widens
+from pg2delta.apply.schema import conform, plan
 from pg2delta.decode import pgoutput as po
 from pg2delta.decode.changes import (
     LSN_COL,
@@ -18,6 +18,8 @@ from pg2delta.decode.changes import (
     RelationVersion,
 )
 from pg2delta.errors import SchemaError
+from pg2delta.lake.types import arrow_type, spark_type, widens
+from pg2delta.window.shapes import Shape, shape_cut, shape_of
 
 
 @pytest.mark.parametrize(

@@ -576,7 +576,7 @@ def _scenario(server: ThrowawayPostgres, tmp: Path) -> list[Snapshot]:
                 for phase in _phases(conn, literal):
                     toast = _count_unchanged_toast(dsn, slot, pub)
                     handler = _Notes()
-                    job_log = logging.getLogger("pg2delta.decode.window")
+                    job_log = logging.getLogger("pg2delta.window.read")
                     job_log.addHandler(handler)
                     try:
                         report = job.run()

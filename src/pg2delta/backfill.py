@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.apply.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
-from pg2delta.apply.schema import spark_type, widens
+from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.table import TableReport, merge_changes
 from pg2delta.config import Config
 from pg2delta.decode.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
@@ -50,7 +50,7 @@ from pg2delta.errors import ConfigError, LakeError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import KIND_BACKFILL, LOG_SCHEMA, LOG_TABLE, LoggedTable, log_row
 from pg2delta.lake.engine import Engine, Lake
-from pg2delta.lake.lakeside import Lakeside
+from pg2delta.lake.types import spark_type, widens
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 

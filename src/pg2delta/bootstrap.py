@@ -66,6 +66,7 @@ from psycopg import pq as libpq
 from psycopg import sql
 
 from pg2delta.apply.keys import key_resolver
+from pg2delta.apply.lakeside import Lakeside
 from pg2delta.config import Config
 from pg2delta.decode import pgoutput as po
 from pg2delta.decode.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion, WindowDecoder
@@ -84,7 +85,6 @@ from pg2delta.lake.applied_log import KIND_BOOTSTRAP, LoggedTable, log_row, log_
 from pg2delta.lake.applied_log import append as append_log
 from pg2delta.lake.engine import Lake
 from pg2delta.lake.engine_writes import copy_file_options
-from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog

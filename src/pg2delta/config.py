@@ -49,7 +49,7 @@ class WindowConfig:
     # would otherwise cost that many seconds. 1 merges them one after the other.
     parallel_tables: int = 4
     # Bytes of decoded changes a window holds in memory; past them the window's changes spill to
-    # staged Parquet files and are reduced by the engine (pg2delta.decode.spill).
+    # staged Parquet files and are reduced by the engine (pg2delta.window.spill).
     memory_budget: int = 256 << 20
     # Rows of one open transaction the decoder holds before giving out its first part.
     split_rows: int = 50_000

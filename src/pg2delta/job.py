@@ -7,7 +7,7 @@ One run:
 3. copies the tables a bootstrapped lake has no copy of (pg2delta.bootstrap), and stops on (or
    copies again) tables the lake cannot follow by changes alone (pg2delta.apply.targets);
 4. repeats, until the bound is reached, the stages of one window: **read and decode** it
-   (pg2delta.decode.window), map its relations to Delta tables (pg2delta.apply.targets) and **decide** each
+   (pg2delta.window.read), map its relations to Delta tables (pg2delta.apply.targets) and **decide** each
    table's shape (pg2delta.apply.tableplan) before anything is written; write the changelog and the
    histories; **reduce, stage and apply** every table (pg2delta.apply.stage, pg2delta.apply.table: one data
    commit per table and window); then **log** the window in the applied log
@@ -32,6 +32,7 @@ from typing import Any
 import pg2delta.bootstrap as copying
 from pg2delta.apply.changelog import ChangelogWriter
 from pg2delta.apply.keys import KeyResolver, key_resolver
+from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.schema import Plan
 from pg2delta.apply.table import TableApplier, TableReport, apply_tables, map_tables
 from pg2delta.apply.tableplan import TablePlanner
@@ -45,20 +46,19 @@ from pg2delta.apply.targets import (
     rewritten_partitions,
 )
 from pg2delta.config import Config
-from pg2delta.decode.spill import Spiller
-from pg2delta.decode.window import ReadWindow, read_window, run_progress
 from pg2delta.errors import SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.lake import applied_log
 from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, window_rows
 from pg2delta.lake.engine import Engine, Lake
-from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.maintain import due, maintain_lake
 from pg2delta.progress import Progress
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.rewrites import filenodes_json, filenodes_of
 from pg2delta.source.slot import SlotSource, connect
+from pg2delta.window.read import ReadWindow, read_window, run_progress
+from pg2delta.window.spill import Spiller
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class WindowReport:
     transactions: int = 0
     tables: list[TableReport] = field(default_factory=list)
     seconds: float = 0.0
-    spilled_rows: int = 0  # decoded changes the window spilled past the memory budget (pg2delta.decode.spill)
+    spilled_rows: int = 0  # decoded changes the window spilled past the memory budget (pg2delta.window.spill)
 
 
 @dataclass
@@ -116,7 +116,7 @@ class _Run:
 
 
 class Job(Lakeside):
-    """The run (:meth:`run`): composes the stages of pg2delta.decode.window, .targets, .tableplan, .stage,
+    """The run (:meth:`run`): composes the stages of pg2delta.window.read, .targets, .tableplan, .stage,
     .apply and .applied_log window by window, and moves the slot (:meth:`_log_and_advance`)."""
 
     def __init__(self, config: Config, *, engine_factory: Callable[[Lake], Engine] | None = None) -> None:

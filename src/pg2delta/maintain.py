@@ -34,13 +34,13 @@ import pyarrow.fs as pafs
 
 from pg2delta.apply.changelog import CHANGELOG_LOG, CHANGELOG_ROOT
 from pg2delta.apply.history import history_table
+from pg2delta.apply.lakeside import Lakeside
 from pg2delta.config import Config, duration_seconds
 from pg2delta.decode.changes import TS_COL
 from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import LOG_TABLE
 from pg2delta.lake.engine import Engine, Lake
-from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lake.sql import quote
 from pg2delta.source.slot import SlotSource
 

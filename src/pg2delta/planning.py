@@ -3,7 +3,7 @@
 The plan reads the pending windows exactly as a run would (same bound, same ``--max-changes`` /
 ``--max-bytes`` caps, same cut before a transaction that changes a table's shape), decodes them,
 maps them to Delta tables and plans each table's shape change with the run's own stages
-(:func:`pg2delta.decode.window.read_window`, :class:`pg2delta.apply.targets.TargetResolver`,
+(:func:`pg2delta.window.read.read_window`, :class:`pg2delta.apply.targets.TargetResolver`,
 :class:`pg2delta.apply.tableplan.TablePlanner`), and counts each table's inserts, updates and deletes
 with the reduce the run merges (:func:`pg2delta.apply.stage.reduce`). It writes nothing: no
 Delta commit, no staging file, no applied-log row, no write probe, and the slot does not move.
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pg2delta.apply.keys import KeyResolver, key_resolver
-from pg2delta.apply.schema import Plan, spark_type
+from pg2delta.apply.lakeside import Lakeside
+from pg2delta.apply.schema import Plan
 from pg2delta.apply.stage import reduce, stage_changes, table_changes
 from pg2delta.apply.tableplan import TablePlanner
 from pg2delta.apply.targets import (
@@ -46,15 +47,15 @@ from pg2delta.apply.targets import (
     rewritten_partitions,
 )
 from pg2delta.bootstrap import tables_to_copy
-from pg2delta.decode.spill import Spiller
-from pg2delta.decode.window import ReadWindow, read_window
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.lake.applied_log import Applied, applied_lsns
 from pg2delta.lake.engine import Lake
-from pg2delta.lake.lakeside import Lakeside
+from pg2delta.lake.types import spark_type
 from pg2delta.lsn import format_lsn
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.slot import SlotSource, connect
+from pg2delta.window.read import ReadWindow, read_window
+from pg2delta.window.spill import Spiller
 
 SCHEMA_VERSION = 1
 
@@ -261,7 +262,7 @@ def _plan_table(planner: TablePlanner, rd: ReadWindow, tgt: Target, applied: dic
 
 def _count(planner: TablePlanner, tgt: Target, pl: Plan | None, applied_lsn: int, tp: TablePlan) -> None:
     """``tp``'s inserts, updates, deletes and truncate, counted by the run's own reduce (or, for a
-    spilled window, batch by batch as the run stages them: pg2delta.decode.spill)."""
+    spilled window, batch by batch as the run stages them: pg2delta.window.spill)."""
     if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
         staged, _ = stage_changes(planner.lakeside.lake, tgt, pl, applied_lsn, None)
         tp.truncated = any(t.commit_lsn >= applied_lsn for tw in tgt.parts for t in tw.truncates)

@@ -29,10 +29,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from pg2delta.apply.lakeside import Lakeside
 from pg2delta.bootstrap import DEFAULT_PARALLEL, TableCopy, copied_tables, copy_at_new_snapshot
 from pg2delta.config import Config
 from pg2delta.errors import ConfigError, SourceStateError
-from pg2delta.lake.lakeside import Lakeside
 from pg2delta.source.slot import SlotSource
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pg2delta.apply.schema import arrow_type, spark_type, widens
 from pg2delta.config import Config
 from pg2delta.decode.changes import (
     LSN_COL,
@@ -52,6 +51,7 @@ from pg2delta.decode.changes import (
     TruncateEvent,
 )
 from pg2delta.lake.engine import Engine, Lake
+from pg2delta.lake.types import arrow_type, spark_type, widens
 from pg2delta.lsn import format_lsn
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class ChangelogWriter:
         truncates: Sequence[TruncateEvent],
         last: int | None,
     ) -> tuple[int, list[str]]:
-        """The changelog rows of a spilled window (pg2delta.decode.spill): staged batch by batch, appended in
+        """The changelog rows of a spilled window (pg2delta.window.spill): staged batch by batch, appended in
         one commit. Returns the rows appended and the columns of the changes."""
         schema, name = version.qualified_name
         staged = f"{run_id}/changelog-{uuid.uuid4().hex[:8]}"

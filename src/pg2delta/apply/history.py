@@ -35,11 +35,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.apply.keys import key_tuples
-from pg2delta.apply.schema import spark_type, widens
 from pg2delta.config import Config
 from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL, TS_COL, TruncateEvent
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.sql import quote
+from pg2delta.lake.types import spark_type, widens
 
 log = logging.getLogger(__name__)
 

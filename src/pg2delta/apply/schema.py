@@ -20,7 +20,6 @@ every shape a window holds for a Delta table with the columns the Delta table al
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,106 +32,12 @@ from pg2delta.decode.changes import (
     POS_COL,
     TOAST_COL,
     BatchLike,
-    RelationVersion,
 )
 from pg2delta.errors import SchemaError
+from pg2delta.lake.types import arrow_type, spark_type, widens
+from pg2delta.window.shapes import Shape
 
-# Digits an integer type needs left of the decimal point to fit in a decimal.
-_INT_DIGITS = {"smallint": 5, "int": 10, "bigint": 19}
-_INT_ORDER = ("smallint", "int", "bigint")
 META_PREFIX = "_pg2delta_"  # pg2delta's own columns (changes.META_FIELDS, the keyless position columns)
-_DECIMAL = re.compile(r"decimal\((\d+),\s*(-?\d+)\)")
-
-
-def spark_type(t: pa.DataType) -> str:
-    """The Spark SQL type name (``DataType.simpleString()``) a column of Arrow type ``t`` has in Delta."""
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_int8(t):
-        return "tinyint"
-    if pa.types.is_int16(t):
-        return "smallint"
-    if pa.types.is_int32(t):
-        return "int"
-    if pa.types.is_int64(t):
-        return "bigint"
-    if pa.types.is_float32(t):
-        return "float"
-    if pa.types.is_float64(t):
-        return "double"
-    if pa.types.is_decimal(t):
-        return f"decimal({t.precision},{t.scale})"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return "binary"
-    if pa.types.is_date(t):
-        return "date"
-    if pa.types.is_timestamp(t):
-        return "timestamp" if t.tz is not None else "timestamp_ntz"
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return f"array<{spark_type(t.value_type)}>"
-    return str(t)
-
-
-_SIMPLE = {
-    "boolean": pa.bool_(),
-    "smallint": pa.int16(),
-    "int": pa.int32(),
-    "bigint": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "string": pa.string(),
-    "binary": pa.binary(),
-    "date": pa.date32(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "timestamp_ntz": pa.timestamp("us"),
-}
-
-
-def arrow_type(spark: str) -> pa.DataType | None:
-    """The Arrow type of a Delta column of Spark type ``spark`` (the inverse of :func:`spark_type`)."""
-    if spark in _SIMPLE:
-        return _SIMPLE[spark]
-    m = _DECIMAL.fullmatch(spark)
-    if m:
-        return pa.decimal128(int(m.group(1)), int(m.group(2)))
-    if spark.startswith("array<") and spark.endswith(">"):
-        inner = arrow_type(spark[6:-1])
-        return None if inner is None else pa.list_(inner)
-    return None
-
-
-def widens(old: str, new: str) -> bool:
-    """True when a Delta column of Spark type ``old`` can become ``new`` keeping every value exactly."""
-    if old == new:
-        return True
-    if old in _INT_ORDER and new in _INT_ORDER:
-        return _INT_ORDER.index(old) <= _INT_ORDER.index(new)
-    if old in ("smallint", "int", "float") and new == "double":
-        return True
-    m_new = _DECIMAL.fullmatch(new)
-    if old in _INT_DIGITS and m_new:
-        p, s = int(m_new.group(1)), int(m_new.group(2))
-        return p - s >= _INT_DIGITS[old]
-    m_old = _DECIMAL.fullmatch(old)
-    if m_old and m_new:
-        p1, s1, p2, s2 = (int(m_old.group(1)), int(m_old.group(2)), int(m_new.group(1)), int(m_new.group(2)))
-        return s2 >= s1 and p2 - s2 >= p1 - s1
-    if old.startswith("array<") and new.startswith("array<"):
-        return widens(old[6:-1], new[6:-1])
-    return False
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """The columns (name, Arrow type) and key of one Relation message."""
-
-    columns: tuple[tuple[str, pa.DataType], ...]
-    key: tuple[str, ...]
-
-    def signature(self) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
-        return tuple((n, spark_type(t)) for n, t in self.columns), self.key
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,40 +123,6 @@ def plan(
     widened = tuple((n, before[n], current[n]) for n in order if n in before and before[n] != current[n])
     kept = tuple(n for n in before if n not in arrow and not n.startswith(META_PREFIX))
     return Plan(tuple((n, arrow[n]) for n in order), added, widened, kept, shapes[0].key, frozenset(before))
-
-
-def shape_of(version: RelationVersion) -> Shape:
-    """The shape of the rows a Relation message describes: data columns, their Arrow types, the key."""
-    fields = [f for f in version.schema if f.name not in META_NAMES]
-    return Shape(tuple((f.name, f.type) for f in fields), version.key_names)
-
-
-def shape_cut(tables: Sequence[Sequence[BatchLike]], truncate_lsns: Sequence[int] = ()) -> int | None:
-    """The commit LSN of the first transaction after the window's first one that changes a table's
-    shape (columns, types or key), or None: the window ends there, so every later window starts
-    with one shape per table. Shapes changing inside the first transaction stay in the window.
-
-    ``tables``: each table's batches of the window, in commit order; ``truncate_lsns``: the commit
-    LSNs of the window's truncates.
-    """
-    lsns = [b.first_lsn for batches in tables for b in batches if b.num_rows]
-    lsns += list(truncate_lsns)
-    if not lsns:
-        return None
-    first = min(lsns)
-    cut: int | None = None
-    for batches in tables:
-        prev = None
-        for b in batches:
-            if not b.num_rows:
-                continue
-            sig = shape_of(b.relation).signature()
-            lsn0 = b.first_lsn
-            if prev is not None and sig != prev and lsn0 > first:
-                cut = lsn0 if cut is None else min(cut, lsn0)
-                break
-            prev = sig
-    return cut
 
 
 def conform(parts: Sequence[Sequence[BatchLike]], pl: Plan) -> tuple[pa.Table | None, set[str]]:

@@ -25,10 +25,10 @@ from pg2delta.apply.schema import Plan, conform, conform_batches
 from pg2delta.apply.targets import Target, live
 from pg2delta.decode import _tuples
 from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL, TOAST_COL, TruncateEvent
-from pg2delta.decode.spill import SpilledBatch, newest_ts
 from pg2delta.errors import SchemaError
 from pg2delta.lake import engine_staged
 from pg2delta.lake.engine import Lake
+from pg2delta.window.spill import SpilledBatch, newest_ts
 
 
 @dataclass

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from pg2delta.apply.history import StagedWindow, window_versions
 from pg2delta.apply.keys import key_tuple
+from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement, one_change_per_key
 from pg2delta.apply.schema import Plan, conform
 from pg2delta.apply.stage import (
@@ -41,7 +42,6 @@ from pg2delta.errors import DataError, SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import Applied
 from pg2delta.lake.engine import AppendRows, Engine, MergeRows, Txn
-from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lake.sql import quote
 from pg2delta.memory import release_memory
 
@@ -155,7 +155,7 @@ def _merge_staged(
     reshaped: Callable[[], None] | None,
     txn: Txn | None,
 ) -> None:
-    """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.decode.spill)."""
+    """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.window.spill)."""
     schema, name, uri = report.schema, report.table, report.path
     if staged.rows == 0 or staged.uri is None or staged.name is None:
         if report.truncated and side.lake.delta_version(uri) is not None:

@@ -23,15 +23,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pg2delta.apply.schema import Plan, Shape, plan, shape_of
+from pg2delta.apply.lakeside import Lakeside
+from pg2delta.apply.schema import Plan, plan
 from pg2delta.apply.targets import Target, TargetResolver, live
 from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL
 from pg2delta.decode.typemap import ColumnCodec, value_of_text_array
 from pg2delta.errors import DataError, DecodeError, SchemaError
 from pg2delta.lake.applied_log import Applied
-from pg2delta.lake.lakeside import Lakeside
 from pg2delta.lsn import format_lsn
 from pg2delta.source.catalog import AddedColumn, PgTypeCatalog
+from pg2delta.window.shapes import Shape, shape_of
 
 log = logging.getLogger(__name__)
 

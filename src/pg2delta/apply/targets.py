@@ -1,7 +1,7 @@
 """Targets: which Delta table each relation's changes of a window go to, and whether the lake
 can still follow the publication's tables by changes alone.
 
-:class:`TargetResolver` groups a window's relations (:class:`~pg2delta.decode.window.TableWindow`) by
+:class:`TargetResolver` groups a window's relations (:class:`~pg2delta.window.read.TableWindow`) by
 their Delta table (:class:`Target`): named after the relation the first time and kept for its
 OID (renames keep their table), partitions of a ``partitions = "root"`` table into the root's.
 :func:`publication_state` reads what holds each published table in the publication (and a
@@ -21,8 +21,6 @@ from typing import Any
 
 from pg2delta.bootstrap import partition_leaves, publication_memberships, relation_name, rows_before_attach
 from pg2delta.config import Config
-from pg2delta.decode.spill import Batch
-from pg2delta.decode.window import TableWindow
 from pg2delta.errors import SchemaError
 from pg2delta.lake.applied_log import LOG_TABLE, Applied
 from pg2delta.lake.engine import Lake
@@ -36,6 +34,8 @@ from pg2delta.source.rewrites import (
     truncated_alone,
 )
 from pg2delta.source.slot import SlotSource
+from pg2delta.window.read import TableWindow
+from pg2delta.window.spill import Batch
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,6 @@
 relation version each change was sent with), ``rowbatch`` (tuples to one Arrow batch per relation
 version) and ``tuplewalk`` (the column-wise walk of ``_tuples.c``); ``typemap/`` (PostgreSQL values
 to Arrow, one module per type family); ``_tuples.c`` (the byte loops in C) and ``_oids`` (built-in
-types, generated); ``window`` (read + decode one window of the slot); ``spill`` (a window past the
-memory budget, staged as Parquet).
+types, generated). Nothing here reads a server or writes a file: reading a window of the slot is
+:mod:`pg2delta.window`'s.
 """

@@ -103,7 +103,7 @@ KeyResolver = Callable[[po.Relation], Sequence[str] | None]
 
 class BatchLike(Protocol):
     """Rows of one relation version in commit order: a :class:`ChangeBatch` in memory, or spilled
-    to a file (:class:`pg2delta.decode.spill.SpilledBatch`)."""
+    to a file (:class:`pg2delta.window.spill.SpilledBatch`)."""
 
     @property
     def relation(self) -> RelationVersion: ...
@@ -140,7 +140,7 @@ class ChangeBatch:
         return int(self.batch.column(LSN_COL)[-1].as_py()) if self.batch.num_rows else 0
 
     def load(self) -> pa.RecordBatch:
-        """The rows (a spilled batch reads them back from its file, see :mod:`pg2delta.decode.spill`)."""
+        """The rows (a spilled batch reads them back from its file, see :mod:`pg2delta.window.spill`)."""
         return self.batch
 
 

@@ -1,6 +1,6 @@
 """A spilled window's changes, reduced and filled inside the engine.
 
-A window too large for memory reaches the lake as staged Parquet (see :mod:`pg2delta.decode.spill`); the
+A window too large for memory reaches the lake as staged Parquet (see :mod:`pg2delta.window.spill`); the
 engine then does in SQL what :mod:`pg2delta.apply.merge` does in Arrow for a small one: orders each
 key's changes, fills unchanged TOAST values from earlier changes of the row or from the table,
 and keeps one final row per key (:meth:`StagedReduce.merge_reduced`, then the MERGE) or every
@@ -52,7 +52,7 @@ class StagedReduce(Commits):
         distinct_keys: bool = False,
     ) -> int:
         """Reduce the staged changes under ``changes_dir`` to one row per key in the engine and MERGE them
-        (a spilled window, see :mod:`pg2delta.decode.spill`); returns the number of rows merged.
+        (a spilled window, see :mod:`pg2delta.window.spill`); returns the number of rows merged.
 
         ``toast_columns``: the columns some change sent as unchanged TOAST; their values come from
         earlier changes of the row, else from the table at ``lookup_version``. ``work``: a name in the

@@ -1,4 +1,4 @@
-"""The reduce of a spilled window, in the engine (see pg2delta.decode.spill): the same final state
+"""The reduce of a spilled window, in the engine (see pg2delta.window.spill): the same final state
 per key as :func:`pg2delta.apply.merge.reduce_changes`, as Spark SQL over the staged changes
 (rows of any order; commit LSN and position order them). Pure strings: no Spark.
 

@@ -3,7 +3,7 @@
 :func:`read_window` peeks the slot from its position up to the run's bound (capped by
 ``--max-changes`` / ``--max-bytes``), feeds every chunk to the :class:`~pg2delta.decode.changes.WindowDecoder`
 and gathers the decoded batches and truncates per relation OID (:class:`TableWindow`); past
-``window.memory_budget`` the batches go to the :class:`~pg2delta.decode.spill.Spiller`'s files. A window
+``window.memory_budget`` the batches go to the :class:`~pg2delta.window.spill.Spiller`'s files. A window
 that holds a table's shape change after its first transaction is cut just before that
 transaction, so each window merges every table in one shape. It returns a :class:`ReadWindow`:
 plain values the run and ``pg2delta plan`` both take from here.
@@ -17,23 +17,23 @@ from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
 
-from pg2delta.apply.keys import KeyResolver
-from pg2delta.apply.schema import shape_cut
 from pg2delta.config import Config
 from pg2delta.decode.changes import (
     LSN_COL,
     ChangeBatch,
     DecodedChunk,
+    KeyResolver,
     RelationVersion,
     TruncateEvent,
     WindowDecoder,
 )
-from pg2delta.decode.spill import Batch, Spiller
 from pg2delta.faults import fault_point
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.slot import SlotSource, WindowRead
+from pg2delta.window.shapes import shape_cut
+from pg2delta.window.spill import Batch, Spiller
 
 log = logging.getLogger(__name__)
 
