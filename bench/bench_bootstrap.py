@@ -44,8 +44,10 @@ from psycopg import sql
 from pg2delta import bootstrap as bs
 from pg2delta import config as cfgmod
 from pg2delta import use_bulk_allocator
+from pg2delta.copy import copier
 from pg2delta.lake.engine import Engine
 from pg2delta.lake.engine_writes import DeltaWrites
+from pg2delta.source.copy import CopyPlan
 from pg2delta.source.throwaway import ThrowawayPostgres
 
 SLOT = "bench_boot_slot"
@@ -144,10 +146,10 @@ class ThreadSafeTimer(StageTimer):
 # An engine method is wrapped on the part of Engine that defines it (the owner's own __dict__).
 STAGES: list[tuple[str, object, str]] = [
     ("engine start (pysail)", Engine, "start"),
-    ("copy all tables (wall)", bs.Copier, "copy_all"),
-    ("  stage: COPY -> Arrow -> Parquet (in this process)", bs, "stage_table"),
-    ("    decode COPY rows -> Arrow", bs.CopyPlan, "decode"),
-    ("  commit: Delta + applied log", bs.Copier, "_commit"),
+    ("copy all tables (wall)", copier.Copier, "copy_all"),
+    ("  stage: COPY -> Arrow -> Parquet (in this process)", copier, "stage_table"),
+    ("    decode COPY rows -> Arrow", CopyPlan, "decode"),
+    ("  commit: Delta + applied log", copier.Copier, "_commit"),
     ("    Delta commit: adopted (adopt_copy)", DeltaWrites, "adopt_copy"),
     ("    Delta commit: rewritten (replace_table)", DeltaWrites, "replace_table"),
 ]

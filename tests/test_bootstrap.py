@@ -510,9 +510,11 @@ def test_bootstrap_errors_touch_nothing(pgdb: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("parallel", [1, 2])
 def test_a_snapshot_that_is_gone_stops_the_copy(pgdb: str, tmp_path: Path, parallel: int) -> None:
     """The exported snapshot dies with its replication connection: say so, write nothing."""
-    from pg2delta.bootstrap import Copier, Snapshot, published_tables
+    from pg2delta.copy.copier import Copier
     from pg2delta.errors import ErrorKind, Pg2DeltaError
     from pg2delta.job import Job
+    from pg2delta.source.publication import published_tables
+    from pg2delta.source.snapshot import Snapshot
 
     slot, pub = _names()
     lake = tmp_path / "lake"

@@ -7,8 +7,8 @@ import psycopg
 import pytest
 
 from pg2delta.apply.targets import truncated_partitions
-from pg2delta.bootstrap import published_tables
 from pg2delta.config import Config, SourceConfig, TableConfig
+from pg2delta.source.publication import published_tables
 from pg2delta.source.rewrites import (
     DecodeUnavailable,
     Truncated,

@@ -29,9 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pg2delta.bootstrap as copying
+import pg2delta.copy.copier as copying
 from pg2delta.apply.changelog import ChangelogWriter
-from pg2delta.apply.keys import KeyResolver, key_resolver
 from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.schema import Plan
 from pg2delta.apply.table import TableApplier, TableReport, apply_tables, map_tables
@@ -55,6 +54,7 @@ from pg2delta.lsn import format_lsn
 from pg2delta.maintain import due, maintain_lake
 from pg2delta.progress import Progress
 from pg2delta.source.catalog import PgTypeCatalog
+from pg2delta.source.keys import KeyResolver, key_resolver
 from pg2delta.source.rewrites import filenodes_json, filenodes_of
 from pg2delta.source.slot import SlotSource, connect
 from pg2delta.window.read import ReadWindow, read_window, run_progress

@@ -33,7 +33,6 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from pg2delta.apply.keys import KeyResolver, key_resolver
 from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.schema import Plan
 from pg2delta.apply.stage import reduce, stage_changes, table_changes
@@ -46,13 +45,14 @@ from pg2delta.apply.targets import (
     recorded_filenodes,
     rewritten_partitions,
 )
-from pg2delta.bootstrap import tables_to_copy
+from pg2delta.copy.copier import tables_to_copy
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.lake.applied_log import Applied, applied_lsns
 from pg2delta.lake.engine import Lake
 from pg2delta.lake.types import spark_type
 from pg2delta.lsn import format_lsn
 from pg2delta.source.catalog import PgTypeCatalog
+from pg2delta.source.keys import KeyResolver, key_resolver
 from pg2delta.source.slot import SlotSource, connect
 from pg2delta.window.read import ReadWindow, read_window
 from pg2delta.window.spill import Spiller

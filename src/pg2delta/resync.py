@@ -30,9 +30,10 @@ import logging
 from collections.abc import Sequence
 
 from pg2delta.apply.lakeside import Lakeside
-from pg2delta.bootstrap import DEFAULT_PARALLEL, TableCopy, copied_tables, copy_at_new_snapshot
 from pg2delta.config import Config
+from pg2delta.copy.copier import DEFAULT_PARALLEL, TableCopy, copy_at_new_snapshot
 from pg2delta.errors import ConfigError, SourceStateError
+from pg2delta.source.publication import copied_tables
 from pg2delta.source.slot import SlotSource
 
 log = logging.getLogger(__name__)

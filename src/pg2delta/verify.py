@@ -3,7 +3,7 @@
 A live source cannot be compared with a lake that lags it, so both are pinned to one LSN ``L``:
 
 1. a TEMPORARY logical slot is created with an exported snapshot (bootstrap's
-   :class:`~pg2delta.bootstrap.ExportedSnapshot`): ``L`` is its consistent point, and a connection
+   :class:`~pg2delta.source.snapshot.ExportedSnapshot`): ``L`` is its consistent point, and a connection
    imports the snapshot (``REPEATABLE READ``, ``SET TRANSACTION SNAPSHOT``) at once;
 2. the real slot is applied up to ``L`` (:meth:`pg2delta.job.Job.run` with ``until_lsn=L``), and the
    applied log gives each table's Delta version holding the source's state at ``L``
@@ -69,8 +69,8 @@ from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress
 
 if TYPE_CHECKING:
-    from pg2delta.bootstrap import PublishedTable
     from pg2delta.lake.engine import Engine
+    from pg2delta.source.publication import PublishedTable
 
 log = logging.getLogger(__name__)
 
@@ -505,7 +505,7 @@ def _key_columns(conn: psycopg.Connection[Any], config: Config, table: Published
     """The columns the lake merges the table on: the applied log's, else the job's key rule."""
     import json
 
-    from pg2delta.apply.keys import key_resolver
+    from pg2delta.source.keys import key_resolver
 
     if logged:
         return [str(c) for c in json.loads(logged)]
@@ -617,8 +617,8 @@ def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) 
 @contextmanager
 def _pinned_source(config: Config) -> Iterator[tuple[int, psycopg.Connection[Any]]]:
     """A temporary slot's consistent point L, and a connection reading the snapshot it exported."""
-    from pg2delta.bootstrap import ExportedSnapshot, open_snapshot
     from pg2delta.source.slot import connect
+    from pg2delta.source.snapshot import ExportedSnapshot, open_snapshot
 
     cfg = config.source
     name = f"pg2delta_verify_{uuid.uuid4().hex[:12]}"
@@ -645,8 +645,8 @@ def verify(
     max_differences: int = DEFAULT_MAX_DIFFERENCES, job_factory: Callable[[Config], Any] | None = None,
 ) -> VerifyReport:
     """``pg2delta verify``: apply the slot up to a fresh snapshot's LSN, then compare every table there."""
-    from pg2delta.bootstrap import copied_tables
     from pg2delta.config import validate
+    from pg2delta.source.publication import copied_tables
     validate(config)
     bad = [n for n in tables if n.count(".") != 1 or not all(n.split("."))]
     if bad:

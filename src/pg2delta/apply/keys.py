@@ -1,49 +1,14 @@
-"""Which columns a relation's changes are merged on.
+"""Key values as Python tuples that compare and hash as PostgreSQL's keys do (NaN included).
 
-The decoder asks a :data:`KeyResolver` once per Relation message: the key configured for the
-table (``[tables."s.t"] key``), else the replica identity the message flags (primary key or
-identity index), else, for a ``REPLICA IDENTITY FULL`` table, its primary key as the catalog
-has it now. The run, ``pg2delta plan`` and the copies of bootstrap and resync share it.
+Which columns a relation is keyed on is :func:`pg2delta.source.keys.key_resolver`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
-
-from pg2delta.config import Config
-from pg2delta.decode import pgoutput as po
-from pg2delta.errors import SchemaError
-
-KeyResolver = Callable[[po.Relation], Sequence[str] | None]
-
-
-def key_resolver(config: Config, conn: Any) -> KeyResolver:
-    """The key rule of ``config``, reading primary keys over the catalog connection ``conn``."""
-
-    def resolve(rel: po.Relation) -> Sequence[str] | None:
-        configured = config.table(rel.namespace or "pg_catalog", rel.name).key
-        if configured:
-            return configured
-        if rel.replica_identity != "f":
-            return None  # the replica identity the message flags (primary key or index)
-        rows = conn.execute(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary "
-            "ORDER BY array_position(i.indkey::int2[], a.attnum)",
-            (rel.oid,),
-        ).fetchall()
-        if not rows:
-            raise SchemaError(
-                f"table {rel.namespace}.{rel.name} has REPLICA IDENTITY FULL and no primary key: "
-                f"set [tables.\"{rel.namespace}.{rel.name}\"] key = [...] in the config"
-            )
-        return [str(r[0]) for r in rows]
-
-    return resolve
-
 
 # PostgreSQL orders NaN as one value, equal to itself, so a float key can hold it (once); Python's
 # NaN equals nothing, and each one read from Arrow is a new object. Key tuples made with these
@@ -65,4 +30,4 @@ def key_tuple(values: Iterable[Any]) -> tuple[Any, ...]:
     return tuple(NAN if isinstance(v, float) and v != v else v for v in values)
 
 
-__all__ = ["NAN", "KeyResolver", "key_resolver", "key_tuple", "key_tuples"]
+__all__ = ["NAN", "key_tuple", "key_tuples"]

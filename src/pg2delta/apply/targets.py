@@ -19,11 +19,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pg2delta.bootstrap import partition_leaves, publication_memberships, relation_name, rows_before_attach
 from pg2delta.config import Config
 from pg2delta.errors import SchemaError
 from pg2delta.lake.applied_log import LOG_TABLE, Applied
 from pg2delta.lake.engine import Lake
+from pg2delta.source.publication import (
+    partition_leaves,
+    publication_memberships,
+    relation_name,
+    rows_before_attach,
+)
 from pg2delta.source.rewrites import (
     DecodeUnavailable,
     Truncated,

@@ -1,0 +1,6 @@
+"""Copy: published tables copied into the lake as of an exported snapshot.
+
+``copier`` (the copy of a list of tables at one snapshot, committed and logged table by table;
+the copies at a new snapshot that a resumed bootstrap, the run and resync make); ``staging`` (one
+table's COPY staged as Parquet, in this process or in worker processes).
+"""
