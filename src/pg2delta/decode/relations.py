@@ -23,7 +23,7 @@ from pg2delta.decode import pgoutput as po
 from pg2delta.errors import DecodeError
 
 if TYPE_CHECKING:
-    from pg2delta.decode.changes import RelationVersion
+    from pg2delta.decode.events import RelationVersion
     from pg2delta.decode.transactions import TransactionScan
 
 I64 = npt.NDArray[np.int64]

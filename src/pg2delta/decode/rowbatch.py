@@ -30,7 +30,7 @@ from pg2delta.decode.typemap import KIND_BINARY, KIND_TEXT, KIND_TOAST
 from pg2delta.errors import DecodeError
 
 if TYPE_CHECKING:
-    from pg2delta.decode.changes import RelationVersion, RowChunk
+    from pg2delta.decode.events import RelationVersion, RowChunk
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]

@@ -28,7 +28,7 @@ from pg2delta.decode.typemap.datetime import PG_EPOCH_US, TS_MAX_US, TS_MIN_US
 from pg2delta.errors import DecodeError
 
 if TYPE_CHECKING:
-    from pg2delta.decode.changes import RowChunk
+    from pg2delta.decode.events import RowChunk
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
