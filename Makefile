@@ -179,6 +179,7 @@ test-unit: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 # The docs site (docs/, mkdocs.yml) built with --strict into site/ (git-ignored): a broken link or
 # anchor, or a page left out of the nav, fails (not with --quiet, which hides the warnings --strict
