@@ -42,3 +42,15 @@ def test_an_import_back_up_inside_a_function_breaks_them(tmp_path: Path) -> None
     done = lint_imports(tree)
     assert done.returncode != 0
     assert "pg2delta.config is not allowed to import pg2delta.job" in done.stdout
+
+
+def test_the_architecture_page_lists_the_contracts_layers() -> None:
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    marker = page.index("<!-- layers:")
+    start = page.index("```\n", marker) + 4
+    listed = page[start : page.index("```", start)].splitlines()
+    assert listed == layers
