@@ -1,20 +1,12 @@
-"""spark-submit entry point: the same as ``pg2delta backfill``, on the cluster's Spark session.
+"""``pg2delta backfill`` on the cluster's Spark session (engine ``spark`` unless ``--engine`` names another):
 
     spark-submit --packages io.delta:delta-spark_2.12:3.3.2 jobs/pg2delta_backfill.py \
         --config conf/spark.toml --from-lsn A --to-lsn B [--table s.t ...] [--into PATH]
 
-The engine defaults to ``spark`` (a classic session with delta-spark) unless ``--engine``
-or the config says otherwise. Exit codes are those of ``pg2delta backfill``.
+Exit codes are those of ``pg2delta backfill``.
 """
 
-from __future__ import annotations
-
-import sys
-
-from pg2delta.cli import main
+from pg2delta.cli import spark_submit
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if "--engine" not in argv and not any(a.startswith("--engine=") for a in argv):
-        argv = [*argv, "--engine", "spark"]
-    sys.exit(main(["backfill", *argv]))
+    spark_submit("backfill")

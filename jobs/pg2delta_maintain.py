@@ -1,20 +1,12 @@
-"""spark-submit entry point: the same as ``pg2delta maintain`` (compaction with Delta's OPTIMIZE, VACUUM), on the cluster's Spark session.
+"""``pg2delta maintain`` on the cluster's Spark session (engine ``spark`` unless ``--engine`` names another):
 
     spark-submit --packages io.delta:delta-spark_2.12:3.3.2 jobs/pg2delta_maintain.py \
         --config conf/spark.toml
 
-The engine defaults to ``spark`` (a classic session with delta-spark) unless ``--engine``
-or the config says otherwise. Exit codes are those of ``pg2delta maintain``.
+Exit codes are those of ``pg2delta maintain``.
 """
 
-from __future__ import annotations
-
-import sys
-
-from pg2delta.cli import main
+from pg2delta.cli import spark_submit
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if "--engine" not in argv and not any(a.startswith("--engine=") for a in argv):
-        argv = [*argv, "--engine", "spark"]
-    sys.exit(main(["maintain", *argv]))
+    spark_submit("maintain")

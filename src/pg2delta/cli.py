@@ -636,7 +636,17 @@ def entry() -> None:
     sys.exit(main())
 
 
+def spark_submit(command: str) -> NoReturn:
+    """What every ``jobs/pg2delta_<command>.py`` that spark-submit runs does: ``pg2delta <command>``
+    with the script's flags, on the ``spark`` engine (the cluster's session with delta-spark)
+    unless ``--engine`` names another; exits with the command's code."""
+    argv = sys.argv[1:]
+    if "--engine" not in argv and not any(a.startswith("--engine=") for a in argv):
+        argv = [*argv, "--engine", "spark"]
+    sys.exit(main([command, *argv]))
+
+
 if __name__ == "__main__":
     entry()
 
-__all__ = ["ConfigError", "build_parser", "main"]
+__all__ = ["ConfigError", "build_parser", "main", "spark_submit"]
