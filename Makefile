@@ -180,6 +180,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-logo
+	$(PY) tools/check_sizes.py --baseline tools/size_baseline.txt
 
 # The docs site (docs/, mkdocs.yml) built with --strict into site/ (git-ignored): a broken link or
 # anchor, or a page left out of the nav, fails (not with --quiet, which hides the warnings --strict
