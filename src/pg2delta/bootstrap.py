@@ -64,7 +64,7 @@ from pg2delta.errors import (
 )
 from pg2delta.lsn import format_lsn
 from pg2delta.source.publication import copied_tables
-from pg2delta.source.slot import SlotSource, connect
+from pg2delta.source.slot import SlotInfo, SlotSource, connect
 from pg2delta.source.snapshot import ExportedSnapshot, open_snapshot
 
 log = logging.getLogger(__name__)
@@ -89,89 +89,109 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
     if parallel < 1:
         raise ConfigError("--parallel must be at least 1")
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
-        src.lock()
-        job.lake.own_staging(cfg.source.slot)
-        info = src.slot_info()
-        if info is not None:
-            src.check()  # the slot is usable (plugin, database, not invalidated, not in use)
-        elif not src._query("SELECT 1 FROM pg_publication WHERE pubname = %s", (cfg.source.publication,)):
-            (dbname,) = src._query("SELECT current_database()")[0]
-            raise SourceStateError(f"publication {cfg.source.publication!r} does not exist in database {dbname!r}")
-        if src.server_version < 150000:
-            raise SourceStateError("pg2delta bootstrap needs PostgreSQL 15 or newer (publication column lists and row filters)")
-        job.lake.check_writable()
+        info = _checked(job, src)
         state = read_state(job)
         if info is not None:
-            assert info.confirmed_flush_lsn is not None
-            if state.start_lsn is None and not resume:
-                raise SourceStateError(
-                    f"replication slot {cfg.source.slot!r} already exists and the lake at {cfg.lake_root} holds no "
-                    "bootstrap of it: pass --resume to copy every published table at a new snapshot and keep the "
-                    f"slot's later changes, or drop the slot (SELECT pg_drop_replication_slot('{cfg.source.slot}')) "
-                    "and bootstrap again"
-                )
-            start = state.start_lsn
-            if start is None:
-                start = info.confirmed_flush_lsn
-                append_log_row(job, uuid.uuid4().hex, start, None, 0, None)
-                state = LakeBootstrap(start, {})
-            published = copied_tables(src.conn, cfg)
-            report = BootstrapReport(cfg.source.slot, start, created_slot=False)
-            report.already_copied = sorted(t.qualified for t in published if t.oid in state.copied)
-            missing = {t.oid for t in published if t.oid not in state.copied}
-            log.info(
-                "resuming the bootstrap of slot %s: %d table(s) copied already, %d to copy",
-                cfg.source.slot, len(report.already_copied), len(missing),
-            )
-            if missing:
-                report.copied = copy_at_new_snapshot(job, src, missing, parallel=parallel)
-            return report
+            return _resumed(job, src, info, state, parallel=parallel, resume=resume)
+        return _created(job, src, parallel=parallel)
 
-        run_id = uuid.uuid4().hex
-        # What the copy needs gets ready while the slot is created and the catalog read: the
-        # engine starts in a thread, the worker processes start (the snapshot's table list,
-        # read below, is what is copied; this one only says how many workers are worth starting).
-        job.start_engine_early()
-        n_workers = min(parallel, len(copied_tables(src.conn, cfg)))
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(slot_staging(job))  # left last, once the workers have stopped
-            workers = stack.enter_context(Workers(n_workers)) if n_workers > 1 else None
-            exported = stack.enter_context(ExportedSnapshot(
-                cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout
-            ))
-            snap = exported.snapshot
-            report = BootstrapReport(cfg.source.slot, snap.consistent_lsn, created_slot=True)
-            # The lake's start is logged before the first table's commit, while the tables are read.
-            copier = Copier(
-                job, snap, run_id, parallel=parallel, workers=workers,
-                start_row=lambda: append_log_row(job, run_id, snap.consistent_lsn, None, 0, None),
+
+def _checked(job: Lakeside, src: SlotSource) -> SlotInfo | None:
+    """Take the slot's lock and check the source and the lake; the slot, if it exists."""
+    cfg = job.config
+    src.lock()
+    job.lake.own_staging(cfg.source.slot)
+    info = src.slot_info()
+    if info is not None:
+        src.check()  # the slot is usable (plugin, database, not invalidated, not in use)
+    elif not src._query("SELECT 1 FROM pg_publication WHERE pubname = %s", (cfg.source.publication,)):
+        (dbname,) = src._query("SELECT current_database()")[0]
+        raise SourceStateError(f"publication {cfg.source.publication!r} does not exist in database {dbname!r}")
+    if src.server_version < 150000:
+        raise SourceStateError("pg2delta bootstrap needs PostgreSQL 15 or newer (publication column lists and row filters)")
+    job.lake.check_writable()
+    return info
+
+
+def _resumed(
+    job: Lakeside, src: SlotSource, info: SlotInfo, state: LakeBootstrap, *, parallel: int, resume: bool
+) -> BootstrapReport:
+    """The slot exists: copy the published tables the lake has no copy of (``state``), at a new snapshot."""
+    cfg = job.config
+    assert info.confirmed_flush_lsn is not None
+    if state.start_lsn is None and not resume:
+        raise SourceStateError(
+            f"replication slot {cfg.source.slot!r} already exists and the lake at {cfg.lake_root} holds no "
+            "bootstrap of it: pass --resume to copy every published table at a new snapshot and keep the "
+            f"slot's later changes, or drop the slot (SELECT pg_drop_replication_slot('{cfg.source.slot}')) "
+            "and bootstrap again"
+        )
+    start = state.start_lsn
+    if start is None:
+        start = info.confirmed_flush_lsn
+        append_log_row(job, uuid.uuid4().hex, start, None, 0, None)
+        state = LakeBootstrap(start, {})
+    published = copied_tables(src.conn, cfg)
+    report = BootstrapReport(cfg.source.slot, start, created_slot=False)
+    report.already_copied = sorted(t.qualified for t in published if t.oid in state.copied)
+    missing = {t.oid for t in published if t.oid not in state.copied}
+    log.info(
+        "resuming the bootstrap of slot %s: %d table(s) copied already, %d to copy",
+        cfg.source.slot, len(report.already_copied), len(missing),
+    )
+    if missing:
+        report.copied = copy_at_new_snapshot(job, src, missing, parallel=parallel)
+    return report
+
+
+def _created(job: Lakeside, src: SlotSource, *, parallel: int) -> BootstrapReport:
+    """Create the slot, exporting its snapshot, and copy every published table as of it."""
+    cfg = job.config
+    run_id = uuid.uuid4().hex
+    # What the copy needs gets ready while the slot is created and the catalog read: the
+    # engine starts in a thread, the worker processes start (the snapshot's table list,
+    # read below, is what is copied; this one only says how many workers are worth starting).
+    job.start_engine_early()
+    n_workers = min(parallel, len(copied_tables(src.conn, cfg)))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(slot_staging(job))  # left last, once the workers have stopped
+        workers = stack.enter_context(Workers(n_workers)) if n_workers > 1 else None
+        exported = stack.enter_context(ExportedSnapshot(
+            cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout
+        ))
+        snap = exported.snapshot
+        report = BootstrapReport(cfg.source.slot, snap.consistent_lsn, created_slot=True)
+        # The lake's start is logged before the first table's commit, while the tables are read.
+        copier = Copier(
+            job, snap, run_id, parallel=parallel, workers=workers,
+            start_row=lambda: append_log_row(job, run_id, snap.consistent_lsn, None, 0, None),
+        )
+        try:
+            catalog_conn = connect(
+                cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout
             )
             try:
-                catalog_conn = connect(
-                    cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout
+                open_snapshot(catalog_conn, snap)
+                tables = copied_tables(catalog_conn, cfg)
+                plans = copier.plans(catalog_conn, tables)
+                catalog_conn.execute("COMMIT")
+                log.info(
+                    "copying %d table(s) as of %s with %d worker(s)",
+                    len(plans), format_lsn(snap.consistent_lsn), min(parallel, max(len(plans), 1)),
                 )
-                try:
-                    open_snapshot(catalog_conn, snap)
-                    tables = copied_tables(catalog_conn, cfg)
-                    plans = copier.plans(catalog_conn, tables)
-                    catalog_conn.execute("COMMIT")
-                    log.info(
-                        "copying %d table(s) as of %s with %d worker(s)",
-                        len(plans), format_lsn(snap.consistent_lsn), min(parallel, max(len(plans), 1)),
-                    )
-                    report.copied = copier.copy_all(plans)
-                finally:
-                    catalog_conn.close()
-            except Exception:
-                # The slot exists now: whatever failed before the first commit (the catalog, a
-                # table's key), the lake's start is still logged, so the next bootstrap resumes
-                # this one instead of asking for --resume.
-                try:
-                    copier.log_start()
-                except Exception as exc:
-                    log.warning("could not log the lake's start: %s", exc)
-                raise
-        return report
+                report.copied = copier.copy_all(plans)
+            finally:
+                catalog_conn.close()
+        except Exception:
+            # The slot exists now: whatever failed before the first commit (the catalog, a
+            # table's key), the lake's start is still logged, so the next bootstrap resumes
+            # this one instead of asking for --resume.
+            try:
+                copier.log_start()
+            except Exception as exc:
+                log.warning("could not log the lake's start: %s", exc)
+            raise
+    return report
 
 
 def run_bootstrap(config: Any, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:

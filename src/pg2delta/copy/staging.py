@@ -56,22 +56,8 @@ def stage_table(
     ``report(rows so far, new rows)`` is called after every chunk is written. Returns the rows copied and the decoder's notes (clamped values and the like).
     """
     lake.fs.create_dir(stage_dir, recursive=True)
-    files = 0
-    writer: pq.ParquetWriter | None = None
-    file_rows = 0
-
-    def write(batch: pa.RecordBatch) -> None:
-        nonlocal writer, files, file_rows
-        if writer is None or file_rows >= _FILE_ROWS:
-            if writer is not None:
-                writer.close()
-            out = lake.fs.open_output_stream(f"{stage_dir}/part-{files:05d}.parquet")
-            # Written as Delta data files: the embedded engine's lake takes them as they are (adopt_copy).
-            writer = pq.ParquetWriter(out, plan.schema, **copy_file_options(plan.schema))
-            files += 1
-            file_rows = 0
-        writer.write_batch(batch)
-        file_rows += batch.num_rows
+    parts = _Parts(lake, stage_dir, plan.schema)
+    write = parts.write
 
     walker = CopyRows(plan)
     # The Parquet writes (pyarrow, without the GIL) run in a thread while the next chunk is read
@@ -102,7 +88,7 @@ def stage_table(
             blocks.close()  # stopped early: psycopg cancels the COPY and reads what is left of it
         walker.feed(bytes(buf), emit, last=True)
         settle()
-        if writer is None:  # an empty table: one empty file gives the schema
+        if parts.writer is None:  # an empty table: one empty file gives the schema
             write(pa.RecordBatch.from_pylist([], schema=plan.schema))
     except psycopg.OperationalError as exc:
         raise ConnectionFailed(f"lost the connection copying {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
@@ -110,9 +96,33 @@ def stage_table(
         raise SourceStateError(f"cannot copy {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
     finally:
         writes.shutdown(wait=True)
-        if writer is not None:
-            writer.close()
+        parts.close()
     return walker.rows, dict(walker.notes)
+
+
+class _Parts:
+    """The staged Parquet files of one table, ``_FILE_ROWS`` rows each, written as Delta data files
+    (the embedded engine's lake takes them as they are: adopt_copy)."""
+
+    def __init__(self, lake: Lake, stage_dir: str, schema: pa.Schema) -> None:
+        self.lake, self.stage_dir, self.schema = lake, stage_dir, schema
+        self.writer: pq.ParquetWriter | None = None
+        self.files = 0
+        self.file_rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self.writer is None or self.file_rows >= _FILE_ROWS:
+            self.close()
+            out = self.lake.fs.open_output_stream(f"{self.stage_dir}/part-{self.files:05d}.parquet")
+            self.writer = pq.ParquetWriter(out, self.schema, **copy_file_options(self.schema))
+            self.files += 1
+            self.file_rows = 0
+        self.writer.write_batch(batch)
+        self.file_rows += batch.num_rows
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 # --- worker processes ---------------------------------------------------------------------------------
