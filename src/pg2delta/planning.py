@@ -293,6 +293,28 @@ def plan(config: Any, *, until_lsn: int | None = None) -> PlanReport:
 
 def to_json(report: PlanReport) -> dict[str, Any]:
     """The report as ``pg2delta plan --json`` prints it (schema_version 1, see README)."""
+    totals = _totals(report)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "slot": report.slot,
+        "from_lsn": format_lsn(report.start_lsn),
+        "bound_lsn": format_lsn(report.upper_lsn),
+        "to_lsn": format_lsn(report.end_lsn),
+        "exact": report.exact,
+        "windows": [_window_json(w) for w in report.windows],
+        "window_count": len(report.windows),
+        "changes": sum(t.inserts + t.updates + t.deletes for w in report.windows for t in w.tables),
+        "tables": totals,
+        "would_copy": report.would_copy,
+        "refusals": [
+            {"table": r.table, "window_start_lsn": format_lsn(r.window_start), "message": r.message}
+            for r in report.refusals
+        ],
+    }
+
+
+def _totals(report: PlanReport) -> dict[str, dict[str, Any]]:
+    """Per table, its plans over every window summed up (``tables`` of the JSON report)."""
     totals: dict[str, dict[str, Any]] = {}
     for w in report.windows:
         for t in w.tables:
@@ -318,44 +340,30 @@ def to_json(report: PlanReport) -> dict[str, Any]:
                 agg["key_change"] = {"from": t.key_before, "to": t.key}
             if t.refusal is not None:
                 agg["refusal"] = t.refusal
+    return totals
+
+
+def _window_json(w: WindowPlan) -> dict[str, Any]:
+    """One window of the JSON report."""
     return {
-        "schema_version": SCHEMA_VERSION,
-        "slot": report.slot,
-        "from_lsn": format_lsn(report.start_lsn),
-        "bound_lsn": format_lsn(report.upper_lsn),
-        "to_lsn": format_lsn(report.end_lsn),
-        "exact": report.exact,
-        "windows": [
-            {
-                "start_lsn": format_lsn(w.start_lsn),
-                "end_lsn": format_lsn(w.end_lsn),
-                "ends_at": w.ends_at,
-                "rows_read": w.rows,
-                "bytes_read": w.bytes,
-                "transactions": w.transactions,
-                "tables": {
-                    t.name: {
-                        "inserts": t.inserts, "updates": t.updates, "deletes": t.deletes, "truncated": t.truncated,
-                        "skipped": t.skipped, "would_copy": t.would_copy, "new_table": t.new_table,
-                        "added": t.added, "widened": [{"column": c, "from": a, "to": b} for c, a, b in t.widened],
-                        "dropped": t.dropped, "dropped_columns": t.dropped_columns, "key": t.key,
-                        "key_change": None if t.key_before is None else {"from": t.key_before, "to": t.key},
-                        "refusal": t.refusal,
-                    }
-                    for t in w.tables
-                },
-                "refused": bool(w.refusals),
+        "start_lsn": format_lsn(w.start_lsn),
+        "end_lsn": format_lsn(w.end_lsn),
+        "ends_at": w.ends_at,
+        "rows_read": w.rows,
+        "bytes_read": w.bytes,
+        "transactions": w.transactions,
+        "tables": {
+            t.name: {
+                "inserts": t.inserts, "updates": t.updates, "deletes": t.deletes, "truncated": t.truncated,
+                "skipped": t.skipped, "would_copy": t.would_copy, "new_table": t.new_table,
+                "added": t.added, "widened": [{"column": c, "from": a, "to": b} for c, a, b in t.widened],
+                "dropped": t.dropped, "dropped_columns": t.dropped_columns, "key": t.key,
+                "key_change": None if t.key_before is None else {"from": t.key_before, "to": t.key},
+                "refusal": t.refusal,
             }
-            for w in report.windows
-        ],
-        "window_count": len(report.windows),
-        "changes": sum(t.inserts + t.updates + t.deletes for w in report.windows for t in w.tables),
-        "tables": totals,
-        "would_copy": report.would_copy,
-        "refusals": [
-            {"table": r.table, "window_start_lsn": format_lsn(r.window_start), "message": r.message}
-            for r in report.refusals
-        ],
+            for t in w.tables
+        },
+        "refused": bool(w.refusals),
     }
 
 

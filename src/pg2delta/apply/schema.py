@@ -104,25 +104,30 @@ def plan(
                 arrow[name] = t
             elif widens(new, old) and narrowing == "keep" and (wide := arrow_type(old)) is not None:
                 arrow[name] = wide
-            elif widens(new, old):
-                raise SchemaError(
-                    f"table {table} column {name} changed type from {old} to {shown}{where}, a narrowing "
-                    f"that pg2delta does not apply to the lake: to keep the Delta column {old} and store the "
-                    f"narrower values in it, set [tables.\"{table}\"] narrowing = \"keep\" in the config; or copy the "
-                    f"table again with pg2delta resync --table {table}; nothing of this window was applied"
-                )
             else:
-                raise SchemaError(
-                    f"table {table} column {name} changed type from {old} to {shown}{where}, which Delta cannot "
-                    f"follow in place: copy the table again with pg2delta resync --table {table} (the lake then holds "
-                    f"the new type), or, before the next such change, add a new column of type {new} instead of "
-                    "changing this one; nothing of this window was applied"
-                )
+                raise _type_change_refused(table, name, old, new, shown, where)
     before = dict(delta_types or {})
     added = tuple(n for n in order if n not in before)
     widened = tuple((n, before[n], current[n]) for n in order if n in before and before[n] != current[n])
     kept = tuple(n for n in before if n not in arrow and not n.startswith(META_PREFIX))
     return Plan(tuple((n, arrow[n]) for n in order), added, widened, kept, shapes[0].key, frozenset(before))
+
+
+def _type_change_refused(table: str, name: str, old: str, new: str, shown: str, where: str) -> SchemaError:
+    """The refusal of column ``name`` changing type from ``old`` to ``new`` (``shown``: with its PostgreSQL type)."""
+    if widens(new, old):
+        return SchemaError(
+            f"table {table} column {name} changed type from {old} to {shown}{where}, a narrowing "
+            f"that pg2delta does not apply to the lake: to keep the Delta column {old} and store the "
+            f"narrower values in it, set [tables.\"{table}\"] narrowing = \"keep\" in the config; or copy the "
+            f"table again with pg2delta resync --table {table}; nothing of this window was applied"
+        )
+    return SchemaError(
+        f"table {table} column {name} changed type from {old} to {shown}{where}, which Delta cannot "
+        f"follow in place: copy the table again with pg2delta resync --table {table} (the lake then holds "
+        f"the new type), or, before the next such change, add a new column of type {new} instead of "
+        "changing this one; nothing of this window was applied"
+    )
 
 
 def conform(parts: Sequence[Sequence[BatchLike]], pl: Plan) -> tuple[pa.Table | None, set[str]]:
