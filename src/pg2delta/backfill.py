@@ -394,11 +394,8 @@ def _apply_one(
     result = TableBackfill(plan.schema, plan.table, uri, plan.start, b, plan.seed_version)
     report.tables.append(result)
     if plan.seed:
-        assert plan.seed_version is not None
-        engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri)
+        _seed(engine, lake, target_lake, uri, plan, job, run_id)
         result.changed = True
-        log.info("seeded %s from %s.%s at version %d", uri, plan.schema, plan.table, plan.seed_version)
-        _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
     # A new copy is marked as this backfill's in its log before its first write (see _plan).
     unmarked = into is not None and target_lake.delta_version(uri) is None
     lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
@@ -413,17 +410,7 @@ def _apply_one(
         changes: pa.Table | None = None
         if rows.num_rows:
             rows = rows.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
-            is_trunc = pc.equal(rows.column(OP_COL), TRUNCATE_OP)
-            truncs = rows.filter(is_trunc)
-            changes = rows.filter(pc.invert(is_trunc))
-            if truncs.num_rows:
-                tr.truncated = True
-                last_lsn = truncs.column(LSN_COL)[-1].as_py()
-                last_pos = truncs.column(POS_COL)[-1].as_py()
-                lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
-                changes = changes.filter(
-                    pc.or_(pc.greater(lsn, last_lsn), pc.and_(pc.equal(lsn, last_lsn), pc.greater(pos, last_pos)))
-                )
+            changes, tr.truncated = _after_last_truncate(rows)
             if unmarked:
                 _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
                 unmarked = False
@@ -438,11 +425,7 @@ def _apply_one(
                 result.changed = True
         else:
             tr.delta_version = target_lake.delta_version(uri)
-        result.chunks += 1
-        result.inserts += tr.inserts
-        result.updates += tr.updates
-        result.deletes += tr.deletes
-        result.truncated |= tr.truncated
+        _add_chunk(result, tr)
         if tr.delta_version is not None and (into or tr.delta_version != before):
             _log(job, run_id, plan, lo, hi, tr, target_lake)
             lookup = tr.delta_version
@@ -453,6 +436,37 @@ def _apply_one(
         plan.schema, plan.table, format_lsn(plan.start), format_lsn(b), uri,
         result.inserts, result.updates, result.deletes, result.delta_version,
     )
+
+
+def _seed(engine: Engine, lake: Lake, target_lake: Lake, uri: str, plan: _Plan, job: Lakeside, run_id: str) -> None:
+    """Start the copy at ``uri`` from the table's version ``plan.seed_version``, and log it."""
+    assert plan.seed_version is not None
+    engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri)
+    log.info("seeded %s from %s.%s at version %d", uri, plan.schema, plan.table, plan.seed_version)
+    _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+
+
+def _after_last_truncate(rows: pa.Table) -> tuple[pa.Table, bool]:
+    """The changes of ``rows`` (changelog rows in commit order) after its last truncate, and whether it has one."""
+    is_trunc = pc.equal(rows.column(OP_COL), TRUNCATE_OP)
+    truncs = rows.filter(is_trunc)
+    changes = rows.filter(pc.invert(is_trunc))
+    if not truncs.num_rows:
+        return changes, False
+    last_lsn = truncs.column(LSN_COL)[-1].as_py()
+    last_pos = truncs.column(POS_COL)[-1].as_py()
+    lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
+    after = pc.or_(pc.greater(lsn, last_lsn), pc.and_(pc.equal(lsn, last_lsn), pc.greater(pos, last_pos)))
+    return changes.filter(after), True
+
+
+def _add_chunk(result: TableBackfill, tr: TableReport) -> None:
+    """Count one chunk's changes in the table's result."""
+    result.chunks += 1
+    result.inserts += tr.inserts
+    result.updates += tr.updates
+    result.deletes += tr.deletes
+    result.truncated |= tr.truncated
 
 
 def _widen(engine: Engine, uri: str, schema: pa.Schema) -> frozenset[str] | None:
