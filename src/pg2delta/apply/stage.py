@@ -148,32 +148,9 @@ def stage_changes(
     toast: set[str] = set()
     rows = sum(b.num_rows for tw in tgt.parts for b in tw.batches if b.max_lsn >= applied_lsn)
     nbuckets = -(-rows // engine_staged.REDUCE_BUCKET_ROWS) if bucket_key and name is not None else 1
-    held: list[list[pa.Table]] = [[] for _ in range(nbuckets)] if nbuckets > 1 else []
-    held_bytes = 0
-
-    def write(t: pa.Table) -> str:
-        uri = lake.stage(t, f"{name}/part-{staged.files:06d}")
-        staged.files += 1
-        return uri
-
-    def flush() -> None:
-        nonlocal held_bytes
-        for b, parts in enumerate(held):
-            if parts:
-                staged.buckets[b].append(write(pa.concat_tables(parts)))
-                parts.clear()
-        held_bytes = 0
-
-    if held:
-        staged.buckets = [[] for _ in range(nbuckets)]
+    files = _StagedFiles(lake, staged, name, bucket_key, nbuckets)
     for t in conform_batches(live(tgt, applied_lsn), pl, kept_by_update):
-        lsn, pos = t.column(LSN_COL), t.column(POS_COL)
-        keep = pc.and_(pc.not_equal(t.column(OP_COL), BEFORE_OP), pc.greater_equal(lsn, applied_lsn))
-        if last is not None:
-            keep = pc.and_(keep, pc.or_(
-                pc.greater(lsn, last.commit_lsn), pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos))
-            ))
-        t = filtered(t, keep)
+        t = filtered(t, _applied_rows(t, applied_lsn, last))
         if not t.num_rows:
             continue
         for c in pc.value_counts(t.column(OP_COL)).to_pylist():
@@ -182,27 +159,68 @@ def stage_changes(
         if len(marks):
             toast.update(x for x in pc.unique(marks).to_pylist() if x is not None)
         staged.rows += t.num_rows
-        if name is None:
-            continue
-        ids = key_buckets(t, bucket_key, nbuckets) if held else None
-        if ids is None:
-            if held:  # a key type not hashed here: the files stay as they are, the engine buckets
-                flush()
-                held, staged.buckets = [], []
-            write(t)
-            continue
-        order = np.argsort(ids, kind="stable")
-        bounds = np.searchsorted(ids[order], np.arange(nbuckets + 1))
-        t = t.take(pa.array(order))
-        for b in range(nbuckets):
-            if bounds[b + 1] > bounds[b]:
-                held[b].append(t.slice(int(bounds[b]), int(bounds[b + 1] - bounds[b])))
-        held_bytes += t.nbytes
-        if held_bytes >= BUCKET_BUFFER_BYTES:
-            flush()
-    flush()
+        if name is not None:
+            files.add(t)
+    files.flush()
     staged.toast_columns = tuple(sorted(toast))
     return staged, kept_by_update
+
+
+def _applied_rows(t: pa.Table, applied_lsn: int, last: TruncateEvent | None) -> pa.ChunkedArray:
+    """The rows of ``t`` the window applies: not an update's old row, at or after the applied LSN,
+    after the window's last truncate ``last`` (None: none)."""
+    lsn, pos = t.column(LSN_COL), t.column(POS_COL)
+    keep = pc.and_(pc.not_equal(t.column(OP_COL), BEFORE_OP), pc.greater_equal(lsn, applied_lsn))
+    if last is not None:
+        keep = pc.and_(keep, pc.or_(
+            pc.greater(lsn, last.commit_lsn), pc.and_(pc.equal(lsn, last.commit_lsn), pc.greater(pos, last.pos))
+        ))
+    return keep
+
+
+class _StagedFiles:
+    """The Parquet files of a spilled table's changes under the staging area's ``name``; with
+    ``nbuckets`` > 1, in hash buckets of ``bucket_key`` (:attr:`StagedChanges.buckets`), at most
+    :data:`BUCKET_BUFFER_BYTES` held before they are written."""
+
+    def __init__(self, lake: Lake, staged: StagedChanges, name: str | None, bucket_key: Sequence[str], nbuckets: int) -> None:
+        self.lake, self.staged, self.name = lake, staged, name
+        self.bucket_key, self.nbuckets = bucket_key, nbuckets
+        self.held: list[list[pa.Table]] = [[] for _ in range(nbuckets)] if nbuckets > 1 else []
+        self.held_bytes = 0
+        if self.held:
+            staged.buckets = [[] for _ in range(nbuckets)]
+
+    def write(self, t: pa.Table) -> str:
+        uri = self.lake.stage(t, f"{self.name}/part-{self.staged.files:06d}")
+        self.staged.files += 1
+        return uri
+
+    def flush(self) -> None:
+        for b, parts in enumerate(self.held):
+            if parts:
+                self.staged.buckets[b].append(self.write(pa.concat_tables(parts)))
+                parts.clear()
+        self.held_bytes = 0
+
+    def add(self, t: pa.Table) -> None:
+        ids = key_buckets(t, self.bucket_key, self.nbuckets) if self.held else None
+        if ids is None:
+            if self.held:  # a key type not hashed here: the files stay as they are, the engine buckets
+                self.flush()
+                self.held, self.staged.buckets = [], []
+            self.write(t)
+            return
+        order = np.argsort(ids, kind="stable")
+        bounds = np.searchsorted(ids[order], np.arange(self.nbuckets + 1))
+        t = t.take(pa.array(order))
+        for b in range(self.nbuckets):
+            if bounds[b + 1] > bounds[b]:
+                self.held[b].append(t.slice(int(bounds[b]), int(bounds[b + 1] - bounds[b])))
+        self.held_bytes += t.nbytes
+        if self.held_bytes >= BUCKET_BUFFER_BYTES:
+            self.flush()
+
 
 def reduce(
     schema: str, name: str, changes: pa.Table | None, key_names: list[str], data_columns: Sequence[str],
