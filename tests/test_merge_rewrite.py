@@ -6,6 +6,7 @@ outside the range untouched; and through the job, with a crash after the commit 
 from __future__ import annotations
 
 import math
+import random
 import signal
 import uuid
 from pathlib import Path
@@ -151,6 +152,82 @@ def test_rewrite_equals_merge(
     if name == "int key":
         kept = before & set(table.file_uris())
         assert len(kept) == 3, (before, table.file_uris())  # the second file alone was rewritten
+
+
+def test_key_ranges() -> None:
+    """The ranges of the files holding a key, new keys' runs between files, merged when they meet;
+    files holding none left out; past the limit the narrowest gaps joined."""
+    files = ([0, 100, 200, 300], [99, 199, 299, 399])
+    assert engine_commits.key_ranges([150], *files) == [(100, 199)]
+    # Two files next to each other merge; a key past every file is its own run.
+    assert engine_commits.key_ranges([5, 150, 1000, 1002], *files) == [(0, 199), (1000, 1002)]
+    # New keys on both sides of a file are two runs (the file between them stays out).
+    files = ([0, 100], [9, 109])
+    assert engine_commits.key_ranges([20, 30, 200], *files) == [(20, 30), (200, 200)]
+    # Overlapping files: the key's files, both; a file whose range holds no key, none.
+    assert engine_commits.key_ranges([5], [0, 3, 50], [10, 60, 70]) == [(0, 60)]
+    assert engine_commits.key_ranges([], [0], [9]) == []
+    assert engine_commits.key_ranges([1, 2], [], []) == [(1, 2)]
+    spread = engine_commits.key_ranges(list(range(0, 1000, 10)), list(range(5, 1000, 10)), list(range(6, 1000, 10)),
+                                       limit=3)
+    assert len(spread) == 3 and spread[0][0] == 0 and spread[-1][1] == 990
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pruned_rewrite_equals_merge(
+    seed: int, tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random tables in files of key ranges (some overlapping, some gaps) and random windows of
+    updates, deletes and inserts (inside files, between them, past them): the rewrite gives the
+    MERGE's rows, and the Delta log shows it removed exactly the files whose statistics' range
+    holds a key of the window (and, where files overlap, those inside such a range), the others
+    untouched."""
+    if not shared_engine.start(EngineConfig(), Lake(str(tmp_path))).embedded:
+        pytest.skip("the rewrite is the embedded engine's")
+    rng = random.Random(seed)
+    starts = sorted(rng.sample(range(0, 5000, 50), 8))
+    parts = [list(range(a, a + rng.randint(5, 60), rng.choice([1, 2, 3]))) for a in starts]
+    if seed % 2:
+        parts.append(rng.sample(range(starts[2], starts[4] + 10), 6))  # a file overlapping others
+    ids = [i for part in parts for i in part]
+    ids = list(dict.fromkeys(ids))
+    keys = set(rng.sample(ids, rng.randint(1, 12)))
+    new = set(rng.sample(range(-50, 6000), 6)) - set(ids)
+    ops = {k: rng.choice("UD") for k in keys} | {k: "I" for k in new}
+    source = {"id": pa.array(sorted(ops), I64), "v": [f"s{k}" for k in sorted(ops)], OP: [ops[k] for k in sorted(ops)]}
+    seen: set[int] = set()
+    files: list[list[int]] = []
+    for part in parts:
+        files.append([i for i in part if i not in seen])
+        seen.update(part)
+    files = [f for f in files if f]
+    results = []
+    for mode, threshold in (("merge", 1 << 40), ("rewrite", 1)):
+        monkeypatch.setattr(engine_commits, "EMBEDDED_REWRITE_ROWS", threshold)
+        lake = Lake(str(tmp_path / mode))
+        uri = lake.table_uri("public", "t")
+        engine = shared_engine.start(EngineConfig(), lake)
+        for f in files:
+            engine.append(uri, pa.table({"id": pa.array(f, I64), "v": [f"t{i}" for i in f]}))
+        before = {a["path"]: (a["min.id"], a["max.id"]) for a in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()}
+        engine.merge(
+            uri, lake.stage(pa.table(source), "source"),
+            lambda t, v: MergeRows(merge_statement(t, v, ["id"], ("id", "v"), truncate=False), ("id",), ("id", "v"), False, False),
+            rows=len(ops),
+        )
+        table = DeltaTable(uri)
+        results.append(sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"]))
+    assert results[0] == results[1], f"seed {seed}"
+    assert [h["operation"] for h in table.history(1)] == ["WRITE"]
+    after = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
+    removed = {p for p in before if p not in after}
+    holding = {p for p, (lo, hi) in before.items() if any(lo <= k <= hi for k in ops)}
+    if seed % 2 == 0:  # files of disjoint key ranges
+        assert removed == holding, (seed, sorted(before.values()), sorted(ops))
+    else:  # a file overlapping others: a file inside its range is rewritten with it, no other
+        spans = [before[p] for p in holding]
+        meets = {p for p, (lo, hi) in before.items() if any(lo <= b and hi >= a for a, b in spans)}
+        assert holding <= removed <= meets, (seed, sorted(before.values()), sorted(ops))
 
 
 def _nan_safe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

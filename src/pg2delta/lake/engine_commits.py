@@ -1,24 +1,30 @@
 """The commit of a window's final rows of one table: a MERGE, an append, or on the embedded engine
-a rewrite of the rows' key range.
+a rewrite of the files that hold the rows' keys.
 
 A statement builder gives :meth:`Commits._commit` Spark SQL (a ``MERGE INTO``), an
 :class:`pg2delta.lake.engine_session.AppendRows` (a table that held no row), or a
 :class:`pg2delta.lake.engine_session.MergeRows`. The last is a ``MERGE`` everywhere but on the
-embedded engine past :data:`EMBEDDED_REWRITE_ROWS` rows: pysail 0.7.2 plans a ``MERGE`` as a hash
-join that collects the source, every column of every row, twice, and does not spill, so its
-memory grows with the window (about 0.6 GB per million rows of a 10-column table, bench/README.md).
-There the same rows are committed as one overwrite with ``replaceWhere``: the table's rows in the
-key range of the source (its first key column's minimum and maximum), less the source's keys,
-plus the source's rows that are not deletes. The join then collects the source's keys only, the
-rows stream through to the writer, and Delta rewrites the files of that range only, in one commit
-as the ``MERGE`` would make; a replay after a crash writes the same rows again.
+embedded engine. pysail 0.7.2's ``MERGE`` rewrites every file of the table whatever it matches,
+and plans a hash join that collects the source, every column of every row, twice, without
+spilling (about 0.6 GB per million rows of a 10-column table, bench/README.md). There the same rows
+are committed as one overwrite with ``replaceWhere``: the table's rows in the key ranges of the
+files that can hold a key of the source (the Delta log's statistics of the first key column, see
+:func:`key_ranges`), less the source's keys, plus the source's rows that are not deletes. The
+other files stay as they are; the join collects the source's keys only; the rows stream through
+to the writer, in one commit as the ``MERGE`` would make; a replay after a crash writes the same
+rows again.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pg2delta.decode.changes import OP_COL
 from pg2delta.errors import LakeError
@@ -30,13 +36,11 @@ from pg2delta.memory import release_memory
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
 
-# Rows of a window's source from which the embedded engine commits a MergeRows as a rewrite of
-# their key range rather than a MERGE (see the module's docstring). Below it a MERGE rewrites only
-# the files holding a key of the source, where a rewrite takes every file of the key range: a few
-# keys spread over a large table would rewrite all of it. Measured (bench/README.md): a pysail
-# MERGE of 100,000 rows grows the process by about 190 MB, of 1,000,000 by 600-700 MB; the rewrite
-# of 1,000,000 or 5,000,000 rows by 70-230 MB, in a fifth of the time.
-EMBEDDED_REWRITE_ROWS = 100_000
+# Rows of a window's source from which the embedded engine commits a MergeRows as a rewrite (see
+# the module's docstring): every window with rows. Measured: the rewrite of 10 updates into 1,000
+# rows took 0.03 s, pysail's MERGE 0.26 s; a MERGE of 1,000,000 rows grew the process by 600-700 MB,
+# their rewrite by 70-230 MB, in a fifth of the time (bench/README.md).
+EMBEDDED_REWRITE_ROWS = 1
 
 # Spark types whose minimum and maximum bound a key range in replaceWhere; other keys' tables are
 # rewritten whole (still one commit). Not floats (NaN sorts above every number and Parquet
@@ -50,6 +54,12 @@ _RANGE_TYPES = frozenset({"tinyint", "smallint", "int", "bigint"})
 # floats: NaN and -0.0).
 REWRITE_BUCKET_ROWS = 500_000
 _HASH_TYPES = frozenset({"tinyint", "smallint", "int", "bigint", "string", "decimal", "date", "timestamp", "boolean"})
+
+# Rows of a window up to which its keys are read into this process to find the files that hold
+# one (Commits._replaced); past it the rewrite takes the files of the window's whole key range.
+KEY_LIST_ROWS = 2_000_000
+# Key ranges a rewrite's condition names at most (key_ranges).
+MAX_RANGES = 64
 
 
 class Commits(DeltaReads):
@@ -125,29 +135,16 @@ class Commits(DeltaReads):
             got = stats.collect()[0].asDict()
             if got["n"] < max(1, EMBEDDED_REWRITE_ROWS):
                 return False
-            where = _range(k, got["lo"], got["hi"]) if ranged else None
             # The source in the table's types (a key compared or hashed in another type differs).
             cast = self._view(views, _typed(source, fields, OP_COL))
+            where, in_range = self._replaced(uri, first, cast, got) if ranged else (None, None)
             table = self.spark.read.format("delta").load(uri)
             if where is not None:
                 table = table.where(where)
-            in_range = 0 if merge.truncate else int(table.count())
+            if in_range is None:
+                in_range = 0 if merge.truncate else int(table.count())
             ranged_rows = self._view(views, table)
-            hashable = all(fields[c].dataType.simpleString().split("(")[0] in _HASH_TYPES for c in merge.key_names)
-            # The join holds the range's rows (every column) or the window's keys (a few): the
-            # window's rows count for a quarter. A truncate's has no join.
-            buckets = max(1, -(-max(got["n"] // 4, in_range) // REWRITE_BUCKET_ROWS)) if hashable and not merge.truncate else 1
-            if buckets == 1:
-                rows = self._range_rows(merge, fields, cast, ranged_rows, None)
-            else:
-                keys = ", ".join(quote(c) for c in merge.key_names)
-                parts = []
-                for i in range(buckets):
-                    part = self.lake.staging_uri(f"{work}/part-{i:04d}")
-                    bucket = f"pmod(hash({keys}), {buckets}) = {i}"
-                    if self.stage_rows(self._range_rows(merge, fields, cast, ranged_rows, bucket), part):
-                        parts.append(part)
-                rows = _typed(self.spark.read.parquet(*parts), fields) if parts else table.limit(0)
+            buckets, rows = self._new_rows(merge, fields, (cast, ranged_rows), got["n"], in_range, work)
             writer = self.delta_writer(rows, "overwrite")
             if where is not None:
                 writer = writer.option("replaceWhere", where)
@@ -166,6 +163,66 @@ class Commits(DeltaReads):
             uri, got["n"], where or "the whole table", in_range, buckets,
         )
         return True
+
+    def _new_rows(
+        self, merge: MergeRows, fields: dict[str, Any], views: tuple[str, str], n: int, in_range: int, work: str
+    ) -> tuple[int, Any]:
+        """How many hash buckets of the key the new rows of the range are computed in, and those
+        rows: of the views (the window's rows in the table's types, the table's rows of the range)
+        holding ``n`` and ``in_range`` rows; in buckets, each is staged under ``work`` first (see
+        :meth:`_rewrite_range`)."""
+        source, ranged_rows = views
+        hashable = all(fields[c].dataType.simpleString().split("(")[0] in _HASH_TYPES for c in merge.key_names)
+        # The join holds the range's rows (every column) or the window's keys (a few): the
+        # window's rows count for a quarter. A truncate's has no join.
+        buckets = max(1, -(-max(n // 4, in_range) // REWRITE_BUCKET_ROWS)) if hashable and not merge.truncate else 1
+        if buckets == 1:
+            return 1, self._range_rows(merge, fields, source, ranged_rows, None)
+        keys = ", ".join(quote(c) for c in merge.key_names)
+        parts = []
+        for i in range(buckets):
+            part = self.lake.staging_uri(f"{work}/part-{i:04d}")
+            bucket = f"pmod(hash({keys}), {buckets}) = {i}"
+            if self.stage_rows(self._range_rows(merge, fields, source, ranged_rows, bucket), part):
+                parts.append(part)
+        if not parts:
+            return buckets, self.spark.table(ranged_rows).limit(0)
+        return buckets, _typed(self.spark.read.parquet(*parts), fields)
+
+    def _replaced(self, uri: str, first: str, source: str, got: dict[str, Any]) -> tuple[str, int | None]:
+        """The condition of the rewrite's ``replaceWhere``, and the rows of the table it meets when
+        the log says: the key ranges of the files that hold a key of the window, and of its keys no
+        file holds (:func:`key_ranges`), from the Delta log's statistics of the first key column
+        ``first``; the window's range (``got``: its ``lo`` and ``hi``) when the log has no
+        statistics of it, or the window has more than :data:`KEY_LIST_ROWS` rows (its keys are read
+        into this process)."""
+        k = quote(first)
+        whole = _range(k, got["lo"], got["hi"]), None
+        if got["n"] > KEY_LIST_ROWS:
+            return whole
+        files = pa.table(self._delta_rs(uri).get_add_actions(flatten=True))
+        names = files.schema.names
+        if f"min.{first}" not in names or f"max.{first}" not in names or "num_records" not in names:
+            return whole
+        # A file without bounds holds NULL keys only (no range meets them), or has no statistics:
+        # then the engine reads it whatever the condition, and rewrites it if it holds a key.
+        lo, hi = files.column(f"min.{first}"), files.column(f"max.{first}")
+        all_files = files.num_rows
+        files = files.filter(pc.and_(pc.is_valid(lo), pc.is_valid(hi)))
+        lo, hi = files.column(f"min.{first}").to_numpy(), files.column(f"max.{first}").to_numpy()
+        distinct = self.spark.sql(f"SELECT DISTINCT {k} AS k FROM {source}")
+        if hasattr(distinct, "toArrow"):  # pyspark 4; 3.5's Connect client has toPandas only
+            keys = distinct.toArrow().column("k").to_numpy()
+        else:
+            keys = distinct.toPandas()["k"].to_numpy()
+        keys = np.sort(keys.astype(np.int64))
+        ranges = key_ranges(keys, lo, hi)
+        meets = np.zeros(len(lo), dtype=bool)
+        for a, b in ranges:
+            meets |= (lo <= b) & (hi >= a)
+        counts = files.column("num_records").to_numpy(zero_copy_only=False)
+        rows = int(np.sum(counts[meets])) if files.num_rows == all_files else None
+        return _ranges(k, ranges), rows
 
     def _view(self, views: list[str], df: Any) -> str:
         name = f"pg2delta_rewrite_{uuid.uuid4().hex[:12]}"
@@ -219,3 +276,56 @@ def _range(column: str, lo: Any, hi: Any) -> str:
     where the condition is false, and a NULL there would remove a row it does not rewrite.
     """
     return f"{column} IS NOT NULL AND {column} >= {int(lo)} AND {column} <= {int(hi)}"
+
+
+def key_ranges(keys: Any, mins: Any, maxs: Any, *, limit: int = MAX_RANGES) -> list[tuple[int, int]]:
+    """The key ranges a window's rewrite replaces: the range of each file (``mins[i]`` to
+    ``maxs[i]``, its statistics) that holds one of the window's ``keys`` (sorted, distinct
+    integers), and runs of the keys no file's range holds (new keys) that no file's range meets;
+    overlapping and adjacent ranges merged. A file whose range holds no key meets none of them, so
+    a rewrite of these ranges leaves it untouched. Past ``limit`` ranges, those with the narrowest
+    gaps between them are joined (a condition of thousands of ranges costs more to evaluate on
+    every row than the rows in the gaps)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    lo = np.asarray(mins, dtype=np.int64)
+    hi = np.asarray(maxs, dtype=np.int64)
+    if keys.size == 0:
+        return []
+    at = np.searchsorted(keys, lo, side="left")
+    hit = (at < keys.size) & (keys[np.minimum(at, keys.size - 1)] <= hi)
+    ranges = list(zip(lo[hit].tolist(), hi[hit].tolist(), strict=True))
+    # A key is in some file when the files starting at or before it reach it.
+    order = np.argsort(lo, kind="stable")
+    starts = lo[order]
+    reach = np.maximum.accumulate(hi[order]) if lo.size else hi
+    before = np.searchsorted(starts, keys, side="right") - 1
+    covered = (before >= 0) & (reach[np.maximum(before, 0)] >= keys) if lo.size else np.zeros(keys.size, bool)
+    loose = keys[~covered]
+    if loose.size:
+        # Consecutive loose keys share a run unless a file starts between them.
+        cut = np.searchsorted(starts, loose[1:], side="left") > np.searchsorted(starts, loose[:-1], side="right")
+        for run in np.split(loose, np.flatnonzero(cut) + 1):
+            ranges.append((int(run[0]), int(run[-1])))
+    ranges.sort()
+    merged: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    if len(merged) > limit:
+        gaps = np.array([b[0] - a[1] for a, b in itertools.pairwise(merged)], dtype=np.float64)
+        joined = set(np.argsort(gaps, kind="stable")[: len(merged) - limit].tolist())
+        out = [merged[0]]
+        for i, r in enumerate(merged[1:]):
+            out[-1:] = [(out[-1][0], r[1])] if i in joined else [out[-1], r]
+        merged = out
+    return merged
+
+
+def _ranges(column: str, ranges: list[tuple[int, int]]) -> str:
+    """Spark SQL: ``column`` (an integer) in one of ``ranges``, false (not NULL) on a NULL (see :func:`_range`)."""
+    if not ranges:
+        return "false"
+    parts = [f"{column} = {a}" if a == b else f"({column} >= {a} AND {column} <= {b})" for a, b in ranges]
+    return f"{column} IS NOT NULL AND ({' OR '.join(parts)})"
