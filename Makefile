@@ -54,7 +54,7 @@ XDIST ?= -n 2
 DOCS_VENV ?= .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
-.PHONY: install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify postgres clean docs docs-reference docs-serve
+.PHONY: install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify bench-scale postgres clean docs docs-reference docs-serve
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
@@ -224,6 +224,12 @@ bench-maintain: install postgres
 # `pg2delta verify` of a 5 M-row table (PG2DELTA_BENCH_VERIFY_ROWS for another size): verify_rows_per_s.
 bench-verify: install postgres
 	$(PY) bench/bench_verify.py
+
+# One scheduled run (1,000 scattered updates, 100 inserts, 100 deletes) into tables of 200 k, 2 M and
+# 20 M rows on both engines, each command a new process (spark-submit for Apache Spark):
+# run_seconds_*, scale_growth_*, rewritten_fraction_*; PG2DELTA_BENCH_SCALE_MAX_ROWS=2000000 for a quick run.
+bench-scale: install $(SPARK35_STAMP) postgres
+	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(PY) bench/bench_scale.py --spark-submit $(SPARK35_VENV)/bin/spark-submit
 
 # The job on Apache Spark + Delta (spark_e2e_vs_server) and one window of 50 tables on both engines.
 bench-spark: $(SPARK35_STAMP) postgres

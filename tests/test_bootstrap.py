@@ -7,6 +7,7 @@ doubled row in the keyless table, a change on neither side as a missing or stale
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import socket
@@ -27,6 +28,7 @@ from conftest import newest_server_only
 from engines import TEST_ENGINE
 from pg2delta.bootstrap import run_bootstrap
 from pg2delta.config import load
+from pg2delta.copy import staging as copy_staging
 from pg2delta.errors import Pg2DeltaError
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import run
@@ -597,3 +599,34 @@ def test_partitions_copied_into_their_root_with_row_filters_and_column_lists(pgd
         conn.execute("INSERT INTO parted SELECT g, 'w' || g, 'hidden' FROM generate_series(5000, 5100) g")
     run(cfg)
     assert got() == want()
+
+
+@pytest.mark.skipif(TEST_ENGINE != "embedded", reason="Apache Spark writes the copy's table itself")
+def test_bootstrap_writes_key_ranges_in_files_and_a_run_rewrites_one(
+    pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table whose rows lie in the heap out of key order is copied in key order, in files of a
+    bounded size: each file holds a key range apart from the others. A later run's update of one
+    key then rewrites that key's file only, the others untouched in the Delta log."""
+    newest_server_only(pg_server, "the copy's order and file sizes do not depend on the server")
+    monkeypatch.setattr(copy_staging, "_FILE_ROWS", 1000)
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ordered (id bigint PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO ordered SELECT g, 'v' || g FROM generate_series(1, 5000) g ORDER BY random()")
+        conn.execute(f'CREATE PUBLICATION "{pub}" FOR TABLE ordered')
+    cfg = _config(pgdb, slot, pub, lake)
+    run_bootstrap(cfg, parallel=1)
+    uri = str(lake / "public" / "ordered")
+    files = sorted(
+        (a["min.id"], a["max.id"], a["path"]) for a in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
+    )
+    assert len(files) == 5, files
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(files)), files  # key ranges apart
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE ordered SET v = 'changed' WHERE id = 2500")
+    run(cfg)
+    after = {a["path"] for a in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()}
+    assert [f[2] for f in files if f[2] not in after] == [f[2] for f in files if f[0] <= 2500 <= f[1]]
+    assert_lake_matches(pgdb, lake, (TableSpec("public", "ordered", ("id",)),))

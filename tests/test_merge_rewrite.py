@@ -5,6 +5,7 @@ outside the range untouched; and through the job, with a crash after the commit 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import signal
@@ -24,6 +25,7 @@ from pg2delta.faults import FAULT_ENV
 from pg2delta.job import run
 from pg2delta.lake import engine_commits
 from pg2delta.lake.engine import EngineConfig, Lake, MergeRows
+from pg2delta.lake.engine_maintain import overlapping
 from workload import TABLES, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema
 
 OP = "_pg2delta_op"
@@ -337,3 +339,26 @@ def test_bulk_update_rewritten_then_replayed(pgdb: str, tmp_path: Path) -> None:
         want = sorted(conn.execute(f"SELECT id, v, n FROM {table}").fetchall())
     assert len(want) == 150000 - 150 + 1000
     assert got == want
+
+
+def test_compaction_sorts_files_whose_key_ranges_overlap(tmp_path: Path, shared_engine: SharedEngine) -> None:
+    """Files whose key ranges overlap (as a rewrite's on the embedded engine) are compacted in key
+    order when the table's key is named: several files, each a key range apart, the same rows;
+    files already apart are only compacted."""
+    lake = Lake(str(tmp_path / "lake"))
+    uri = lake.table_uri("public", "t")
+    engine = shared_engine.start(EngineConfig(), lake)
+    for part in range(4):  # four files, each spanning the whole key range
+        ids = list(range(part, 40_000, 4))
+        engine.append(uri, pa.table({"id": pa.array(ids, I64), "v": [f"t{i}" for i in ids]}))
+    before = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert overlapping(DeltaTable(uri), "id") == 1.0
+    engine.compact(uri, target_size=100_000, key="id")
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == before
+    spans = sorted((a["min.id"], a["max.id"]) for a in pa.table(table.get_add_actions(flatten=True)).to_pylist())
+    assert len(spans) >= 2 and all(a[1] < b[0] for a, b in itertools.pairwise(spans)), spans
+    assert overlapping(table, "id") == 0.0
+    version = table.version()
+    engine.compact(uri, key="id")  # apart already: a compaction (of these files into one) keeps the order
+    assert overlapping(DeltaTable(uri), "id") == 0.0 and DeltaTable(uri).version() >= version

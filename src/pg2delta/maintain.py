@@ -116,6 +116,7 @@ def maintain_lake(config: Config, engine: Engine, lake: Lake) -> MaintainReport:
         duration_seconds(config.maintain.changelog_retention, "maintain.changelog_retention")
         if config.maintain.changelog_retention else None
     )
+    keys = _first_keys(lake)
     for name, uri, is_changelog in _delta_tables(lake):
         tm = TableMaintenance(name, uri)
         found = lake.files_now(uri)
@@ -129,7 +130,7 @@ def maintain_lake(config: Config, engine: Engine, lake: Lake) -> MaintainReport:
         # Tables an earlier version created keep statistics of float columns, which pysail misreads
         # where a file holds NaN; from here on they do not, and the compaction rewrites the files.
         tm.stats_columns_set = engine.keep_stats_of(uri)
-        engine.compact(uri, target_size=config.maintain.target_file_size)
+        engine.compact(uri, target_size=config.maintain.target_file_size, key=keys.get(uri))
         fault_point("maintain_after_compact")
         tm.files_removed = engine.vacuum(uri, retention_hours=retention_hours)
         tm.checkpoint = engine.checkpoint(uri)
@@ -164,6 +165,21 @@ def _delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
             out.append((f"{CHANGELOG_ROOT}/{schema}/{table}", lake.table_uri(CHANGELOG_ROOT, schema, table), True))
     for own in (LOG_TABLE, CHANGELOG_LOG):
         out.append((own, lake.table_uri(own), False))
+    return out
+
+
+def _first_keys(lake: Lake) -> dict[str, str]:
+    """The first column of the key each table was last merged on (the applied log), by table URI:
+    compaction keeps the table in its order."""
+    applied = lake.read_delta(lake.table_uri(LOG_TABLE))
+    if applied is None or "key_columns" not in applied.column_names:
+        return {}
+    out: dict[str, str] = {}
+    rows = zip(applied.column("schema_name").to_pylist(), applied.column("table_name").to_pylist(),
+               applied.column("key_columns").to_pylist(), strict=True)
+    for schema, table, key in rows:
+        if schema is not None and table is not None and key and json.loads(key):
+            out[lake.table_uri(schema, table)] = str(json.loads(key)[0])
     return out
 
 

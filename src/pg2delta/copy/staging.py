@@ -29,6 +29,7 @@ from pg2delta.errors import (
     SourceStateError,
 )
 from pg2delta.lake.engine import Lake
+from pg2delta.lake.engine_session import EMBEDDED_FILE_BYTES
 from pg2delta.lake.engine_writes import copy_file_options
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.copy import CopyPlan, CopyRows
@@ -40,7 +41,11 @@ from pg2delta.source.snapshot import Snapshot, open_snapshot
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20  # COPY bytes gathered before their rows are walked and decoded
-_FILE_ROWS = 1_048_576  # rows per staged Parquet file
+# A staged Parquet file (a Delta data file once adopted) ends past this many rows or bytes: a
+# table of millions of rows is tens of files, each one key range (the COPY is in key order), of
+# which a window rewrites those it touches; the bytes are those of the embedded engine's own files.
+_FILE_ROWS = 1_048_576
+_FILE_BYTES = EMBEDDED_FILE_BYTES
 
 
 def stage_table(
@@ -101,24 +106,31 @@ def stage_table(
 
 
 class _Parts:
-    """The staged Parquet files of one table, ``_FILE_ROWS`` rows each, written as Delta data files
+    """The staged Parquet files of one table, ``_FILE_ROWS`` rows or ``_FILE_BYTES`` each, written as Delta data files
     (the embedded engine's lake takes them as they are: adopt_copy)."""
 
     def __init__(self, lake: Lake, stage_dir: str, schema: pa.Schema) -> None:
         self.lake, self.stage_dir, self.schema = lake, stage_dir, schema
         self.writer: pq.ParquetWriter | None = None
+        self.out: Any = None
         self.files = 0
         self.file_rows = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if self.writer is None or self.file_rows >= _FILE_ROWS:
-            self.close()
-            out = self.lake.fs.open_output_stream(f"{self.stage_dir}/part-{self.files:05d}.parquet")
-            self.writer = pq.ParquetWriter(out, self.schema, **copy_file_options(self.schema))
-            self.files += 1
-            self.file_rows = 0
-        self.writer.write_batch(batch)
-        self.file_rows += batch.num_rows
+        at = 0
+        while True:
+            if self.writer is None or self.file_rows >= _FILE_ROWS or self.out.tell() >= _FILE_BYTES:
+                self.close()
+                self.out = self.lake.fs.open_output_stream(f"{self.stage_dir}/part-{self.files:05d}.parquet")
+                self.writer = pq.ParquetWriter(self.out, self.schema, **copy_file_options(self.schema))
+                self.files += 1
+                self.file_rows = 0
+            part = batch.slice(at, _FILE_ROWS - self.file_rows)
+            self.writer.write_batch(part)
+            self.file_rows += part.num_rows
+            at += part.num_rows
+            if at >= batch.num_rows:
+                return
 
     def close(self) -> None:
         if self.writer is not None:

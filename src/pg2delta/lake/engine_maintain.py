@@ -8,21 +8,64 @@ for what runs them and when.
 
 from __future__ import annotations
 
+from typing import Any
+
+import pyarrow as pa
+
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
+from pg2delta.lake.sql import quote
+
+# The share of a table's bytes in files whose key range overlaps another file's past which
+# compaction sorts the table by its key (DeltaMaintenance.compact).
+OVERLAP_SHARE = 0.1
+
+
+def overlapping(table: Any, key: str) -> float:
+    """The share of the bytes of ``table`` (a delta-rs ``DeltaTable``) in files whose range of
+    ``key`` (the Delta log's statistics) overlaps another file's; 0 without statistics of it."""
+    adds = pa.table(table.get_add_actions(flatten=True))
+    if f"min.{key}" not in adds.column_names or not adds.num_rows:
+        return 0.0
+    spans = sorted(
+        (lo, hi, size)
+        for lo, hi, size in zip(adds.column(f"min.{key}").to_pylist(), adds.column(f"max.{key}").to_pylist(),
+                                adds.column("size_bytes").to_pylist(), strict=True)
+        if lo is not None and hi is not None
+    )
+    hit = [False] * len(spans)
+    reach, last = None, -1
+    for i, (lo, hi, _) in enumerate(spans):
+        if reach is not None and lo <= reach:
+            hit[i] = hit[last] = True
+        if reach is None or hi > reach:
+            reach, last = hi, i
+    total: int = sum(int(size) for _, _, size in spans)
+    shared: int = sum(int(size) for (_, _, size), h in zip(spans, hit, strict=True) if h)
+    return shared / max(1, total)
 
 
 class DeltaMaintenance(EngineSession):
     """Compaction, vacuum and checkpoints of a Delta table, on whichever engine runs."""
 
-    def compact(self, uri: str, *, target_size: int = 0) -> None:
+    def compact(self, uri: str, *, target_size: int = 0, key: str | None = None) -> None:
         """Rewrite the table's small files into large ones, in one commit that changes no row
-        (``dataChange = false``): Delta's ``OPTIMIZE`` on Apache Spark, delta-rs's compaction elsewhere."""
+        (``dataChange = false``): Delta's ``OPTIMIZE`` on Apache Spark, delta-rs's compaction elsewhere.
+
+        With ``key`` (the table's first key column), a table whose files' key ranges overlap
+        (:func:`overlapping`: the embedded engine writes a rewrite's rows in no order) is rewritten
+        in key order instead, ``ZORDER BY`` that one column (a sort): each file then holds a key
+        range apart from the others, and a window rewrites the files of its keys only
+        (pg2delta.lake.engine_commits.key_ranges)."""
         try:
+            order = key is not None and overlapping(self._delta_rs(uri), key) > OVERLAP_SHARE
             if self.classic:
                 if target_size:
                     self.spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(target_size))
-                self._sql(f"OPTIMIZE {self.target(uri)}", f"OPTIMIZE {uri}")
+                zorder = f" ZORDER BY ({quote(key)})" if order and key is not None else ""
+                self._sql(f"OPTIMIZE {self.target(uri)}{zorder}", f"OPTIMIZE {uri}")
+            elif order and key is not None:
+                self._delta_rs(uri).optimize.z_order([key], target_size=target_size or None)
             else:
                 self._delta_rs(uri).optimize.compact(target_size=target_size or None)
         except LakeError:

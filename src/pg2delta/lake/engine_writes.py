@@ -75,6 +75,11 @@ def copy_file_options(schema: pa.Schema) -> dict[str, Any]:
     return {"compression": "zstd", "use_dictionary": False, "write_statistics": stats_columns(schema) or False}
 
 
+# Bytes of staged Parquet one Apache Spark task reads at most when a copy's files become a table
+# (_save_file_per_task): more than a copy's file holds (pg2delta.copy.staging bounds them at
+# about 32 MiB), and the cost of opening one as large, so no two share a task.
+COPY_TASK_BYTES = 128 << 20
+
 # The names adopt_copy gives the files it moves into a table's folder.
 _ADOPTED = re.compile(r"part-\d{5}-[0-9a-f]{32}\.zstd\.parquet")
 
@@ -84,6 +89,28 @@ def _creating(writer: Any, schema: Any) -> Any:
     for key, value in stats_properties(schema).items():
         writer = writer.option(key, value)
     return writer
+
+
+def _save_file_per_task(writer: Any, uri: str, spark: Any) -> None:
+    """``writer.save(uri)``; on Apache Spark (``spark``, a classic session; None elsewhere) its reads
+    of staged Parquet (a copy's files, each one key range in key order, pg2delta.copy.staging) take
+    each file whole into a task of its own, so that the table's files written from them keep their
+    key ranges apart: by default Spark packs small files into one task, largest first."""
+    if spark is None:
+        writer.save(uri)
+        return
+    settings = {"spark.sql.files.maxPartitionBytes": str(COPY_TASK_BYTES), "spark.sql.files.openCostInBytes": str(COPY_TASK_BYTES)}
+    before = {k: spark.conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        writer.save(uri)
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 class DeltaWrites(Commits):
@@ -241,7 +268,7 @@ class DeltaWrites(Commits):
                 writer = _creating(writer, df.schema)
             else:
                 self.keep_stats_of(uri, df.schema)
-            writer.save(uri)
+            _save_file_per_task(writer, uri, self.spark if self.classic else None)
         except LakeError:
             raise
         except Exception as exc:

@@ -71,7 +71,14 @@ class CopyPlan:
                 cols.append(ident)
         # A table copied from its leaf partitions (partitions = "root"): all leaves in one query
         # (one snapshot, one walk of the rows).
-        return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(self.table.select(cols))
+        # In key order (by position: a column printed as text has no name): the table's files then
+        # hold key ranges apart, and a window's rewrite takes the files of its keys only
+        # (pg2delta.lake.engine_commits.key_ranges).
+        query = self.table.select(cols)
+        if self.version.key_indexes:
+            order = sql.SQL(", ").join(sql.Literal(i + 1) for i in self.version.key_indexes)
+            query = sql.SQL("{} ORDER BY {}").format(query, order)
+        return sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query)
 
     def decode(
         self, buf: bytes, kinds: U8, starts: I64, lengths: I64, first_row: int, notes: collections.Counter[str]

@@ -1,0 +1,285 @@
+"""`make bench-scale`: what one scheduled run costs as its table grows, on both engines.
+
+On a throwaway PostgreSQL 15, one table per size (``--rows``: 200,000, 2,000,000 and 20,000,000
+rows; ``PG2DELTA_BENCH_SCALE_MAX_ROWS`` leaves out the larger ones for a quick run) of a bigint
+key and four columns, loaded in key order. Per engine, every command runs as a scheduler starts
+it, in a new process: ``pg2delta bootstrap`` / ``pg2delta run`` for the embedded engine,
+``spark-submit jobs/pg2delta_bootstrap.py`` / ``jobs/pg2delta_run.py`` for Apache Spark (the
+config dir ``SPARK_CONF_DIR`` names Delta's jars, ``local[2]``). Per table:
+
+1. the bootstrap (the copy through COPY), timed: ``bootstrap_seconds_<engine>_<rows>=``;
+2. a window of 1,000 updates to keys of the newest 1 %: ``rewritten_fraction_recent_<engine>=``
+   for the largest table;
+3. the window of 1,000 scattered updates, 100 inserts and 100 deletes:
+   ``run_seconds_<engine>_<rows>=``, and for the largest table ``rewritten_fraction_<engine>=``.
+
+A rewritten fraction is the bytes of the data files the run's commit removed and did not add
+again unchanged (a file that only got a deletion vector keeps its path), over the table's bytes
+before it, from the Delta log as delta-rs reads it. Every lake is read back with delta-rs after
+each run and compared with PostgreSQL (rows, sums of the key and of a column every update
+changes, the updated rows' text), else exit 1.
+
+Then, on Apache Spark: ``spark_floor_seconds=`` (a bare spark-submit of a script that starts a
+session and MERGEs 10 rows into a 1,000-row Delta table), ``idle_run_seconds_spark=`` and
+``small_run_seconds_spark=`` (10 updates) on the smallest table, and ``jdbc_overwrite_seconds_spark=``
+(a spark-submit of a JDBC read of the 2,000,000-row table and a Delta overwrite: what a Spark user
+does without CDC; the PostgreSQL JDBC driver comes from Maven Central through ``--packages``).
+Last, ``scale_growth_<engine>=`` (largest table's run seconds / smallest's; target <= 1.5).
+The machine is shared: compare figures of one run with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from psycopg.conninfo import conninfo_to_dict
+
+from pg2delta.source.throwaway import ThrowawayPostgres
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = (200_000, 2_000_000, 20_000_000)
+JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
+PG_SETTINGS = {"max_wal_size": "8GB", "checkpoint_timeout": "30min", "maintenance_work_mem": "512MB"}
+
+
+def spark_env(spark_submit: str) -> dict[str, str]:
+    """The environment of a spark-submit: the Python beside it (where pyspark and pg2delta are)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
+    env["PYSPARK_PYTHON"] = str(Path(spark_submit).parent / "python")
+    return env
+
+
+class Runner:
+    """Starts pg2delta's commands in new processes, per engine, and times them."""
+
+    def __init__(self, dsn: str, root: Path, spark_submit: str | None) -> None:
+        self.dsn, self.root, self.spark_submit = dsn, root, spark_submit
+
+    def lake(self, engine: str, rows: int) -> Path:
+        return self.root / f"lake-{engine}-{rows}"
+
+    def command(self, engine: str, what: str, rows: int) -> float:
+        """``pg2delta <what>`` (bootstrap or run) of the table of ``rows`` on ``engine``: seconds."""
+        common = ["--dsn", self.dsn, "--slot", f"slot_{engine}_{rows}", "--publication", f"pub_{rows}",
+                  "--lake", str(self.lake(engine, rows)), "--json"]
+        if engine == "embedded":
+            argv = [sys.executable, "-m", "pg2delta.cli", what, *common, "--engine", "embedded"]
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_CONF_DIR"))}
+        else:
+            assert self.spark_submit is not None
+            argv = [self.spark_submit, str(REPO / "jobs" / f"pg2delta_{what}.py"), *common]
+            env = spark_env(self.spark_submit)
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise SystemExit(f"{engine} {what} of {rows:,} rows exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+        return seconds
+
+
+def load(dsn: str, rows: int) -> float:
+    """The table of ``rows`` rows, in key order, its publication: seconds."""
+    t0 = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE scale_{rows} (id bigint NOT NULL, n int NOT NULL, v text, amount numeric(12,2), "
+                     "at timestamptz)")
+        conn.execute(f"INSERT INTO scale_{rows} SELECT g, g % 1000, md5(g::text), (g % 100000) / 100.0, "
+                     f"timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second' FROM generate_series(1, {rows}) g")
+        conn.execute(f"ALTER TABLE scale_{rows} ADD PRIMARY KEY (id)")
+        conn.execute(f"VACUUM ANALYZE scale_{rows}")
+        conn.execute(f"CREATE PUBLICATION pub_{rows} FOR TABLE scale_{rows}")
+    return time.perf_counter() - t0
+
+
+def change(dsn: str, rows: int, tag: str, *, recent: bool, seed: int) -> None:
+    """One transaction: 1,000 updates to keys of the newest 1 % (``recent``), or 1,000 scattered
+    updates, 100 inserts past the largest key and 100 deletes."""
+    rng = random.Random(seed)
+    with psycopg.connect(dsn) as conn:
+        top = conn.execute(f"SELECT max(id) FROM scale_{rows}").fetchone()[0]  # type: ignore[index]
+        if recent:
+            updated = rng.sample(range(rows - rows // 100 + 1, rows + 1), 1000)
+            deleted: list[int] = []
+        else:
+            picked = rng.sample(range(1, rows + 1), 1100)
+            updated, deleted = picked[:1000], picked[1000:]
+        conn.execute(f"UPDATE scale_{rows} SET n = n + 1, v = %s || id WHERE id = ANY(%s)", (f"{tag}-", updated))
+        if not recent:
+            conn.execute(f"DELETE FROM scale_{rows} WHERE id = ANY(%s)", (deleted,))
+            conn.execute(f"INSERT INTO scale_{rows} SELECT g, 0, 'new', 0, now() FROM generate_series(%s::bigint, %s::bigint) g",
+                         (top + 1, top + 100))
+        conn.commit()
+
+
+def files(lake: Path, rows: int) -> dict[str, int]:
+    """The table's data files (path -> bytes) as the Delta log lists them."""
+    adds = pa.table(DeltaTable(str(lake / "public" / f"scale_{rows}")).get_add_actions(flatten=True))
+    return dict(zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist(), strict=True))
+
+
+def rewritten(before: dict[str, int], after: dict[str, int]) -> float:
+    """Bytes of the files ``before`` that ``after`` no longer lists, over the bytes of ``before``."""
+    return sum(size for path, size in before.items() if path not in after) / max(1, sum(before.values()))
+
+
+def matches(dsn: str, lake: Path, rows: int) -> bool:
+    """The lake's table equals PostgreSQL's: rows, sums of the key and of n (every update changes
+    it), sum of key * n, and the rows whose text an update set (per tag)."""
+    data = DeltaTable(str(lake / "public" / f"scale_{rows}")).to_pyarrow_table(columns=["id", "n", "v"])
+    ids, ns = data.column("id").cast(pa.int64()), data.column("n").cast(pa.int64())
+    tags = pc.value_counts(pc.utf8_slice_codeunits(pc.if_else(pc.match_substring(data.column("v"), "-"), data.column("v"),
+                                                              pa.scalar("none")), 0, 2))
+    got = (data.num_rows, pc.sum(ids).as_py() or 0, pc.sum(ns).as_py() or 0, pc.sum(pc.multiply(ids, ns)).as_py() or 0,
+           sorted((t["values"], t["counts"]) for t in tags.to_pylist() if t["values"] != "no"))
+    with psycopg.connect(dsn) as conn:
+        want_row = conn.execute(
+            f"SELECT count(*), coalesce(sum(id), 0), coalesce(sum(n), 0), coalesce(sum(id * n), 0) FROM scale_{rows}"
+        ).fetchone()
+        tagged = conn.execute(
+            f"SELECT substr(v, 1, 2), count(*) FROM scale_{rows} WHERE v LIKE '%%-%%' GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    assert want_row is not None
+    want = (*[int(x) for x in want_row], sorted((str(t), int(c)) for t, c in tagged))
+    if got != want:
+        print(f"MISMATCH in {lake.name}: PostgreSQL {want}, Delta {got}", file=sys.stderr)
+    return got == want
+
+
+def spark_floor(spark_submit: str, root: Path) -> float:
+    """A spark-submit of a script that starts a session and MERGEs 10 rows into a 1,000-row table."""
+    table = root / "floor"
+    write_deltalake(str(table), pa.table({"id": pa.array(range(1000), pa.int64()), "v": [f"v{i}" for i in range(1000)]}))
+    script = root / "floor.py"
+    script.write_text(textwrap.dedent(f"""
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.getOrCreate()
+        spark.range(0, 1000, 100).selectExpr("id", "'u' AS v").createOrReplaceTempView("src")
+        spark.sql("MERGE INTO delta.`{table}` t USING src s ON t.id = s.id WHEN MATCHED THEN UPDATE SET *")
+        spark.stop()
+    """))
+    t0 = time.perf_counter()
+    subprocess.run([spark_submit, str(script)], check=True, capture_output=True, env=spark_env(spark_submit))
+    return time.perf_counter() - t0
+
+
+def jdbc_overwrite(spark_submit: str, root: Path, dsn_parts: dict[str, Any], rows: int) -> float:
+    """A spark-submit of a JDBC read of the table of ``rows`` (2 partitions on the key) and a Delta overwrite."""
+    script = root / "jdbc.py"
+    url = f"jdbc:postgresql://{dsn_parts['host']}:{dsn_parts['port']}/{dsn_parts['dbname']}"
+    script.write_text(textwrap.dedent(f"""
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.getOrCreate()
+        df = (spark.read.format("jdbc").option("url", {url!r}).option("dbtable", "scale_{rows}")
+              .option("user", {dsn_parts['user']!r}).option("driver", "org.postgresql.Driver")
+              .option("partitionColumn", "id").option("lowerBound", "1").option("upperBound", "{rows}")
+              .option("numPartitions", "2").load())
+        df.write.format("delta").mode("overwrite").save({str(root / "jdbc-lake")!r})
+        spark.stop()
+    """))
+    ivy = Path(os.environ["SPARK_CONF_DIR"]).parent / "ivy" if os.environ.get("SPARK_CONF_DIR") else None
+    argv = [spark_submit, "--packages", JDBC_PACKAGE, *(["--conf", f"spark.jars.ivy={ivy}"] if ivy else []), str(script)]
+    # The driver is resolved (downloaded once into the Ivy cache) by an untimed spark-submit first.
+    (root / "nothing.py").write_text("")
+    env = spark_env(spark_submit)
+    subprocess.run([*argv[:-1], str(root / "nothing.py")], capture_output=True, text=True, check=False, env=env)
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip()[-1500:])
+    return time.perf_counter() - t0
+
+
+def measure_size(runner: Runner, engines: list[str], rows: int, out: dict[str, float], largest: bool) -> bool:
+    """Load, bootstrap, the recent window and the scattered one, for the table of ``rows``."""
+    print(f"{rows:,} rows: loaded in {load(runner.dsn, rows):.1f} s", flush=True)
+    for engine in engines:
+        seconds = runner.command(engine, "bootstrap", rows)
+        out[f"bootstrap_seconds_{engine}_{rows}"] = seconds
+        print(f"{rows:,} rows, {engine}: bootstrap {seconds:.1f} s, {len(files(runner.lake(engine, rows), rows))} files",
+              flush=True)
+    for step, recent in (("r1", True), ("s1", False)):
+        change(runner.dsn, rows, step, recent=recent, seed=rows + len(step))
+        for engine in engines:
+            lake = runner.lake(engine, rows)
+            before = files(lake, rows)
+            seconds = runner.command(engine, "run", rows)
+            fraction = rewritten(before, files(lake, rows))
+            print(f"{rows:,} rows, {engine}: {'recent' if recent else 'scattered'} window {seconds:.1f} s, "
+                  f"rewrote {fraction:.3f} of the table's bytes ({len(before)} files before)", flush=True)
+            if not matches(runner.dsn, lake, rows):
+                return False
+            if not recent:
+                out[f"run_seconds_{engine}_{rows}"] = seconds
+            if largest:
+                out[f"rewritten_fraction_{'recent_' if recent else ''}{engine}"] = fraction
+    return True
+
+
+def spark_extras(runner: Runner, sizes: list[int], out: dict[str, float]) -> None:
+    assert runner.spark_submit is not None
+    out["spark_floor_seconds"] = spark_floor(runner.spark_submit, runner.root)
+    small = sizes[0]
+    out["idle_run_seconds_spark"] = runner.command("spark", "run", small)
+    with psycopg.connect(runner.dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE scale_{small} SET n = n + 1 WHERE id <= 10")
+    out["small_run_seconds_spark"] = runner.command("spark", "run", small)
+    if not matches(runner.dsn, runner.lake("spark", small), small):
+        raise SystemExit(1)
+    jdbc_rows = 2_000_000 if 2_000_000 in sizes else sizes[-1]
+    try:
+        parts = conninfo_to_dict(runner.dsn)
+        out[f"jdbc_overwrite_seconds_spark{'' if jdbc_rows == 2_000_000 else f'_{jdbc_rows}'}"] = jdbc_overwrite(
+            runner.spark_submit, runner.root, parts, jdbc_rows)
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        print(f"jdbc overwrite not measured: {exc}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engines", default="embedded,spark", help="comma-separated (default embedded,spark)")
+    ap.add_argument("--spark-submit", default=str(Path(sys.executable).parent / "spark-submit"))
+    ap.add_argument("--pg", type=int, default=15)
+    args = ap.parse_args(argv)
+    top = int(os.environ.get("PG2DELTA_BENCH_SCALE_MAX_ROWS", SIZES[-1]))
+    sizes = [n for n in SIZES if n <= top] or [top]
+    engines = args.engines.split(",")
+    if "spark" in engines and not Path(args.spark_submit).exists():
+        raise SystemExit(f"no spark-submit at {args.spark_submit} (make install-spark)")
+    pg = ThrowawayPostgres.start(args.pg, settings=PG_SETTINGS)
+    root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-scale-"))
+    out: dict[str, float] = {}
+    try:
+        runner = Runner(pg.dsn, root, args.spark_submit if "spark" in engines else None)
+        for rows in sizes:
+            if not measure_size(runner, engines, rows, out, largest=rows == sizes[-1]):
+                return 1
+        if "spark" in engines:
+            spark_extras(runner, sizes, out)
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    for engine in engines:
+        out[f"scale_growth_{engine}"] = out[f"run_seconds_{engine}_{sizes[-1]}"] / out[f"run_seconds_{engine}_{sizes[0]}"]
+    print(json.dumps({"sizes": sizes, "engines": engines}))
+    for name, value in out.items():
+        print(f"{name}={value:.3f}" if "fraction" in name else f"{name}={value:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
