@@ -4,9 +4,10 @@ a rewrite of the files that hold the rows' keys.
 A statement builder gives :meth:`Commits._commit` Spark SQL (a ``MERGE INTO``), an
 :class:`pg2delta.lake.engine_session.AppendRows` (a table that held no row), or a
 :class:`pg2delta.lake.engine_session.MergeRows`. The last is a ``MERGE`` everywhere but on the
-embedded engine. pysail 0.7.2's ``MERGE`` rewrites every file of the table whatever it matches,
-and plans a hash join that collects the source, every column of every row, twice, without
-spilling (about 0.6 GB per million rows of a 10-column table, bench/README.md). There the same rows
+embedded engine. pysail 0.7.2 plans a ``MERGE`` as a hash join that collects the source, every
+column of every row, twice, without spilling (about 0.6 GB per million rows of a 10-column table,
+bench/README.md), and took 1.2-3.4 times as long as the rewrite below for the same windows
+(docs/concepts/layout.md). There the same rows
 are committed as one overwrite with ``replaceWhere``: the table's rows in the key ranges of the
 files that can hold a key of the source (the Delta log's statistics of the first key column, see
 :func:`key_ranges`), less the source's keys, plus the source's rows that are not deletes. The
