@@ -152,7 +152,8 @@ class Job(Lakeside):
             try:
                 catalog = PgTypeCatalog(catalog_conn)
                 planner = TablePlanner(
-                    self, TargetResolver(cfg, self.lake, catalog_conn), catalog, catalog_conn,
+                    cfg, self.lake, lambda: self.engine, TargetResolver(cfg, self.lake, catalog_conn),
+                    catalog, catalog_conn,
                     bootstrapped=bootstrapped, attnums=self._attnums,
                 )
                 applier = TableApplier(self, app_id, bootstrapped=bootstrapped, rewritten=self._rewritten)

@@ -143,7 +143,8 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
         try:
             catalog = PgTypeCatalog(catalog_conn)
             planner = TablePlanner(
-                side, TargetResolver(cfg, side.lake, catalog_conn), catalog, catalog_conn,
+                cfg, side.lake, lambda: side.engine, TargetResolver(cfg, side.lake, catalog_conn),
+                catalog, catalog_conn,
                 bootstrapped=bootstrapped, planned_types={},
             )
             _plan_windows(planner, src, report, applied, key_resolver(cfg, catalog_conn))
@@ -189,9 +190,9 @@ def _plan_window(
     # A window past the memory budget spills to a scratch directory of this machine: plan writes
     # nothing to the lake.
     with tempfile.TemporaryDirectory(prefix="pg2delta-plan-") as scratch:
-        spiller = Spiller(Lake(scratch), "plan", planner.lakeside.config.window.memory_budget)
+        spiller = Spiller(Lake(scratch), "plan", planner.config.window.memory_budget)
         try:
-            rd = read_window(src, planner.lakeside.config, start, upper, planner.catalog, keys, spiller)
+            rd = read_window(src, planner.config, start, upper, planner.catalog, keys, spiller)
         except (SchemaError, DataError) as exc:
             window = WindowPlan(start, start)
             window.refusals.append(Refusal(None, start, str(exc)))
@@ -229,20 +230,20 @@ def _plan_table(planner: TablePlanner, rd: ReadWindow, tgt: Target, applied: dic
         tp.refusal = str(exc)
         window.refusals.append(Refusal(tp.name, start, str(exc)))
         return tp
-    side, planned = planner.lakeside, planner.planned_types
+    planned = planner.planned_types
     assert planned is not None
-    uri = side.lake.table_uri(tgt.schema, tgt.table)
+    uri = planner.lake.table_uri(tgt.schema, tgt.table)
     known = planned.get(uri)
-    tp.new_table = known is None and side.lake.delta_version(uri) is None
+    tp.new_table = known is None and planner.lake.delta_version(uri) is None
     key = before.key if before is not None else None
     if pl is not None:
-        settings = side.config.table(tgt.schema, tgt.table)
+        settings = planner.config.table(tgt.schema, tgt.table)
         tp.added, tp.widened, tp.dropped = list(pl.added), list(pl.widened), list(pl.kept)
         tp.dropped_columns = settings.dropped_columns
         tp.key = list(pl.key)
         if before is not None and before.key is not None and before.key != pl.key:
             tp.key_before = list(before.key)
-        types = dict(known if known is not None else side.engine.table_types(
+        types = dict(known if known is not None else planner.engine().table_types(
             uri, version=before.delta_version if before is not None else None
         ) or {})
         if settings.dropped_columns == "drop":
@@ -264,7 +265,7 @@ def _count(planner: TablePlanner, tgt: Target, pl: Plan | None, applied_lsn: int
     """``tp``'s inserts, updates, deletes and truncate, counted by the run's own reduce (or, for a
     spilled window, batch by batch as the run stages them: pg2delta.window.spill)."""
     if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
-        staged, _ = stage_changes(planner.lakeside.lake, tgt, pl, applied_lsn, None)
+        staged, _ = stage_changes(planner.lake, tgt, pl, applied_lsn, None)
         tp.truncated = any(t.commit_lsn >= applied_lsn for tw in tgt.parts for t in tw.truncates)
         if not pl.key and set(staged.ops) - {"I"}:
             raise SchemaError(

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from pg2delta.apply.added_columns import added_column_values
-from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.schema import Plan, plan
 from pg2delta.apply.targets import Target, TargetResolver, live
+from pg2delta.config import Config
 from pg2delta.errors import SchemaError
 from pg2delta.lake.applied_log import Applied
+from pg2delta.lake.lake_files import Lake
 from pg2delta.lsn import format_lsn
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.window.shapes import Shape, shape_of
@@ -29,9 +31,18 @@ from pg2delta.window.shapes import Shape, shape_of
 log = logging.getLogger(__name__)
 
 
+class DeltaShapes(Protocol):
+    """The two reads of the engine that planning needs (:class:`pg2delta.lake.engine.Engine` has them)."""
+
+    def table_types(self, uri: str, *, version: int | None = None) -> dict[str, str] | None: ...
+    def has_rows(self, uri: str, *, version: int | None = None) -> bool: ...
+
+
 class TablePlanner:
     """Plans each target of a window against its Delta table as the last logged window left it.
 
+    ``config``: the tables' settings; ``lake``: where the Delta tables are; ``engine()``: the engine's
+    two reads planning makes (called when first needed: the engine may still be starting).
     ``catalog`` / ``catalog_conn``: the source's catalog (None outside a run or a plan: no
     added-column or attnum checks). ``bootstrapped``: the lake was bootstrapped, tables without
     a copy are skipped. ``planned_types``: ``pg2delta plan``'s columns of each Delta table as the
@@ -41,7 +52,9 @@ class TablePlanner:
 
     def __init__(
         self,
-        lakeside: Lakeside,
+        config: Config,
+        lake: Lake,
+        engine: Callable[[], DeltaShapes],
         targets: TargetResolver,
         catalog: PgTypeCatalog | None,
         catalog_conn: Any,
@@ -50,7 +63,7 @@ class TablePlanner:
         planned_types: dict[str, dict[str, str]] | None = None,
         attnums: dict[int, str] | None = None,
     ) -> None:
-        self.lakeside = lakeside
+        self.config, self.lake, self.engine = config, lake, engine
         self.targets = targets
         self.catalog = catalog
         self.catalog_conn = catalog_conn
@@ -64,7 +77,7 @@ class TablePlanner:
             return self.plan(tgt, applied, start, end)
         except SchemaError as exc:
             names = {(tgt.schema, tgt.table), *(tw.latest.qualified_name for tw in tgt.parts)}
-            if any(self.lakeside.config.table(*n).on_unfollowable == "resync" for n in names):
+            if any(self.config.table(*n).on_unfollowable == "resync" for n in names):
                 return exc
             raise
 
@@ -100,7 +113,7 @@ class TablePlanner:
         if applied is None or applied.key is None or applied.key == key:
             return
         full = [tw for tw in tgt.parts if any(b.relation.relation.replica_identity == "f" for b in tw.batches)]
-        configured = any(self.lakeside.config.table(*tw.latest.qualified_name).key for tw in tgt.parts)
+        configured = any(self.config.table(*tw.latest.qualified_name).key for tw in tgt.parts)
         if not full or configured:
             return
         name = ".".join(full[0].latest.qualified_name)
@@ -126,7 +139,7 @@ class TablePlanner:
         if not shapes:
             return None
         self._check_full_identity_key(tgt, shapes[0].key, applied)
-        uri = self.lakeside.lake.table_uri(tgt.schema, tgt.table)
+        uri = self.lake.table_uri(tgt.schema, tgt.table)
         where = f" (in the changes from {format_lsn(start)} to {format_lsn(end)})"
         # The table as the last logged window left it: a replay after a crash plans the same
         # changes the crashed run did (they are idempotent), whatever of them it committed.
@@ -134,10 +147,10 @@ class TablePlanner:
         pl = plan(
             f"{tgt.schema}.{tgt.table}",
             planned[uri] if planned is not None and uri in planned
-            else self.lakeside.engine.table_types(uri, version=applied.delta_version if applied else None),
+            else self.engine().table_types(uri, version=applied.delta_version if applied else None),
             shapes,
             where=where,
-            narrowing=self.lakeside.config.table(tgt.schema, tgt.table).narrowing,
+            narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
             pg_type=lambda shape, column: self._pg_type(tgt, shape, column),
         )
         self._check_column_identity(tgt, pl, applied, uri, where)
@@ -197,7 +210,7 @@ class TablePlanner:
             for b in tw.batches:
                 if column not in b.relation.column_names and b.num_rows and b.max_lsn >= applied_lsn:
                     return True
-        return bool(pl.existing) and self.lakeside.engine.has_rows(
+        return bool(pl.existing) and self.engine().has_rows(
             uri, version=applied.delta_version if applied is not None else None
         )
 
@@ -209,7 +222,7 @@ class TablePlanner:
             return pl  # not a run, or a table the run skips (not copied yet)
         return added_column_values(
             tgt, pl, applied, uri, where, catalog,
-            has_rows=lambda uri, version: self.lakeside.engine.has_rows(uri, version=version),
+            has_rows=lambda uri, version: self.engine().has_rows(uri, version=version),
             source_name=self.targets.source_name,
         )
 
