@@ -88,19 +88,8 @@ def quiescent_cut(rows: RowChunk) -> int:
             elif e - s >= 9 and int.from_bytes(buf[s + 5 : s + 9], "big") == xid:
                 open_streams.discard(xid)  # Stream Abort of the whole transaction
         elif tag in _GID_TAGS:
-            lsn = int(rows.lsns[i])
-            try:
-                msg = po.parse_message(view[s:e], lsn=lsn)
-            except DecodeError as exc:
-                raise exc.with_lsn(lsn) from exc
-            if isinstance(msg, po.Prepare):
+            if _two_phase(view[s:e], int(rows.lsns[i]), open_streams, open_prepared):
                 open_plain = False
-                open_prepared.add(msg.gid)
-            elif isinstance(msg, po.StreamPrepare):
-                open_streams.discard(msg.xid)
-                open_prepared.add(msg.gid)
-            elif isinstance(msg, po.CommitPrepared | po.RollbackPrepared):
-                open_prepared.discard(msg.gid)
         else:
             continue
         if not (open_plain or open_streams or open_prepared or in_segment):
@@ -109,6 +98,24 @@ def quiescent_cut(rows: RowChunk) -> int:
         # Trailing changes outside any transaction cannot happen; let the decoder report them.
         cut = n
     return cut
+
+
+def _two_phase(message: memoryview, lsn: int, open_streams: set[int], open_prepared: set[str]) -> bool:
+    """Follow one two-phase message (:data:`_GID_TAGS`) in :func:`quiescent_cut`'s open transactions;
+    True for a Prepare, which also ends the plain transaction it prepares."""
+    try:
+        msg = po.parse_message(message, lsn=lsn)
+    except DecodeError as exc:
+        raise exc.with_lsn(lsn) from exc
+    if isinstance(msg, po.Prepare):
+        open_prepared.add(msg.gid)
+        return True
+    if isinstance(msg, po.StreamPrepare):
+        open_streams.discard(msg.xid)
+        open_prepared.add(msg.gid)
+    elif isinstance(msg, po.CommitPrepared | po.RollbackPrepared):
+        open_prepared.discard(msg.gid)
+    return False
 
 
 @dataclass(slots=True)

@@ -310,21 +310,27 @@ class PgArray(Handler):
             )
         except DecodeError as exc:
             raise BadAt(0, f"bad array element: {exc.reason}") from None
-        # nest: innermost level first
-        levels: list[list[int]] = [[0] for _ in range(self.ndims)]
-        for dims in shapes:
-            if not dims:
-                levels[0].append(levels[0][-1])
-                continue
-            count = 1
-            for k, d in enumerate(dims):
-                for _ in range(count):
-                    levels[k].append(levels[k][-1] + d)
-                count *= d
-        arr: pa.Array = values
-        for k in range(self.ndims - 1, -1, -1):
-            arr = pa.ListArray.from_arrays(pa.array(levels[k], type=pa.int32()), arr)
-        return arr
+        return _nested(values, shapes, self.ndims)
+
+
+def _nested(values: pa.Array, shapes: list[list[int]], ndims: int) -> pa.Array:
+    """The flat element ``values`` as ``ndims`` levels of lists, one array per entry of ``shapes``
+    (its dimensions; empty: an empty array)."""
+    # nest: innermost level first
+    levels: list[list[int]] = [[0] for _ in range(ndims)]
+    for dims in shapes:
+        if not dims:
+            levels[0].append(levels[0][-1])
+            continue
+        count = 1
+        for k, d in enumerate(dims):
+            for _ in range(count):
+                levels[k].append(levels[k][-1] + d)
+            count *= d
+    arr: pa.Array = values
+    for k in range(ndims - 1, -1, -1):
+        arr = pa.ListArray.from_arrays(pa.array(levels[k], type=pa.int32()), arr)
+    return arr
 
 
 class _IntVector(Printed):
