@@ -415,7 +415,7 @@ def test_table_added_to_the_publication_mid_workload(pgdb: str, tmp_path: Path) 
 
 def test_run_skips_a_table_added_while_it_read(pgdb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A table that joins the publication after run's check: its changes wait for the next run's copy."""
-    import pg2delta.bootstrap as bootstrap_module
+    import pg2delta.copy.copier as bootstrap_module
 
     slot, pub = _names()
     lake = tmp_path / "lake"
