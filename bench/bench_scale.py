@@ -35,6 +35,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,7 @@ class Runner:
 
     def __init__(self, dsn: str, root: Path, spark_submit: str | None) -> None:
         self.dsn, self.root, self.spark_submit = dsn, root, spark_submit
+        self.peak_mb = 0
 
     def lake(self, engine: str, rows: int) -> Path:
         return self.root / f"lake-{engine}-{rows}"
@@ -84,11 +86,17 @@ class Runner:
             assert self.spark_submit is not None
             argv = [self.spark_submit, str(REPO / "jobs" / f"pg2delta_{what}.py"), *common]
             env = spark_env(self.spark_submit)
-        t0 = time.perf_counter()
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-        seconds = time.perf_counter() - t0
-        if done.returncode != 0:
-            raise SystemExit(f"{engine} {what} of {rows:,} rows exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+        with tempfile.TemporaryFile("w+") as err:
+            t0 = time.perf_counter()
+            child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+            _, status, usage = os.wait4(child.pid, 0)
+            seconds = time.perf_counter() - t0
+            child.returncode = os.waitstatus_to_exitcode(status)
+            if child.returncode != 0:
+                err.seek(0)
+                raise SystemExit(f"{engine} {what} of {rows:,} rows exited {child.returncode}: {err.read().strip()[-2000:]}")
+        # The process's own peak (spark-submit's JVM is a process of its own, not counted).
+        self.peak_mb = usage.ru_maxrss // 1024
         return seconds
 
 
@@ -219,8 +227,9 @@ def measure_size(runner: Runner, engines: list[str], rows: int, out: dict[str, f
             before = files(lake, rows)
             seconds = runner.command(engine, "run", rows)
             fraction = rewritten(before, files(lake, rows))
+            peak = f", peak {runner.peak_mb} MB" if engine == "embedded" else ""
             print(f"{rows:,} rows, {engine}: {'recent' if recent else 'scattered'} window {seconds:.1f} s, "
-                  f"rewrote {fraction:.3f} of the table's bytes ({len(before)} files before)", flush=True)
+                  f"rewrote {fraction:.3f} of the table's bytes ({len(before)} files before){peak}", flush=True)
             if not matches(runner.dsn, lake, rows):
                 return False
             if not recent:
@@ -260,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     engines = args.engines.split(",")
     if "spark" in engines and not Path(args.spark_submit).exists():
         raise SystemExit(f"no spark-submit at {args.spark_submit} (make install-spark)")
+    # Stopped (a timeout, a kill): the server and the lakes still go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     pg = ThrowawayPostgres.start(args.pg, settings=PG_SETTINGS)
     root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-scale-"))
     out: dict[str, float] = {}

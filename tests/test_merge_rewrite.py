@@ -145,6 +145,7 @@ def test_rewrite_equals_merge(
     monkeypatch.setattr(engine_commits, "EMBEDDED_REWRITE_ROWS", 0)
     if buckets:
         monkeypatch.setattr(engine_commits, "REWRITE_BUCKET_ROWS", 1)
+        monkeypatch.setattr(engine_commits, "BUCKET_WINDOW_ROWS", 0)
     rewritten, table, before = _committed(tmp_path, shared_engine, case, "rewrite")
     assert _nan_safe(rewritten) == _nan_safe(merged)
     appends = case["files"]

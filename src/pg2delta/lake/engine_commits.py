@@ -54,6 +54,7 @@ _RANGE_TYPES = frozenset({"tinyint", "smallint", "int", "bigint"})
 # (Commits._rewrite_range); key types hashed alike on both sides once cast to the table's (not
 # floats: NaN and -0.0).
 REWRITE_BUCKET_ROWS = 500_000
+BUCKET_WINDOW_ROWS = 100_000
 _HASH_TYPES = frozenset({"tinyint", "smallint", "int", "bigint", "string", "decimal", "date", "timestamp", "boolean"})
 
 # Rows of a window up to which its keys are read into this process to find the files that hold
@@ -175,8 +176,11 @@ class Commits(DeltaReads):
         source, ranged_rows = views
         hashable = all(fields[c].dataType.simpleString().split("(")[0] in _HASH_TYPES for c in merge.key_names)
         # The join holds the range's rows (every column) or the window's keys (a few): the
-        # window's rows count for a quarter. A truncate's has no join.
-        buckets = max(1, -(-max(n // 4, in_range) // REWRITE_BUCKET_ROWS)) if hashable and not merge.truncate else 1
+        # window's rows count for a quarter. A truncate's has no join. A window of fewer than
+        # BUCKET_WINDOW_ROWS rows is the smaller side by far whatever the range: its keys are held,
+        # in one query (in buckets, each would read the whole range again).
+        bucketed = hashable and not merge.truncate and n >= BUCKET_WINDOW_ROWS
+        buckets = max(1, -(-max(n // 4, in_range) // REWRITE_BUCKET_ROWS)) if bucketed else 1
         if buckets == 1:
             return 1, self._range_rows(merge, fields, source, ranged_rows, None)
         keys = ", ".join(quote(c) for c in merge.key_names)
