@@ -46,6 +46,18 @@ CHUNK_BYTES = 8 << 20  # COPY bytes gathered before their rows are walked and de
 # which a window rewrites those it touches; the bytes are those of the embedded engine's own files.
 _FILE_ROWS = 1_048_576
 _FILE_BYTES = EMBEDDED_FILE_BYTES
+# ... and past 1/_FILES_PER_TABLE of the table's estimated rows (pg_class.reltuples), down to
+# _MIN_FILE_ROWS: a table of 2,000,000 rows is some 30 files rather than 2, of which a window
+# touching recent keys rewrites one or two.
+_FILES_PER_TABLE = 64
+_MIN_FILE_ROWS = 65_536
+
+
+def file_rows(estimated_rows: int | None) -> int:
+    """Rows per staged file of a table of about ``estimated_rows`` rows (None: unknown)."""
+    if not estimated_rows:
+        return _FILE_ROWS
+    return min(_FILE_ROWS, max(_MIN_FILE_ROWS, estimated_rows // _FILES_PER_TABLE))
 
 
 def stage_table(
@@ -61,7 +73,7 @@ def stage_table(
     ``report(rows so far, new rows)`` is called after every chunk is written. Returns the rows copied and the decoder's notes (clamped values and the like).
     """
     lake.fs.create_dir(stage_dir, recursive=True)
-    parts = _Parts(lake, stage_dir, plan.schema)
+    parts = _Parts(lake, stage_dir, plan.schema, file_rows(plan.table.estimated_rows))
     write = parts.write
 
     walker = CopyRows(plan)
@@ -106,11 +118,11 @@ def stage_table(
 
 
 class _Parts:
-    """The staged Parquet files of one table, ``_FILE_ROWS`` rows or ``_FILE_BYTES`` each, written as Delta data files
+    """The staged Parquet files of one table, ``rows`` rows or ``_FILE_BYTES`` each, written as Delta data files
     (the embedded engine's lake takes them as they are: adopt_copy)."""
 
-    def __init__(self, lake: Lake, stage_dir: str, schema: pa.Schema) -> None:
-        self.lake, self.stage_dir, self.schema = lake, stage_dir, schema
+    def __init__(self, lake: Lake, stage_dir: str, schema: pa.Schema, rows: int) -> None:
+        self.lake, self.stage_dir, self.schema, self.rows = lake, stage_dir, schema, rows
         self.writer: pq.ParquetWriter | None = None
         self.out: Any = None
         self.files = 0
@@ -119,13 +131,13 @@ class _Parts:
     def write(self, batch: pa.RecordBatch) -> None:
         at = 0
         while True:
-            if self.writer is None or self.file_rows >= _FILE_ROWS or self.out.tell() >= _FILE_BYTES:
+            if self.writer is None or self.file_rows >= self.rows or self.out.tell() >= _FILE_BYTES:
                 self.close()
                 self.out = self.lake.fs.open_output_stream(f"{self.stage_dir}/part-{self.files:05d}.parquet")
                 self.writer = pq.ParquetWriter(self.out, self.schema, **copy_file_options(self.schema))
                 self.files += 1
                 self.file_rows = 0
-            part = batch.slice(at, _FILE_ROWS - self.file_rows)
+            part = batch.slice(at, self.rows - self.file_rows)
             self.writer.write_batch(part)
             self.file_rows += part.num_rows
             at += part.num_rows
