@@ -92,3 +92,22 @@ def test_table_schema_change_settings_rejected(tmp_path: Path, setting: str, fra
     with pytest.raises(ConfigError) as err:
         load(path, env={})
     assert fragment in str(err.value)
+
+
+def test_catalog_names(tmp_path: Path) -> None:
+    base = '[source]\ndsn = "x"\n[lake]\nroot = "/l"\ndatabase = "bronze"\n'
+    spark = '[engine]\nkind = "spark"\n'
+    cfg = load(write(tmp_path, base + spark))
+    assert cfg.catalog_name("public", "orders") == "bronze.public_orders"
+    cfg = load(write(tmp_path, base.replace('"bronze"', '"main.bronze"') + 'table_name = "{table}"\n' + spark))
+    assert cfg.catalog_name("shop", "orders") == "main.bronze.orders"
+    assert load(write(tmp_path, '[source]\ndsn = "x"\n[lake]\nroot = "/l"\n')).catalog_name("public", "orders") is None
+    # The embedded engine keeps no catalog: refused, not ignored.
+    with pytest.raises(ConfigError, match="embedded engine"):
+        load(write(tmp_path, base))
+    for bad, fragment in (('table_name = "{schema}"', "must name {table}"), ('table_name = "{x}_{table}"', "only {schema}"),
+                          ('table_name = "a-{table}"', "letters, digits"), ):
+        with pytest.raises(ConfigError, match=fragment):
+            load(write(tmp_path, base + bad + "\n" + spark))
+    with pytest.raises(ConfigError, match="give a database name"):
+        load(write(tmp_path, base.replace('"bronze"', '"bro nze"') + spark))

@@ -47,8 +47,9 @@ def _delta_package() -> str:
         pytest.skip("delta-spark is not installed")
 
 
-def spark_submit(job: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The README's command line, run the way a scheduler runs it."""
+def spark_submit(job: str, *args: str, conf: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The README's command line, run the way a scheduler runs it (``conf``: more ``--conf`` settings;
+    ``job``: a script of jobs/, or a path)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_CONF_DIR"))}
     env["PYSPARK_PYTHON"] = sys.executable  # the Python pg2delta is installed in (README)
     flags = [
@@ -57,6 +58,8 @@ def spark_submit(job: str, *args: str) -> subprocess.CompletedProcess[str]:
         "--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",
         "--conf", "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
     ]
+    for key, value in (conf or {}).items():
+        flags += ["--conf", f"{key}={value}"]
     if os.environ.get("SPARK_CONF_DIR"):  # the jars make install-spark fetched: no download again
         flags += ["--conf", f"spark.jars.ivy={Path(os.environ['SPARK_CONF_DIR']).parent / 'ivy'}"]
     return subprocess.run(

@@ -198,7 +198,11 @@ def run_bootstrap(config: Any, *, parallel: int = DEFAULT_PARALLEL, resume: bool
     """The function the CLI and jobs/ call: a job's engine, one bootstrap, engine stopped."""
     job = Lakeside(config)
     try:
-        return bootstrap(job, parallel=parallel, resume=resume)
+        report = bootstrap(job, parallel=parallel, resume=resume)
+        from pg2delta.metastore import register_written
+
+        register_written(job)  # [lake] database: the tables in the session's catalog
+        return report
     finally:
         job.close()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -107,6 +108,10 @@ class MaintainConfig:
     target_file_size: int = 0
 
 
+# [lake] table_name: the catalog name of PostgreSQL's schema.table ({schema} and {table} replaced).
+DEFAULT_TABLE_NAME = "{schema}_{table}"
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
@@ -117,6 +122,11 @@ class Config:
     changelog: bool = False  # [lake] changelog: the default for tables that do not say
     history: str = "none"  # [lake] history: the default for tables that do not say
     maintain: MaintainConfig = field(default_factory=MaintainConfig)
+    # [lake] database: register every Delta table pg2delta writes in the Spark session's catalog
+    # (the Hive metastore, Glue, Unity Catalog: whatever the cluster is configured with) in this
+    # database, named by [lake] table_name; "" registers nothing (pg2delta.lake.metastore).
+    database: str = ""
+    table_name: str = DEFAULT_TABLE_NAME
 
     def table(self, schema: str, name: str) -> TableConfig:
         return self.tables.get(f"{schema}.{name}", TableConfig())
@@ -125,6 +135,13 @@ class Config:
         """Whether every change of this table is also appended to its changelog (see ``changelog.py``)."""
         own = self.table(schema, name).changelog
         return self.changelog if own is None else own
+
+    def catalog_name(self, schema: str, name: str) -> str | None:
+        """``database.table`` under which the Delta table of PostgreSQL's ``schema.name`` is registered
+        in the session's catalog (None: ``[lake] database`` is not set)."""
+        if not self.database:
+            return None
+        return f"{self.database}.{self.table_name.format(schema=schema, table=name)}"
 
     def history_of(self, schema: str, name: str) -> bool:
         """Whether the table's SCD2 history is kept (see ``history.py``)."""
@@ -189,6 +206,7 @@ def load(
     sections = _sections(data, path)
     _override(sections, os.environ if env is None else env, flags)
     source = SourceConfig(**_take(sections["source"], "source", SourceConfig, "source"))
+    database, table_name = _catalog_settings(sections["lake"])
     lake_root, changelog_default, history_default = _lake_settings(sections["lake"])
     eng = dict(sections["engine"])
     spark_conf = eng.pop("spark_conf", {})
@@ -208,7 +226,7 @@ def load(
     tables = {name: _table_config(name, settings) for name, settings in raw_tables.items()}
     config = Config(
         source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default,
-        maintain=maintain, history=history_default,
+        maintain=maintain, history=history_default, database=database, table_name=table_name,
     )
     validate(config, need_source=need_source)
     return config
@@ -258,6 +276,24 @@ def _override(sections: dict[str, dict[str, Any]], env: Mapping[str, str], flags
             raise TypeError(f"unknown flag {flag}")
         section, key = _FLAGS[flag]
         sections[section][key] = value
+
+
+def _catalog_settings(lake: dict[str, Any]) -> tuple[str, str]:
+    """[lake] database and table_name, taken out of ``lake`` (see :attr:`Config.database`)."""
+    database = lake.pop("database", "")
+    table_name = lake.pop("table_name", DEFAULT_TABLE_NAME)
+    for key, value in (("database", database), ("table_name", table_name)):
+        if not isinstance(value, str):
+            raise ConfigError(f"lake.{key} must be a string, not {value!r}")
+    if database and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", database):
+        raise ConfigError(f"lake.database {database!r}: give a database name (letters, digits, _; catalog.database allowed)")
+    try:
+        sample = table_name.format(schema="s", table="t")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"lake.table_name {table_name!r}: only {{schema}} and {{table}} can be replaced ({exc})") from None
+    if "{table}" not in table_name or not re.fullmatch(r"[A-Za-z0-9_]+", sample):
+        raise ConfigError(f"lake.table_name {table_name!r} must name {{table}} and make a name of letters, digits and _")
+    return database, table_name
 
 
 def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str]:
@@ -330,6 +366,11 @@ def validate(config: Config, *, need_source: bool = True) -> None:
         )
     if not config.source.slot or not config.source.publication:
         raise ConfigError("source.slot and source.publication must not be empty")
+    if config.database and config.engine.kind == "embedded":
+        raise ConfigError(
+            f"lake.database = {config.database!r} registers tables in a Spark catalog, which the embedded engine "
+            "does not keep: use [engine] kind = \"spark\" (or \"connect\"), or leave lake.database unset"
+        )
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -52,6 +52,7 @@ from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applie
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lsn import format_lsn
 from pg2delta.maintain import due, maintain_lake
+from pg2delta.metastore import register_written
 from pg2delta.progress import Progress
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.keys import KeyResolver, key_resolver
@@ -385,7 +386,9 @@ def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | Non
     """Run the job once with the configured engine; the function the CLI and jobs/ call."""
     job = Job(config)
     try:
-        return job.run(until_lsn=until_lsn, create_slot=create_slot)
+        report = job.run(until_lsn=until_lsn, create_slot=create_slot)
+        register_written(job)  # [lake] database: the tables in the session's catalog
+        return report
     finally:
         job.close()
 

@@ -140,6 +140,7 @@ def _tables(config: Config, lake: Lake) -> tuple[list[dict[str, Any]], int | Non
         tables.append(
             {
                 "table": f"{schema}.{name}",
+                "catalog_name": config.catalog_name(schema, name),
                 "relation_oid": int(row["relation_oid"]),
                 "path": uri,
                 "applied_lsn": row["window_end_lsn"],

@@ -39,6 +39,11 @@ class Lakeside:
                     self._engine = starting.result() if starting is not None else self._engine_factory(self.lake)
         return self._engine
 
+    @property
+    def engine_started(self) -> bool:
+        """Whether this operation started its engine (a run with nothing to do never does)."""
+        return self._engine is not None or self._starting is not None
+
     def start_engine_early(self) -> None:
         """Start the engine in a background thread now, for a run that will need it: it then starts
         while the source is checked and the server prepares the first window (the peek sends its
