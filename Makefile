@@ -42,6 +42,10 @@ AIRFLOW_VERSION ?= 3.3.2
 PY_MINOR := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 AIRFLOW_CONSTRAINTS ?= $(wildcard tools/airflow-constraints-py$(PY_MINOR).txt)
 AIRFLOW_PINS := 'apache-airflow==$(AIRFLOW_VERSION)' apache-airflow-providers-apache-spark apache-airflow-providers-standard
+# The S3-compatible server of the object-store tests (tests/s3server.py): S3Proxy's self-contained
+# jar from Maven Central, run on the same Java 17 over a temporary folder.
+S3PROXY_VERSION := 4.1.0
+S3PROXY_JAR := .cache/s3proxy/s3proxy-$(S3PROXY_VERSION)-jar-with-dependencies.jar
 # A Java 17 (Spark 3.5 and 4.x run on it), found or installed at run time: nobody sets JAVA_HOME.
 WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 # The tests start a driver JVM per CLI run for jobs of seconds: the client compiler alone and the
@@ -54,7 +58,7 @@ XDIST ?= -n 2
 DOCS_VENV ?= .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
-.PHONY: install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify bench-scale postgres clean docs docs-reference docs-serve
+.PHONY: s3proxy dist install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify bench-scale postgres clean docs docs-reference docs-serve
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
@@ -110,7 +114,7 @@ demo: install postgres
 # CLI), which is shorter than a tier of its own. The Spark venvs are built (pip, Delta's jars)
 # while the embedded tier runs: that mostly waits on downloads, not on the cores the tests use.
 # Java and PostgreSQL 15 come first, so that no two package installs run at once.
-test: lint postgres java
+test: lint postgres java s3proxy
 	$(MAKE) -j2 --output-sync=line test-embedded install-side
 	$(MAKE) test-spark test-spark4 test-compat test-monitoring
 
@@ -122,7 +126,12 @@ install-side: docs install-spark monitoring
 java:
 	@tools/java_home.sh >/dev/null
 
-test-embedded: install $(AIRFLOW_STAMP) postgres
+$(S3PROXY_JAR):
+	tools/s3proxy_fetch.sh $(S3PROXY_VERSION) .cache/s3proxy
+
+s3proxy: $(S3PROXY_JAR)
+
+test-embedded: install $(AIRFLOW_STAMP) postgres $(S3PROXY_JAR)
 	$(PY) -m pytest -q $(XDIST) -m "not monitoring"
 
 # Prometheus from Debian, if this machine does not have it yet: the Grafana dashboard's test runs
@@ -143,7 +152,7 @@ test-monitoring: install monitoring postgres
 test-airflow: install $(AIRFLOW_STAMP) postgres
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_airflow.py
 
-test-spark: $(SPARK35_STAMP) postgres
+test-spark: $(SPARK35_STAMP) postgres $(S3PROXY_JAR)
 	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) PG2DELTA_TEST_ENGINE=spark \
 	  $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK_TESTS)
 

@@ -18,6 +18,7 @@ import pytest
 from engines import TEST_ENGINE, SharedEngine
 from pg2delta.lake.engine import Engine
 from pg2delta.source.throwaway import ThrowawayPostgres, available_versions
+from s3server import BUCKET, S3Server, s3proxy_jar
 
 # pyspark's Connect client takes a __main__ without __file__ (a pytest-xdist worker runs as
 # `python -c ...`) for a doctest run of its own, unless the session is interactive, and then
@@ -141,3 +142,25 @@ def pgdb(pg_server: ThrowawayPostgres) -> Iterator[str]:
             ).fetchall():
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One S3-compatible server (S3Proxy) for every object-store test of this test process."""
+    jar = s3proxy_jar()
+    if jar is None or not jar.exists():
+        pytest.fail("no S3Proxy jar: run `make s3proxy` (the object-store tests need a real S3 server)")
+    server = S3Server.start(jar)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_lake(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A lake root of its own on the S3 server, ``s3://lake/<random>``, with the server's endpoint
+    and credentials in the standard variables (as a user's shell would have them) for this test."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"

@@ -113,9 +113,64 @@ DEFAULT_TABLE_NAME = "{schema}_{table}"
 
 
 @dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """``[lake]``'s object-store settings: where an S3-compatible store is and how to address it.
+    Never credentials: those come from the standard chain (environment, profile, instance role)."""
+
+    endpoint: str = ""  # e.g. "http://127.0.0.1:9000"; "" is AWS itself (or AWS_ENDPOINT_URL)
+    region: str = ""  # "" leaves it to AWS_REGION / the profile
+    path_style: bool = True  # bucket in the path (S3-compatible servers), not in the host name
+
+
+# What each [lake] storage setting becomes: the standard variables pyarrow, delta-rs and pysail
+# read, and Hadoop's s3a settings for Apache Spark (whose JVM reads no AWS_* variable but keys).
+_S3A = "spark.hadoop.fs.s3a."
+
+
+def storage_environment(storage: StorageConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """The ``AWS_*`` variables ``storage`` stands for that ``env`` does not set already (the
+    environment wins over the file, as everywhere): the endpoint, the region, the addressing style,
+    and ``AWS_ALLOW_HTTP`` when the endpoint (from either) is plain HTTP, which delta-rs and pysail
+    otherwise refuse."""
+    out: dict[str, str] = {}
+    if storage.endpoint and not (env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")):
+        out["AWS_ENDPOINT_URL"] = storage.endpoint
+    if storage.region and not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")):
+        out["AWS_REGION"] = storage.region
+    if not storage.path_style and "AWS_VIRTUAL_HOSTED_STYLE_REQUEST" not in env:
+        out["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "true"  # path style is the libraries' default
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or out.get("AWS_ENDPOINT_URL", "")
+    if endpoint.startswith("http://") and "AWS_ALLOW_HTTP" not in env:
+        out["AWS_ALLOW_HTTP"] = "true"
+    return out
+
+
+def s3a_settings(storage: StorageConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """Hadoop's s3a settings for the same store: for an S3-compatible one (an endpoint, the file's
+    else the environment's) the endpoint, path-style access and TLS; the region. Nothing for AWS
+    itself without a region. Credentials stay with s3a's own chain (environment variables,
+    profile, instance role)."""
+    endpoint = storage.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or ""
+    region = storage.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or ""
+    out: dict[str, str] = {}
+    if endpoint:
+        out[_S3A + "endpoint"] = endpoint
+        out[_S3A + "path.style.access"] = "true" if storage.path_style else "false"
+        out[_S3A + "connection.ssl.enabled"] = "false" if endpoint.startswith("http://") else "true"
+    if region:
+        out[_S3A + "endpoint.region"] = region
+    return out
+
+
+def _object_store(root: str) -> bool:
+    return root.startswith(("s3://", "s3a://"))
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     lake_root: str = ""
+    storage: StorageConfig = field(default_factory=StorageConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
     tables: Mapping[str, TableConfig] = field(default_factory=dict)  # "schema.table" -> settings
@@ -207,11 +262,19 @@ def load(
     _override(sections, os.environ if env is None else env, flags)
     source = SourceConfig(**_take(sections["source"], "source", SourceConfig, "source"))
     database, table_name = _catalog_settings(sections["lake"])
+    environ = os.environ if env is None else env
+    storage = StorageConfig(**_take(_storage_section(sections["lake"]), "lake", StorageConfig, "lake"))
     lake_root, changelog_default, history_default = _lake_settings(sections["lake"])
     eng = dict(sections["engine"])
     spark_conf = eng.pop("spark_conf", {})
     if not isinstance(spark_conf, dict) or not all(isinstance(v, str) for v in spark_conf.values()):
         raise ConfigError("[engine.spark_conf] must map setting names to strings")
+    if _object_store(lake_root):
+        # The settings for the lake's store, for the libraries of this process and Apache Spark's
+        # s3a; what the environment or [engine.spark_conf] already says wins.
+        if env is None:
+            os.environ.update(storage_environment(storage, os.environ))
+        spark_conf = {**s3a_settings(storage, environ), **spark_conf}
     kw = _take(eng, "engine", EngineConfig, "engine")
     engine = EngineConfig(**kw, spark_conf=tuple(spark_conf.items()))
     window = WindowConfig(**_take(sections["window"], "window", WindowConfig, "window"))
@@ -225,7 +288,7 @@ def load(
         raise ConfigError("[tables] must be a table of \"schema.table\" sections")
     tables = {name: _table_config(name, settings) for name, settings in raw_tables.items()}
     config = Config(
-        source=source, lake_root=lake_root, engine=engine, window=window, tables=tables, changelog=changelog_default,
+        source=source, lake_root=lake_root, storage=storage, engine=engine, window=window, tables=tables, changelog=changelog_default,
         maintain=maintain, history=history_default, database=database, table_name=table_name,
     )
     validate(config, need_source=need_source)
@@ -296,10 +359,28 @@ def _catalog_settings(lake: dict[str, Any]) -> tuple[str, str]:
     return database, table_name
 
 
+_STORAGE_KEYS = frozenset(f.name for f in dataclasses.fields(StorageConfig))
+# Names people give credentials; refused with a pointer to the standard chain.
+_CREDENTIAL_WORDS = ("key", "secret", "token", "password", "credential")
+
+
+def _storage_section(lake: dict[str, Any]) -> dict[str, Any]:
+    """[lake]'s object-store settings; a credential there is refused."""
+    for name in lake:
+        if name not in _STORAGE_KEYS and any(word in name.lower() for word in _CREDENTIAL_WORDS):
+            raise ConfigError(
+                f"lake.{name}: credentials never belong in the config file; use the standard chain "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance or pod role)"
+            )
+    return {k: v for k, v in lake.items() if k in _STORAGE_KEYS}
+
+
 def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str]:
-    """[lake]: the root, the changelog default and the history default."""
-    if set(lake) - {"root", "changelog", "history"}:
-        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - {'root', 'changelog', 'history'})}")
+    """[lake]: the root, the changelog default and the history default (the storage settings are
+    :func:`_storage_section`'s)."""
+    known = {"root", "changelog", "history", *_STORAGE_KEYS}
+    if set(lake) - known:
+        raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - known)}")
     lake_root = lake.get("root", "")
     if not isinstance(lake_root, str):
         raise ConfigError("lake.root must be a string")

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -26,10 +27,31 @@ from pg2delta.errors import LakeError
 log = logging.getLogger("pg2delta.lake.engine")
 
 
+def s3_filesystem(env: Mapping[str, str] | None = None) -> pafs.S3FileSystem:
+    """pyarrow's S3 filesystem, addressed as delta-rs and pysail address the store: by the standard
+    variables (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+    ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST``; ``pg2delta.config`` sets them from ``[lake]``), given
+    explicitly because older pyarrow (15) reads no endpoint from the environment. Credentials
+    come from the AWS SDK's own chain (environment, profile, instance role), never from here."""
+    env = os.environ if env is None else env
+    kwargs: dict[str, object] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        scheme, _, rest = endpoint.partition("://")
+        kwargs["endpoint_override"], kwargs["scheme"] = (rest, scheme) if rest else (endpoint, "https")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs["region"] = region
+    kwargs["force_virtual_addressing"] = env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() == "true"
+    return pafs.S3FileSystem(**kwargs)
+
+
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """pyarrow's filesystem for a lake URI (Hadoop's s3a:// is plain S3 to pyarrow)."""
     if uri.startswith("s3a://"):
         uri = "s3://" + uri[len("s3a://") :]
+    if uri.startswith("s3://"):
+        return s3_filesystem(), uri[len("s3://") :].rstrip("/")
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, ValueError):
@@ -82,6 +104,9 @@ class Lake:
 
     def fs_path(self, uri: str) -> str:
         """``uri`` (of this lake) as a path of :attr:`fs`."""
+        for scheme in ("s3://", "s3a://"):
+            if uri.startswith(scheme):
+                return uri[len(scheme) :].rstrip("/")
         return _filesystem(uri)[1]
 
     def exists(self, uri: str) -> bool:
