@@ -74,7 +74,7 @@ $(SPARK35_STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c tools/sp
 	$(PYTHON) -m venv $(SPARK35_VENV)
 	$(SPARK35_PY) -m pip install --quiet --upgrade pip
 	$(SPARK35_PY) -m pip install --quiet -e '.[dev]' $(SPARK35_PINS)
-	$(WITH_JAVA) $(SPARK35_PY) tools/spark_setup.py $(SPARK35_CACHE)
+	$(WITH_JAVA) $(SPARK35_PY) tools/spark_setup.py --s3a $(SPARK35_CACHE)
 	touch $(SPARK35_STAMP)
 
 $(SPARK4_STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c tools/spark_setup.py
@@ -244,5 +244,10 @@ bench-scale: install $(SPARK35_STAMP) postgres
 bench-spark: $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(SPARK35_PY) bench/bench_spark.py
 
+# The sdist and a wheel (with the C extension built for this Python) in dist/.
+dist: install
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) $(AIRFLOW_VENV) $(DOCS_VENV) .cache var lake site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SPARK35_VENV) $(SPARK4_VENV) $(AIRFLOW_VENV) $(DOCS_VENV) .cache var lake site dist build .pytest_cache .mypy_cache .ruff_cache

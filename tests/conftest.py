@@ -47,6 +47,7 @@ def newest_server_only(pg_server: ThrowawayPostgres, why: str) -> None:
 SLOW_FIRST = (
     "tests/test_airflow.py",
     "tests/test_spark_submit.py",
+    "tests/test_dist.py",
     "tests/test_spill.py::test_spilled_window_equals_in_memory",
     "tests/test_type_fidelity.py",
     "tests/test_together.py",

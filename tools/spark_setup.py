@@ -7,7 +7,9 @@ jars (``spark.jars``) and the two Delta session configs. Any Spark started with 
 tests, the benchmarks) then has Delta without further flags, and without the network once the
 jars are cached. The local-mode settings below keep a test session light; a cluster has its own.
 
-    python tools/spark_setup.py .cache/spark35
+    python tools/spark_setup.py [--s3a] .cache/spark35
+
+``--s3a`` adds hadoop-aws (``s3a://`` lakes) to the jars, for the object-store tests.
 """
 
 from __future__ import annotations
@@ -28,21 +30,39 @@ LOCAL = {
 }
 
 
-def packages() -> str:
-    """The Maven coordinates of Delta for the installed pyspark and delta-spark."""
+def hadoop_version() -> str:
+    """The Hadoop version of the installed pyspark's jars (hadoop-aws must match it exactly)."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    found = sorted(jars.glob("hadoop-client-api-*.jar"))
+    if not found:
+        raise SystemExit(f"no hadoop-client-api jar in {jars}")
+    return found[-1].name[len("hadoop-client-api-") : -len(".jar")]
+
+
+def packages(s3a: bool = False) -> str:
+    """The Maven coordinates of Delta for the installed pyspark and delta-spark, and with ``s3a``
+    Hadoop's S3 connector of the same Hadoop (it brings the AWS SDK bundle it was built with:
+    hadoop-aws 3.3.4 and aws-java-sdk-bundle 1.12.262 for Spark 3.5)."""
     scala = "2.13" if int(version("pyspark").split(".")[0]) >= 4 else "2.12"
-    return f"io.delta:delta-spark_{scala}:{version('delta-spark')}"
+    coords = [f"io.delta:delta-spark_{scala}:{version('delta-spark')}"]
+    if s3a:
+        coords.append(f"org.apache.hadoop:hadoop-aws:{hadoop_version()}")
+    return ",".join(coords)
 
 
 def main(argv: list[str]) -> int:
+    s3a = "--s3a" in argv
+    argv = [a for a in argv if a != "--s3a"]
     if len(argv) != 1:
-        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        print(__doc__.strip().splitlines()[-3], file=sys.stderr)
         return 2
     root = Path(argv[0]).resolve()
     conf_dir = root / "conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
     settings = {
-        "spark.jars.packages": packages(),
+        "spark.jars.packages": packages(s3a),
         "spark.jars.ivy": str(root / "ivy"),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -65,12 +85,12 @@ def main(argv: list[str]) -> int:
     # From now on the cached jars themselves: no resolution (nor network) when a JVM starts.
     jars = sorted(str(p) for p in (root / "ivy" / "jars").glob("*.jar"))
     if n != 3 or not jars:
-        print(f"spark {version('pyspark')} with {packages()}: the probe failed ({n} rows, jars {jars})", file=sys.stderr)
+        print(f"spark {version('pyspark')} with {packages(s3a)}: the probe failed ({n} rows, jars {jars})", file=sys.stderr)
         return 1
     del settings["spark.jars.packages"], settings["spark.jars.ivy"]
     settings["spark.jars"] = ",".join(jars)
     (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
-    print(f"spark {version('pyspark')} with {packages()}: ok ({time.monotonic() - t0:.1f} s); SPARK_CONF_DIR={conf_dir}")
+    print(f"spark {version('pyspark')} with {packages(s3a)}: ok ({time.monotonic() - t0:.1f} s); SPARK_CONF_DIR={conf_dir}")
     return 0
 
 

@@ -42,8 +42,12 @@ def s3_filesystem(env: Mapping[str, str] | None = None) -> pafs.S3FileSystem:
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if region:
         kwargs["region"] = region
-    kwargs["force_virtual_addressing"] = env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() == "true"
-    return pafs.S3FileSystem(**kwargs)
+    if env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() == "true":
+        kwargs["force_virtual_addressing"] = True  # pyarrow 16+; path style is its default
+    try:
+        return pafs.S3FileSystem(**kwargs)
+    except TypeError as exc:
+        raise LakeError(f"pyarrow {pa.__version__} cannot address this store as asked: {exc}") from exc
 
 
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

