@@ -74,5 +74,6 @@ def test_run_killed_then_verify_through_spark_submit_on_s3a(pgdb: str, s3_server
     # Spark's Python runner merges the driver's log into stdout (README): the report is the JSON object in it
     text = verified.stdout
     report, _ = json.JSONDecoder().raw_decode(text[text.index("\n{") + 1 :] if not text.startswith("{") else text)
-    assert report["equal"] is True and set(report["tables"]) == {t.qualified for t in TABLES}, report
+    # the tables of the lake (one the workload never touched has none); all of them equal
+    assert report["equal"] is True and report["tables"] and set(report["tables"]) <= {t.qualified for t in TABLES}, report
     assert_s3_lake_matches(pgdb, s3_server, s3_lake, "spark-submit on s3a, one run killed")
