@@ -268,9 +268,9 @@ class Job(Lakeside):
         # The changelog next: a crash before the tables' MERGEs replays the window, and the
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(rd.tables.values(), key=lambda t: t.latest.qualified_name)
-        changelog_log = self.changelog.append(
-            self.engine, run.run_id, start, end, [(tw.latest, tw.batches, tw.truncates) for tw in relations]
-        )
+        kept_changes = [(tw.latest, tw.batches, tw.truncates) for tw in relations if self.changelog.enabled(tw.latest)]
+        # No engine for a window with nothing to write (only other tables' WAL): an idle run never starts one.
+        changelog_log = self.changelog.append(self.engine, run.run_id, start, end, kept_changes) if kept_changes else []
         fault_point("after_changelog")
         # The history next, before the tables' MERGEs: a replay takes only changes past its end (history.py).
         kept = [t for t in ordered if self.history.enabled(t.schema, t.table)]
@@ -304,7 +304,8 @@ class Job(Lakeside):
         changelog's log and the applied log, and only then advances the slot to the window's end.
         A crash before the advance replays the window; the applied log makes that harmless."""
         start, end = window.start_lsn, window.end_lsn
-        self.changelog.log(self.engine, changelog_log)
+        if changelog_log:
+            self.changelog.log(self.engine, changelog_log)
         if logged:
             rows = window_rows(self.config.source.slot, run.run_id, start, end, logged)
             applied_log.append(self.engine, self.lake, rows, txn=run.applier.txn(end))

@@ -9,13 +9,17 @@ starts one. :class:`pg2delta.job.Job` is the run's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from pg2delta.apply.history import HistoryWriter
 from pg2delta.config import Config
 from pg2delta.lake.engine import Engine, Lake
+
+log = logging.getLogger(__name__)
 
 
 class Lakeside:
@@ -36,7 +40,10 @@ class Lakeside:
             with self._engine_lock:  # the tables of a window may ask from several threads at once
                 if self._engine is None:
                     starting, self._starting = self._starting, None
+                    t0 = time.monotonic()
                     self._engine = starting.result() if starting is not None else self._engine_factory(self.lake)
+                    # What an idle run must never log (it decides from the slot alone).
+                    log.info("engine %s started (%.1f s)", self.config.engine.kind, time.monotonic() - t0)
         return self._engine
 
     @property
