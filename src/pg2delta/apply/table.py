@@ -77,6 +77,7 @@ def merge_changes(
     reshape: Callable[[], frozenset[str] | None] | None = None,
     reshaped: Callable[[], None] | None = None,
     txn: Txn | None = None,
+    logged_version: int | None = None,
 ) -> None:
     """Reduce ``changes`` (commit order, after the last truncate) and MERGE them into ``report.path``.
 
@@ -85,14 +86,17 @@ def merge_changes(
     from the table at ``lookup_version``. ``reshape`` (after those reads, before anything is
     written) changes the Delta table's shape and returns the columns it then has;
     ``reshaped`` runs once the table has every column of the MERGE. ``txn``: Delta's
-    idempotent-write id of the commit. Shared by the run and by ``pg2delta backfill``.
+    idempotent-write id of the commit. ``logged_version``: the Delta version the applied log
+    records for the table (see :func:`_at_logged_version`). Shared by the run and by ``pg2delta backfill``.
     """
     schema, name, uri = report.schema, report.table, report.path
+    at_logged = _at_logged_version(side, uri, logged_version)
     if isinstance(changes, StagedChanges):
         try:
             _merge_staged(
                 side, report, changes, key_names, data_columns, nullable_keys=nullable_keys,
                 lookup_version=lookup_version, optional=optional, reshape=reshape, reshaped=reshaped, txn=txn,
+                at_logged=at_logged,
             )
         finally:
             if changes.name is not None:
@@ -121,13 +125,15 @@ def merge_changes(
     release_memory()
     try:
         new = side.lake.delta_version(uri) is None
+        inserts_only = not report.updates and not report.deletes and not report.truncated and not nullable_keys
+        append = new or (at_logged and inserts_only)
         side.engine.ensure_table(uri, staged, data_columns, existing)
         if reshaped is not None:
             reshaped()
         side.engine.merge(
             uri,
             staged,
-            lambda target, view: _statement(target, view, key_names, data_columns, new, report.truncated, nullable_keys),
+            lambda target, view: _statement(target, view, key_names, data_columns, append, report.truncated, nullable_keys),
             txn=txn,
             rows=report.rows_merged,
         )
@@ -135,10 +141,25 @@ def merge_changes(
         side.lake.unstage(staged)
     report.delta_version = side.lake.delta_version(uri)
     log.info(
-        "applied %s.%s: %d inserts, %d updates, %d deletes%s -> delta version %s",
-        schema, name, report.inserts, report.updates, report.deletes,
+        "applied %s.%s (%s): %d inserts, %d updates, %d deletes%s -> delta version %s",
+        schema, name, "appended" if append else "merged", report.inserts, report.updates, report.deletes,
         ", truncated" if report.truncated else "", report.delta_version,
     )
+
+
+def _at_logged_version(side: Lakeside, uri: str, logged_version: int | None) -> bool:
+    """Whether the Delta table's newest commit is the one the applied log records for it (read from
+    its Delta log, before anything of the window is written).
+
+    Then a window of inserts alone, under a key PostgreSQL keeps unique (the replica identity or
+    the commit position, not a key set in the config), with no truncate, is appended rather than
+    merged: the lake holds what PostgreSQL held at the table's applied LSN, where none of the keys
+    the window inserts existed (a key is inserted again only after a delete), so the MERGE could
+    match nothing. A commit the log does not know of (a run killed after this table's commit and
+    before the window was logged; a maintenance) makes it a MERGE, which a replay of rows already
+    there leaves as they are; on Apache Spark, Delta's idempotent-write id skips the very same
+    commit besides."""
+    return logged_version is not None and side.lake.delta_version(uri) == logged_version
 
 
 def _merge_staged(
@@ -154,8 +175,10 @@ def _merge_staged(
     reshape: Callable[[], frozenset[str] | None] | None,
     reshaped: Callable[[], None] | None,
     txn: Txn | None,
+    at_logged: bool,
 ) -> None:
-    """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.window.spill)."""
+    """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.window.spill);
+    ``at_logged``: see :func:`_at_logged_version`."""
     schema, name, uri = report.schema, report.table, report.path
     if staged.rows == 0 or staged.uri is None or staged.name is None:
         if report.truncated and side.lake.delta_version(uri) is not None:
@@ -173,7 +196,8 @@ def _merge_staged(
         data_columns = [*data_columns, LSN_COL, POS_COL]
     report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
     existing = reshape() if reshape is not None else None
-    new = side.lake.delta_version(uri) is None
+    distinct = one_change_per_key(staged.ops, unique_key=not nullable_keys)
+    append = side.lake.delta_version(uri) is None or (at_logged and distinct and not report.truncated)
     side.engine.ensure_table(uri, staged.uri, data_columns, existing)
     if reshaped is not None:
         reshaped()
@@ -181,7 +205,7 @@ def _merge_staged(
     report.rows_merged = side.engine.merge_reduced(
         uri,
         staged.uri,
-        lambda target, view: _statement(target, view, key_names, data_columns, new, truncate, nullable_keys),
+        lambda target, view: _statement(target, view, key_names, data_columns, append, truncate, nullable_keys),
         work=f"{staged.name}-reduce",
         key_names=key_names,
         data_columns=data_columns,
@@ -192,25 +216,27 @@ def _merge_staged(
         txn=txn,
         rows=staged.rows,
         bucket_files=staged.buckets,
-        distinct_keys=one_change_per_key(staged.ops, unique_key=not nullable_keys),
+        distinct_keys=distinct,
     )
     report.delta_version = side.lake.delta_version(uri)
     log.info(
-        "applied %s.%s (reduced by the engine, %d changes in %d staged files): %d inserts, %d updates, "
+        "applied %s.%s (%s by the engine, %d changes in %d staged files): %d inserts, %d updates, "
         "%d deletes%s -> delta version %s",
-        schema, name, staged.rows, staged.files, report.inserts, report.updates, report.deletes,
+        schema, name, "appended" if append else "reduced and merged", staged.rows, staged.files,
+        report.inserts, report.updates, report.deletes,
         ", truncated" if report.truncated else "", report.delta_version,
     )
 
 
 def _statement(
-    target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], new: bool, truncate: bool,
+    target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], append: bool, truncate: bool,
     nullable_keys: bool,
 ) -> AppendRows | MergeRows:
-    """The commit of a window's final rows: a MERGE, or into a table this window created (no row
-    to match, nothing a truncate could remove) an append of the rows that are not deletes. A
-    replay after a crash finds the table there and merges the same rows again."""
-    if new:
+    """The commit of a window's final rows: a MERGE, or where no row can match (``append``: into a
+    table this window created, nothing a truncate could remove; or inserts of new keys, see
+    :func:`_at_logged_version`) an append of the rows that are not deletes. A replay after a crash
+    finds a commit the applied log does not record, and merges the same rows again."""
+    if append:
         return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
     return MergeRows(
         merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys),
@@ -407,6 +433,7 @@ class TableApplier:
             self.side, report, run_id, changes, list(pl.key), [n for n, _ in pl.columns],
             nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,
             optional=kept_by_update, reshape=reshape, reshaped=reshaped, txn=txn,
+            logged_version=applied.delta_version if applied else None,
         )
         return report
 

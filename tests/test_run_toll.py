@@ -1,0 +1,155 @@
+"""What a run costs when it has little or nothing to do (issue 37, item 2).
+
+* A run whose window holds no published change (only WAL of other tables) reads the slot, moves
+  it, and never starts an engine: on Apache Spark no SparkSession, through ``spark-submit`` too.
+* A window of inserts alone, under a key PostgreSQL keeps unique, into a table whose last commit
+  is the one the applied log recorded, is appended (no ``MERGE``); a crash after that append and
+  before the window is logged, then a rerun, leaves no row twice (the rerun finds a commit the log
+  does not know of, and merges).
+
+Every lake is read back with delta-rs and compared with PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from engines import TEST_ENGINE
+from pg2delta.config import load
+from pg2delta.faults import FAULT_ENV
+from pg2delta.job import Job, run
+from pg2delta.lake.engine import Engine, Lake
+from workload import cli, confirmed_lsn, lsn_int, published_table
+
+pytestmark = pytest.mark.e2e
+
+ITEMS = "CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int)"
+
+
+def _rows(dsn: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return sorted(conn.execute("SELECT id, name, qty FROM items").fetchall())
+
+
+def _lake_rows(lake: Path) -> list[tuple[object, ...]]:
+    got = DeltaTable(str(lake / "public" / "items")).to_pyarrow_table(columns=["id", "name", "qty"]).to_pylist()
+    return sorted((r["id"], r["name"], r["qty"]) for r in got)
+
+
+def _operations(lake: Path) -> list[str]:
+    """The Delta operations of the items table, oldest first (from its log, read by delta-rs)."""
+    history = DeltaTable(str(lake / "public" / "items")).history()
+    return [str(h.get("operation")) for h in sorted(history, key=lambda h: int(h["version"]))]
+
+
+def _insert(dsn: str, lo: int, hi: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO items SELECT g, 'item ' || g, g %% 7 FROM generate_series(%s::bigint, %s::bigint) g", (lo, hi)
+        )
+
+
+def _other_wal(dsn: str) -> None:
+    """WAL of a table outside the publication: the slot has something to read, nothing to apply."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS unpublished (id int)")
+        conn.execute("INSERT INTO unpublished SELECT generate_series(1, 100)")
+
+
+def _no_engine(lake: Lake) -> Engine:
+    raise AssertionError("the run asked for an engine although its window held nothing to apply")
+
+
+def test_idle_window_starts_no_engine(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = published_table(pgdb, ITEMS, "items")
+    _insert(pgdb, 1, 50)
+    lake = tmp_path / "lake"
+    cfg = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake))
+    assert run(cfg).changes == 50
+    _other_wal(pgdb)
+    before = lsn_int(confirmed_lsn(pgdb, slot) or "0/0")
+    job = Job(cfg, engine_factory=_no_engine)
+    try:
+        report = job.run()
+    finally:
+        job.close()
+    assert report.windows and report.changes == 0, report
+    assert report.end_lsn > before, "the window of other tables' WAL was not passed over"
+    assert lsn_int(confirmed_lsn(pgdb, slot) or "0/0") == report.end_lsn
+    assert _lake_rows(lake) == _rows(pgdb)
+
+
+def test_inserts_only_window_is_appended(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = published_table(pgdb, ITEMS, "items")
+    _insert(pgdb, 1, 100)
+    lake = tmp_path / "lake"
+    cfg = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake))
+    run(cfg)
+    _insert(pgdb, 101, 150)
+    assert run(cfg).changes == 50
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE items SET qty = qty + 1 WHERE id % 10 = 0")
+    run(cfg)
+    assert _lake_rows(lake) == _rows(pgdb)
+    ops = [op for op in _operations(lake) if op != "CREATE TABLE"]
+    # The first window into the new table and the inserts-only one: appends; the update: a MERGE.
+    assert ops[-3:] == ["WRITE", "WRITE", "MERGE"], ops
+
+
+@pytest.mark.classic
+def test_inserts_only_append_killed_then_rerun(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = published_table(pgdb, ITEMS, "items")
+    _insert(pgdb, 1, 100)
+    lake = tmp_path / "lake"
+    common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
+    first = cli(*common)
+    assert first.returncode == 0, first.stderr[-2000:]
+    _insert(pgdb, 101, 300)
+    before = confirmed_lsn(pgdb, slot)
+    crashed = cli(*common, env={FAULT_ENV: "after_commits"})  # appended, not logged, slot not moved
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert confirmed_lsn(pgdb, slot) == before
+    assert _operations(lake)[-1] == "WRITE", "the inserts were not appended"
+    _insert(pgdb, 301, 320)  # the rerun's window is longer than the killed one's
+    again = cli(*common, "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["changes"] == 220
+    assert _lake_rows(lake) == _rows(pgdb)
+    ops = _operations(lake)
+    assert ops[-1] == "MERGE", f"the rerun must merge over the unlogged append: {ops}"
+    # Then the table is where the log says: inserts are appended again.
+    _insert(pgdb, 321, 330)
+    third = cli(*common)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert _lake_rows(lake) == _rows(pgdb)
+    assert _operations(lake)[-1] == "WRITE"
+
+
+@pytest.mark.classic
+@pytest.mark.skipif(TEST_ENGINE != "spark", reason="the classic engine's session (make test-spark)")
+def test_idle_run_through_the_cli_starts_no_session(pgdb: str, tmp_path: Path) -> None:
+    """In a new process, as a scheduler starts it: the run says it started no engine, and no
+    SparkContext (Spark's own log line of one starting) appears."""
+    slot, pub = published_table(pgdb, ITEMS, "items")
+    _insert(pgdb, 1, 20)
+    lake = tmp_path / "lake"
+    common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake), "--json"]
+    first = cli(*common, child=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "engine spark started" in first.stderr
+    _other_wal(pgdb)
+    before = lsn_int(confirmed_lsn(pgdb, slot) or "0/0")
+    idle = cli(*common, "-v", child=True)
+    assert idle.returncode == 0, idle.stderr[-2000:]
+    report = json.loads(idle.stdout)
+    assert report["changes"] == 0 and report["windows"] >= 1, report
+    assert lsn_int(report["to_lsn"]) > before
+    assert "engine spark started" not in idle.stderr
+    assert "SparkContext" not in idle.stderr, idle.stderr[-2000:]
+    assert _lake_rows(lake) == _rows(pgdb)
