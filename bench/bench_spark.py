@@ -12,10 +12,17 @@ jars named by ``SPARK_CONF_DIR`` (``make install-spark``):
    With each engine already started (its start is not what this measures; each engine in a
    child process), ``Job.run()`` of each window is timed with the tables merged one after the
    other (``window.parallel_tables = 1``) and with the default (``4``); every lake is read back
-   with delta-rs and compared with PostgreSQL (row counts and sums per table), else exit 1.
+   with delta-rs and compared with PostgreSQL (row counts and sums per table), else exit 1;
+3. **fixed costs through spark-submit**, each a new process as a scheduler starts it, with the
+   Spark config of ``SPARK_CONF_DIR`` (``local[2]``): a script that only starts a session and
+   stops it (the floor, ``spark_session_seconds``), and ``jobs/pg2delta_run.py`` on a slot whose
+   window holds only WAL of a table outside the publication (``idle_run_seconds_spark``: the run
+   reads the window, moves the slot, and needs no session), alternated, ``--fixed-rounds`` of each
+   (the median counts; the machine is noisy, so they are compared within one run).
 
-The last lines are ``spark_e2e_vs_server=``, then ``tables50_seconds_embedded=`` and
-``tables50_seconds_spark=``: the second window (tables in place), concurrent apply.
+The last lines are ``spark_e2e_vs_server=``, ``spark_session_seconds=``,
+``idle_run_seconds_spark=``, then ``tables50_seconds_embedded=`` and ``tables50_seconds_spark=``:
+the second window (tables in place), concurrent apply.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +51,10 @@ from pg2delta.lake.engine import Engine, EngineConfig, Lake
 from pg2delta.source.throwaway import ThrowawayPostgres
 
 PUB = "bench_many"
+REPO = Path(__file__).resolve().parents[1]
+SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
+# What spark_session_seconds times: a session started and stopped, nothing else.
+SESSION_ONLY = "from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().stop()\n"
 
 
 def _tables(n: int) -> list[str]:
@@ -171,11 +184,66 @@ def _many_tables_one_engine(kind: str, n: int, rows: int, pg_version: int) -> di
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _submit(script: Path, *args: str) -> float:
+    """Seconds of ``spark-submit script args`` in a new process (exit 0 or 3, else SystemExit)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
+    env["PYSPARK_PYTHON"] = sys.executable
+    t0 = time.perf_counter()
+    done = subprocess.run([str(SPARK_SUBMIT), str(script), *args], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode not in (0, 3):
+        raise SystemExit(f"spark-submit {script.name} exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
+    return seconds
+
+
+def fixed_costs(pg_version: int, rounds: int) -> tuple[float, float]:
+    """(spark_session_seconds, idle_run_seconds_spark): medians of ``rounds`` alternated spark-submits."""
+    pg = ThrowawayPostgres.start(pg_version)
+    root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-idle-"))
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int)")
+            conn.execute("CREATE TABLE unpublished (id int)")
+            conn.execute("CREATE PUBLICATION bench_idle FOR TABLE items")
+            conn.execute("SELECT pg_create_logical_replication_slot('bench_idle', 'pgoutput')")
+            conn.execute("INSERT INTO items SELECT g, 'item ' || g, g FROM generate_series(1, 1000) g")
+        config = root / "idle.toml"
+        config.write_text(
+            f"[source]\ndsn = {json.dumps(pg.dsn)}\nslot = \"bench_idle\"\npublication = \"bench_idle\"\n"
+            f"[lake]\nroot = {json.dumps(str(root / 'lake'))}\n"
+        )
+        session_script = root / "session_only.py"
+        session_script.write_text(SESSION_ONLY)
+        first = _submit(REPO / "jobs" / "pg2delta_run.py", "--config", str(config))
+        print(f"first run through spark-submit (1,000 inserts into a new table): {first:.1f} s", flush=True)
+        session, idle = [], []
+        for _ in range(rounds):
+            session.append(_submit(session_script))
+            with psycopg.connect(pg.dsn, autocommit=True) as conn:  # something to read, nothing to apply
+                conn.execute("INSERT INTO unpublished SELECT generate_series(1, 100)")
+            idle.append(_submit(REPO / "jobs" / "pg2delta_run.py", "--config", str(config)))
+        print("spark-submit, session only: " + ", ".join(f"{x:.1f}" for x in session) + " s", flush=True)
+        print("spark-submit, idle run:     " + ", ".join(f"{x:.1f}" for x in idle) + " s", flush=True)
+        with psycopg.connect(pg.dsn) as conn:
+            row = conn.execute("SELECT count(*), sum(qty) FROM items").fetchone()
+        from deltalake import DeltaTable
+
+        data = DeltaTable(str(root / "lake" / "public" / "items")).to_pyarrow_table(columns=["qty"])
+        if row is None or (data.num_rows, sum(data.column("qty").to_pylist())) != (int(row[0]), int(row[1])):
+            raise SystemExit(f"MISMATCH in items: PostgreSQL {row}, Delta {data.num_rows} rows")
+        return statistics.median(session), statistics.median(idle)
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_e2e_args(ap)
     ap.add_argument("--tables", type=int, default=50, help="tables in the many-tables window (default 50)")
     ap.add_argument("--rows", type=int, default=200, help="rows inserted per table (default 200)")
+    ap.add_argument("--fixed-rounds", type=int, default=3, help="spark-submits of each fixed cost (default 3)")
+    ap.add_argument("--only", choices=("fixed", "tables", "e2e"), help="one part of the benchmark only")
     ap.add_argument("--one-engine", choices=("embedded", "spark"), help=argparse.SUPPRESS)
     ap.set_defaults(engine="spark")
     args = ap.parse_args(argv)
@@ -188,21 +256,28 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one))
         return 0
 
-    ratio = measure(args)
-    if ratio is None:
+    ratio = measure(args) if args.only in (None, "e2e") else None
+    if ratio is None and args.only in (None, "e2e"):
         return 1
     logging.getLogger("pg2delta").setLevel(logging.WARNING)
-    times = many_tables(["embedded", "spark"], args.tables, args.rows, args.pg)
+    fixed = fixed_costs(args.pg, args.fixed_rounds) if args.only in (None, "fixed") else None
+    times = many_tables(["embedded", "spark"], args.tables, args.rows, args.pg) if args.only in (None, "tables") else {}
     if times is None:
         return 1
     n = args.tables
-    for kind in ("embedded", "spark"):
-        print(f"tables{n}_first_window_seconds_{kind}={times[(kind, 'first', 4)]:.1f}  "
-              f"(one table at a time: {times[(kind, 'first', 1)]:.1f})")
-        print(f"tables{n}_seconds_{kind}_one_at_a_time={times[(kind, 'next', 1)]:.1f}")
-    print(f"spark_e2e_vs_server={ratio:.2f}")
-    for kind in ("embedded", "spark"):
-        print(f"tables{n}_seconds_{kind}={times[(kind, 'next', 4)]:.1f}")
+    if times:
+        for kind in ("embedded", "spark"):
+            print(f"tables{n}_first_window_seconds_{kind}={times[(kind, 'first', 4)]:.1f}  "
+                  f"(one table at a time: {times[(kind, 'first', 1)]:.1f})")
+            print(f"tables{n}_seconds_{kind}_one_at_a_time={times[(kind, 'next', 1)]:.1f}")
+    if ratio is not None:
+        print(f"spark_e2e_vs_server={ratio:.2f}")
+    if fixed is not None:
+        print(f"spark_session_seconds={fixed[0]:.1f}")
+        print(f"idle_run_seconds_spark={fixed[1]:.1f}  (idle / session = {fixed[1] / fixed[0]:.2f})")
+    if times:
+        for kind in ("embedded", "spark"):
+            print(f"tables{n}_seconds_{kind}={times[(kind, 'next', 4)]:.1f}")
     return 0
 
 

@@ -127,7 +127,8 @@ def merge_changes(
         new = side.lake.delta_version(uri) is None
         inserts_only = not report.updates and not report.deletes and not report.truncated and not nullable_keys
         append = new or (at_logged and inserts_only)
-        side.engine.ensure_table(uri, staged, data_columns, existing)
+        if not new:  # a new table is created by the append itself, in one commit
+            side.engine.ensure_table(uri, staged, data_columns, existing)
         if reshaped is not None:
             reshaped()
         side.engine.merge(

@@ -91,12 +91,21 @@ class Commits(DeltaReads):
             return
         cols = ", ".join(quote(c) for c in statement.columns)
         try:
-            writer = self.delta_writer(self.spark.sql(f"SELECT {cols} FROM {view} WHERE {statement.where}"), "append")
+            rows_df = self.spark.sql(f"SELECT {cols} FROM {view} WHERE {statement.where}")
+            writer = self.delta_writer(rows_df, "append")
+            if self.lake.delta_version(uri) is None:  # the append creates the table: one commit
+                for key, value in self.new_table_options(rows_df.schema).items():
+                    writer = writer.option(key, value)
             if txn is not None and self.idempotent_writes:
                 writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
             writer.save(uri)
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
+
+    def new_table_options(self, schema: Any) -> dict[str, str]:
+        """The writer options of a commit that creates a Delta table of ``schema`` (see
+        :meth:`pg2delta.lake.engine_writes.DeltaWrites.new_table_options`)."""
+        return {}
 
     def stage_rows(self, df: Any, target: str) -> bool:
         """``df`` written to the staging area's ``target`` as Parquet, to be read back once, whole;

@@ -38,6 +38,12 @@ class DeltaReads(EngineSession):
         the latest); None if there is no table."""
         if self.lake.delta_version(uri) is None:
             return None
+        if self.classic:  # from the Delta log: loading the table costs Apache Spark jobs
+            from pyspark.sql.types import StructType
+
+            text = self.lake.schema_at(uri, version)
+            if text is not None:
+                return {f.name: f.dataType.simpleString() for f in StructType.fromJson(json.loads(text)).fields}
         try:
             reader = self.spark.read.format("delta")
             if version is not None:

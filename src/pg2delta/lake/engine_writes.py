@@ -116,6 +116,10 @@ def _save_file_per_task(writer: Any, uri: str, spark: Any) -> None:
 class DeltaWrites(Commits):
     """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
 
+    def new_table_options(self, schema: Any) -> dict[str, str]:
+        """The writer options of a commit that creates a Delta table of ``schema``: :func:`stats_properties`."""
+        return stats_properties(schema)
+
     def ensure_table(self, uri: str, staged: str, columns: Sequence[str], current: Collection[str] | None = None) -> bool:
         """Create the Delta table, or add columns it lacks, with the schema of ``columns`` of ``staged``.
 
@@ -123,6 +127,8 @@ class DeltaWrites(Commits):
         Returns True when the table's schema changed.
         """
         existing = self.lake.delta_version(uri)
+        if existing is not None and current is not None and not set(columns) - set(current):
+            return False  # nothing to add: no read of the staged file (a Spark job on Apache Spark)
         try:
             df = self.spark.read.parquet(staged).select(*[quote(c) for c in columns]).limit(0)
             if existing is None:
