@@ -140,12 +140,12 @@ def test_idle_run_through_the_cli_starts_no_session(pgdb: str, tmp_path: Path) -
     _insert(pgdb, 1, 20)
     lake = tmp_path / "lake"
     common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake), "--json"]
-    first = cli(*common, child=True)
+    first = cli(*common, child=True, timeout=1200)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "engine spark started" in first.stderr
     _other_wal(pgdb)
     before = lsn_int(confirmed_lsn(pgdb, slot) or "0/0")
-    idle = cli(*common, "-v", child=True)
+    idle = cli(*common, "-v", child=True, timeout=1200)
     assert idle.returncode == 0, idle.stderr[-2000:]
     report = json.loads(idle.stdout)
     assert report["changes"] == 0 and report["windows"] >= 1, report

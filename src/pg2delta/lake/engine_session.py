@@ -277,6 +277,26 @@ class EngineSession:
             writer = writer.option("target_file_size", str(EMBEDDED_FILE_BYTES))
         return writer
 
+    def read_staged(self, staged: str) -> Any:
+        """``spark.read.parquet`` of a staged Parquet file (:meth:`Lake.stage`). On Apache Spark its
+        schema is given, read from the file's footer with pyarrow and mapped as Spark's own inference
+        maps it (a timestamp without time zone as ``timestamp_ntz``): the inference is a Spark job.
+        A type pyspark does not map from Arrow leaves it to the inference."""
+        reader = self.spark.read
+        if self.classic and staged.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            from pyspark.sql.pandas.types import from_arrow_schema
+            from pyspark.sql.types import StructField, StructType
+
+            try:
+                with self.lake.fs.open_input_file(self.lake.fs_path(staged)) as footer:
+                    arrow = pq.read_schema(footer)
+                mapped = from_arrow_schema(arrow, prefer_timestamp_ntz=True)
+                reader = reader.schema(StructType([StructField(f.name, f.dataType, True) for f in mapped.fields]))
+            except Exception:  # an Arrow type pyspark does not map (time, ...): Spark infers it
+                reader = self.spark.read
+        return reader.parquet(staged)
+
     @staticmethod
     def _delta_rs(uri: str) -> Any:
         """The Delta table at ``uri`` through delta-rs: what pysail lacks (Delta's maintenance

@@ -130,7 +130,7 @@ class DeltaWrites(Commits):
         if existing is not None and current is not None and not set(columns) - set(current):
             return False  # nothing to add: no read of the staged file (a Spark job on Apache Spark)
         try:
-            df = self.spark.read.parquet(staged).select(*[quote(c) for c in columns]).limit(0)
+            df = self.read_staged(staged).select(*[quote(c) for c in columns]).limit(0)
             if existing is None:
                 _creating(df.write.format("delta").mode("append"), df.schema).save(uri)
                 log.info("created delta table %s", uri)
@@ -246,7 +246,7 @@ class DeltaWrites(Commits):
         """
         view = f"pg2delta_src_{uuid.uuid4().hex[:12]}"
         try:
-            self.spark.read.parquet(staged).createOrReplaceTempView(view)
+            self.read_staged(staged).createOrReplaceTempView(view)
         except Exception as exc:
             raise LakeError(f"cannot read staged changes {staged}: {' '.join(str(exc).split())[:500]}") from exc
         try:
