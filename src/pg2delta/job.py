@@ -268,9 +268,8 @@ class Job(Lakeside):
         # The changelog next: a crash before the tables' MERGEs replays the window, and the
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(rd.tables.values(), key=lambda t: t.latest.qualified_name)
-        kept_changes = [(tw.latest, tw.batches, tw.truncates) for tw in relations if self.changelog.enabled(tw.latest)]
-        # No engine for a window with nothing to write (only other tables' WAL): an idle run never starts one.
-        changelog_log = self.changelog.append(self.engine, run.run_id, start, end, kept_changes) if kept_changes else []
+        with_log = [(tw.latest, tw.batches, tw.truncates) for tw in relations if self.changelog.enabled(tw.latest)]
+        changelog_log = self.changelog.append(self.engine, run.run_id, start, end, with_log) if with_log else []  # no engine else
         fault_point("after_changelog")
         # The history next, before the tables' MERGEs: a replay takes only changes past its end (history.py).
         kept = [t for t in ordered if self.history.enabled(t.schema, t.table)]

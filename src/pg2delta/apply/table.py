@@ -104,9 +104,7 @@ def merge_changes(
         return
     reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys)
     if reducing is None:
-        if report.truncated and side.lake.delta_version(uri) is not None:
-            side.engine.delete_all(uri, txn=txn)
-            report.delta_version = side.lake.delta_version(uri)
+        _truncate_only(side, report, txn)
         return
     reduced, key_names, data_columns = reducing
     # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
@@ -123,29 +121,46 @@ def merge_changes(
     # (bench/README.md, "A bulk UPDATE into a populated table").
     del source, reduced, reducing
     release_memory()
+    inserts_only = not report.updates and not report.deletes and not report.truncated and not nullable_keys
     try:
-        new = side.lake.delta_version(uri) is None
-        inserts_only = not report.updates and not report.deletes and not report.truncated and not nullable_keys
-        append = new or (at_logged and inserts_only)
-        if not new:  # a new table is created by the append itself, in one commit
-            side.engine.ensure_table(uri, staged, data_columns, existing)
-        if reshaped is not None:
-            reshaped()
-        side.engine.merge(
-            uri,
-            staged,
-            lambda target, view: _statement(target, view, key_names, data_columns, append, report.truncated, nullable_keys),
-            txn=txn,
-            rows=report.rows_merged,
-        )
+        _commit_rows(side, report, staged, key_names, data_columns, existing, reshaped, at_logged and inserts_only,
+                     nullable_keys=nullable_keys, txn=txn)
     finally:
         side.lake.unstage(staged)
+
+
+def _commit_rows(
+    side: Lakeside, report: TableReport, staged: str, key_names: list[str], data_columns: list[str],
+    existing: frozenset[str] | None, reshaped: Callable[[], None] | None, appendable: bool, *,
+    nullable_keys: bool, txn: Txn | None,
+) -> None:
+    """Commit the staged final rows of :func:`merge_changes`: an append into a new table (which the
+    append creates, in one commit) or where ``appendable`` (:func:`_at_logged_version`), else a MERGE."""
+    uri = report.path
+    new = side.lake.delta_version(uri) is None
+    append = new or appendable
+    if not new:
+        side.engine.ensure_table(uri, staged, data_columns, existing)
+    if reshaped is not None:
+        reshaped()
+    side.engine.merge(
+        uri, staged,
+        lambda target, view: _statement(target, view, key_names, data_columns, append, report.truncated, nullable_keys),
+        txn=txn, rows=report.rows_merged,
+    )
     report.delta_version = side.lake.delta_version(uri)
     log.info(
         "applied %s.%s (%s): %d inserts, %d updates, %d deletes%s -> delta version %s",
-        schema, name, "appended" if append else "merged", report.inserts, report.updates, report.deletes,
-        ", truncated" if report.truncated else "", report.delta_version,
+        report.schema, report.table, "appended" if append else "merged", report.inserts, report.updates,
+        report.deletes, ", truncated" if report.truncated else "", report.delta_version,
     )
+
+
+def _truncate_only(side: Lakeside, report: TableReport, txn: Txn | None) -> None:
+    """A window with no change to merge: its truncate (if any) deletes every row of the table."""
+    if report.truncated and side.lake.delta_version(report.path) is not None:
+        side.engine.delete_all(report.path, txn=txn)
+        report.delta_version = side.lake.delta_version(report.path)
 
 
 def _at_logged_version(side: Lakeside, uri: str, logged_version: int | None) -> bool:
@@ -182,9 +197,7 @@ def _merge_staged(
     ``at_logged``: see :func:`_at_logged_version`."""
     schema, name, uri = report.schema, report.table, report.path
     if staged.rows == 0 or staged.uri is None or staged.name is None:
-        if report.truncated and side.lake.delta_version(uri) is not None:
-            side.engine.delete_all(uri, txn=txn)
-            report.delta_version = side.lake.delta_version(uri)
+        _truncate_only(side, report, txn)
         return
     data_columns = [c for c in data_columns if c not in META_NAMES]
     if not key_names:
@@ -204,27 +217,17 @@ def _merge_staged(
         reshaped()
     truncate = report.truncated
     report.rows_merged = side.engine.merge_reduced(
-        uri,
-        staged.uri,
+        uri, staged.uri,
         lambda target, view: _statement(target, view, key_names, data_columns, append, truncate, nullable_keys),
-        work=f"{staged.name}-reduce",
-        key_names=key_names,
-        data_columns=data_columns,
-        toast_columns=staged.toast_columns,
-        lookup_version=lookup_version,
-        nullable_keys=nullable_keys,
-        optional=optional or (),
-        txn=txn,
-        rows=staged.rows,
-        bucket_files=staged.buckets,
-        distinct_keys=distinct,
+        work=f"{staged.name}-reduce", key_names=key_names, data_columns=data_columns,
+        toast_columns=staged.toast_columns, lookup_version=lookup_version, nullable_keys=nullable_keys,
+        optional=optional or (), txn=txn, rows=staged.rows, bucket_files=staged.buckets, distinct_keys=distinct,
     )
     report.delta_version = side.lake.delta_version(uri)
     log.info(
         "applied %s.%s (%s by the engine, %d changes in %d staged files): %d inserts, %d updates, "
-        "%d deletes%s -> delta version %s",
-        schema, name, "appended" if append else "reduced and merged", staged.rows, staged.files,
-        report.inserts, report.updates, report.deletes,
+        "%d deletes%s -> delta version %s", schema, name, "appended" if append else "reduced and merged",
+        staged.rows, staged.files, report.inserts, report.updates, report.deletes,
         ", truncated" if report.truncated else "", report.delta_version,
     )
 
@@ -433,8 +436,7 @@ class TableApplier:
         merge_changes(
             self.side, report, run_id, changes, list(pl.key), [n for n, _ in pl.columns],
             nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,
-            optional=kept_by_update, reshape=reshape, reshaped=reshaped, txn=txn,
-            logged_version=applied.delta_version if applied else None,
+            optional=kept_by_update, reshape=reshape, reshaped=reshaped, txn=txn, logged_version=applied.delta_version if applied else None,
         )
         return report
 

@@ -38,6 +38,8 @@ needs from here: ``Engine``, ``EngineConfig``, ``Lake``, ``Txn``. The parts log 
 
 from __future__ import annotations
 
+from typing import Any
+
 from pg2delta.config import ENGINES, EngineConfig
 from pg2delta.lake.engine_maintain import DeltaMaintenance
 from pg2delta.lake.engine_session import (
@@ -49,7 +51,7 @@ from pg2delta.lake.engine_session import (
     open_session,
 )
 from pg2delta.lake.engine_staged import StagedReduce
-from pg2delta.lake.engine_writes import DeltaWrites
+from pg2delta.lake.engine_writes import DeltaWrites, stats_properties
 from pg2delta.lake.lake_files import Lake
 
 __all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "AppendRows", "Engine", "EngineConfig", "Lake", "MergeRows", "Txn"]
@@ -69,6 +71,12 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
             opened.spark, lake, stop=opened.stop, classic=opened.classic, embedded=opened.embedded,
             session_conf=opened.session_conf,
         )
+
+    @staticmethod
+    def new_table_options(schema: Any) -> dict[str, str]:
+        """What an append that creates a table (:mod:`pg2delta.lake.engine_commits`) sets: the
+        statistics columns every table pg2delta creates has (:func:`pg2delta.lake.engine_writes.stats_properties`)."""
+        return stats_properties(schema)
 
     def with_lake(self, lake: Lake) -> Engine:
         """An engine on the same session writing another lake (its owner stops the session)."""

@@ -102,9 +102,10 @@ class Commits(DeltaReads):
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
-    def new_table_options(self, schema: Any) -> dict[str, str]:
-        """The writer options of a commit that creates a Delta table of ``schema`` (see
-        :meth:`pg2delta.lake.engine_writes.DeltaWrites.new_table_options`)."""
+    @staticmethod
+    def new_table_options(schema: Any) -> dict[str, str]:
+        """The writer options of a commit that creates a Delta table of ``schema`` (the engine's: see
+        :meth:`pg2delta.lake.engine.Engine.new_table_options`)."""
         return {}
 
     def stage_rows(self, df: Any, target: str) -> bool:

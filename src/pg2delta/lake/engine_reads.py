@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
+from pg2delta.lake.lake_files import schema_at
 from pg2delta.lake.sql import key_equal, quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
@@ -41,7 +42,7 @@ class DeltaReads(EngineSession):
         if self.classic:  # from the Delta log: loading the table costs Apache Spark jobs
             from pyspark.sql.types import StructType
 
-            text = self.lake.schema_at(uri, version)
+            text = schema_at(self.lake, uri, version)
             if text is not None:
                 return {f.name: f.dataType.simpleString() for f in StructType.fromJson(json.loads(text)).fields}
         try:

@@ -116,32 +116,25 @@ def _save_file_per_task(writer: Any, uri: str, spark: Any) -> None:
 class DeltaWrites(Commits):
     """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
 
-    def new_table_options(self, schema: Any) -> dict[str, str]:
-        """The writer options of a commit that creates a Delta table of ``schema``: :func:`stats_properties`."""
-        return stats_properties(schema)
-
     def ensure_table(self, uri: str, staged: str, columns: Sequence[str], current: Collection[str] | None = None) -> bool:
         """Create the Delta table, or add columns it lacks, with the schema of ``columns`` of ``staged``.
 
-        ``current``: the table's columns when the caller knows them (saves reading its schema).
-        Returns True when the table's schema changed.
-        """
+        ``current``: the table's columns when the caller knows them (then no read, a Spark job on
+        Apache Spark, when it has them all). Returns True when the table's schema changed."""
         existing = self.lake.delta_version(uri)
-        if existing is not None and current is not None and not set(columns) - set(current):
-            return False  # nothing to add: no read of the staged file (a Spark job on Apache Spark)
         try:
+            if existing is not None and current is None:
+                current = set(self.spark.read.format("delta").load(uri).columns)
+            if existing is not None and not set(columns) - set(current or ()):
+                return False
             df = self.read_staged(staged).select(*[quote(c) for c in columns]).limit(0)
             if existing is None:
                 _creating(df.write.format("delta").mode("append"), df.schema).save(uri)
                 log.info("created delta table %s", uri)
                 return True
-            if current is None:
-                current = set(self.spark.read.format("delta").load(uri).columns)
-            if set(columns) - set(current):
-                df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
-                log.info("added columns %s to %s", sorted(set(columns) - set(current)), uri)
-                return True
-            return False
+            df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+            log.info("added columns %s to %s", sorted(set(columns) - set(current or ())), uri)
+            return True
         except LakeError:
             raise
         except Exception as exc:

@@ -237,52 +237,6 @@ class Lake:
             raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
         return latest, files
 
-    def schema_at(self, uri: str, version: int | None = None) -> str | None:
-        """The schema (Spark's StructType JSON) of the Delta table at ``uri`` as of ``version``
-        (default: the latest), from its log alone: the newest JSON commit up to it that changed the
-        metadata, else the newest complete classic checkpoint up to it. None where the log cannot
-        tell this way (a JSON commit cleaned up with no checkpoint past it; no table)."""
-        log_dir = f"{self.fs_path(uri)}/_delta_log"
-        try:
-            infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
-        except (OSError, pa.ArrowException) as exc:
-            raise LakeError(f"cannot list {log_dir}: {exc}") from exc
-        commits: set[int] = set()
-        parts: dict[tuple[int, int], set[str]] = defaultdict(set)
-        for info in infos:
-            if m := re.fullmatch(r"(\d{20})\.json", info.base_name):
-                commits.add(int(m.group(1)))
-            elif m := re.fullmatch(r"(\d{20})\.checkpoint\.parquet", info.base_name):
-                parts[(int(m.group(1)), 1)].add(info.path)
-            elif m := re.fullmatch(r"(\d{20})\.checkpoint\.\d{10}\.(\d{10})\.parquet", info.base_name):
-                parts[(int(m.group(1)), int(m.group(2)))].add(info.path)
-        if not commits:
-            return None
-        version = max(commits) if version is None else version
-        complete = {v: n for (v, n), names in parts.items() if len(names) == n and v <= version}
-        floor = max(complete) if complete else -1
-        try:
-            for v in range(version, floor, -1):
-                if v not in commits:
-                    return None
-                with self.fs.open_input_stream(f"{log_dir}/{v:020d}.json") as f:
-                    lines = f.read().decode().splitlines()
-                for line in lines:
-                    action = json.loads(line) if line.strip() else {}
-                    if "metaData" in action:
-                        return str(action["metaData"]["schemaString"])
-            if floor < 0:
-                return None
-            for name in sorted(parts[(floor, complete[floor])]):
-                with self.fs.open_input_file(name) as f:
-                    table = pq.read_table(f, columns=["metaData"])
-                for meta in table.column("metaData").to_pylist():
-                    if meta is not None and meta.get("schemaString"):
-                        return str(meta["schemaString"])
-        except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
-            raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
-        return None
-
     def read_delta(self, uri: str) -> pa.Table | None:
         """A small, unpartitioned Delta table pg2delta wrote (its applied log), read with pyarrow from
         the files its log lists: no engine. Columns added later are null in older files."""
@@ -365,3 +319,50 @@ class Lake:
             self.fs.delete_file(self.fs_path(uri))
         except (OSError, pa.ArrowException):
             log.warning("could not remove staging file %s", uri)
+
+
+def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
+    """The schema (Spark's StructType JSON) of ``lake``'s Delta table at ``uri`` as of ``version``
+    (default: the latest), from its log alone: the newest JSON commit up to it that changed the
+    metadata, else the newest complete classic checkpoint up to it. None where the log cannot
+    tell this way (a JSON commit cleaned up with no checkpoint past it; no table)."""
+    log_dir = f"{lake.fs_path(uri)}/_delta_log"
+    try:
+        infos = lake.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
+    except (OSError, pa.ArrowException) as exc:
+        raise LakeError(f"cannot list {log_dir}: {exc}") from exc
+    commits: set[int] = set()
+    parts: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for info in infos:
+        if m := re.fullmatch(r"(\d{20})\.json", info.base_name):
+            commits.add(int(m.group(1)))
+        elif m := re.fullmatch(r"(\d{20})\.checkpoint\.parquet", info.base_name):
+            parts[(int(m.group(1)), 1)].add(info.path)
+        elif m := re.fullmatch(r"(\d{20})\.checkpoint\.\d{10}\.(\d{10})\.parquet", info.base_name):
+            parts[(int(m.group(1)), int(m.group(2)))].add(info.path)
+    if not commits:
+        return None
+    version = max(commits) if version is None else version
+    complete = {v: n for (v, n), names in parts.items() if len(names) == n and v <= version}
+    floor = max(complete) if complete else -1
+    try:
+        for v in range(version, floor, -1):
+            if v not in commits:
+                return None
+            with lake.fs.open_input_stream(f"{log_dir}/{v:020d}.json") as f:
+                lines = f.read().decode().splitlines()
+            for line in lines:
+                action = json.loads(line) if line.strip() else {}
+                if "metaData" in action:
+                    return str(action["metaData"]["schemaString"])
+        if floor < 0:
+            return None
+        for name in sorted(parts[(floor, complete[floor])]):
+            with lake.fs.open_input_file(name) as f:
+                table = pq.read_table(f, columns=["metaData"])
+            for meta in table.column("metaData").to_pylist():
+                if meta is not None and meta.get("schemaString"):
+                    return str(meta["schemaString"])
+    except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
+        raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
+    return None
