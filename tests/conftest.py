@@ -48,6 +48,7 @@ SLOW_FIRST = (
     "tests/test_airflow.py",
     "tests/test_spark_submit.py",
     "tests/test_dist.py",
+    "tests/test_object_store_spark.py",  # four spark-submits
     "tests/test_spill.py::test_spilled_window_equals_in_memory",
     "tests/test_type_fidelity.py",
     "tests/test_together.py",
