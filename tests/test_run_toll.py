@@ -2,10 +2,7 @@
 
 * A run whose window holds no published change (only WAL of other tables) reads the slot, moves
   it, and never starts an engine: on Apache Spark no SparkSession, through ``spark-submit`` too.
-* A window of inserts alone, under a key PostgreSQL keeps unique, into a table whose last commit
-  is the one the applied log recorded, is appended (no ``MERGE``); a crash after that append and
-  before the window is logged, then a rerun, leaves no row twice (the rerun finds a commit the log
-  does not know of, and merges).
+* A new table's first window creates it with its append: one commit, version 0.
 
 Every lake is read back with delta-rs and compared with PostgreSQL.
 """
@@ -13,7 +10,6 @@ Every lake is read back with delta-rs and compared with PostgreSQL.
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import psycopg
@@ -22,7 +18,6 @@ from deltalake import DeltaTable
 
 from engines import TEST_ENGINE
 from pg2delta.config import load
-from pg2delta.faults import FAULT_ENV
 from pg2delta.job import Job, run
 from pg2delta.lake.engine import Engine, Lake
 from workload import cli, confirmed_lsn, lsn_int, published_table
@@ -88,52 +83,18 @@ def test_idle_window_starts_no_engine(pgdb: str, tmp_path: Path) -> None:
     assert _lake_rows(lake) == _rows(pgdb)
 
 
-def test_inserts_only_window_is_appended(pgdb: str, tmp_path: Path) -> None:
+def test_first_window_creates_the_table_in_one_append(pgdb: str, tmp_path: Path) -> None:
     slot, pub = published_table(pgdb, ITEMS, "items")
     _insert(pgdb, 1, 100)
     lake = tmp_path / "lake"
     cfg = load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake))
     run(cfg)
-    assert _last_commit(lake)[0::2] == (0, 0), "the new table is created by its first window's append"
-    _insert(pgdb, 101, 150)
-    assert run(cfg).changes == 50
-    assert _last_commit(lake)[0::2] == (1, 0), "the inserts were not appended"
+    assert _last_commit(lake)[0::2] == (0, 0), "the new table is not version 0, made by its first window's append"
+    assert _lake_rows(lake) == _rows(pgdb)
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("UPDATE items SET qty = qty + 1 WHERE id % 10 = 0")
     run(cfg)
     assert _lake_rows(lake) == _rows(pgdb)
-    version, _, removed = _last_commit(lake)
-    assert version == 2 and removed > 0, "the update was appended"
-
-
-@pytest.mark.classic
-def test_inserts_only_append_killed_then_rerun(pgdb: str, tmp_path: Path) -> None:
-    slot, pub = published_table(pgdb, ITEMS, "items")
-    _insert(pgdb, 1, 100)
-    lake = tmp_path / "lake"
-    common = ["run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake)]
-    first = cli(*common)
-    assert first.returncode == 0, first.stderr[-2000:]
-    _insert(pgdb, 101, 300)
-    before = confirmed_lsn(pgdb, slot)
-    crashed = cli(*common, env={FAULT_ENV: "after_commits"})  # appended, not logged, slot not moved
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    assert confirmed_lsn(pgdb, slot) == before
-    appended, _, removed = _last_commit(lake)
-    assert removed == 0, "the inserts were not appended"
-    _insert(pgdb, 301, 320)  # the rerun's window is longer than the killed one's
-    again = cli(*common, "--json")
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert json.loads(again.stdout)["changes"] == 220
-    assert _lake_rows(lake) == _rows(pgdb)
-    version, _, removed = _last_commit(lake)
-    assert version == appended + 1 and removed > 0, "the rerun must merge over the unlogged append"
-    # Then the table is where the log says: inserts are appended again.
-    _insert(pgdb, 321, 330)
-    third = cli(*common)
-    assert third.returncode == 0, third.stderr[-2000:]
-    assert _lake_rows(lake) == _rows(pgdb)
-    assert _last_commit(lake)[0::2] == (appended + 2, 0)
 
 
 @pytest.mark.classic

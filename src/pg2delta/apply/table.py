@@ -77,7 +77,6 @@ def merge_changes(
     reshape: Callable[[], frozenset[str] | None] | None = None,
     reshaped: Callable[[], None] | None = None,
     txn: Txn | None = None,
-    logged_version: int | None = None,
 ) -> None:
     """Reduce ``changes`` (commit order, after the last truncate) and MERGE them into ``report.path``.
 
@@ -86,17 +85,14 @@ def merge_changes(
     from the table at ``lookup_version``. ``reshape`` (after those reads, before anything is
     written) changes the Delta table's shape and returns the columns it then has;
     ``reshaped`` runs once the table has every column of the MERGE. ``txn``: Delta's
-    idempotent-write id of the commit. ``logged_version``: the Delta version the applied log
-    records for the table (see :func:`_at_logged_version`). Shared by the run and by ``pg2delta backfill``.
+    idempotent-write id of the commit. Shared by the run and by ``pg2delta backfill``.
     """
     schema, name, uri = report.schema, report.table, report.path
-    at_logged = _at_logged_version(side, uri, logged_version)
     if isinstance(changes, StagedChanges):
         try:
             _merge_staged(
                 side, report, changes, key_names, data_columns, nullable_keys=nullable_keys,
                 lookup_version=lookup_version, optional=optional, reshape=reshape, reshaped=reshaped, txn=txn,
-                at_logged=at_logged,
             )
         finally:
             if changes.name is not None:
@@ -121,24 +117,20 @@ def merge_changes(
     # (bench/README.md, "A bulk UPDATE into a populated table").
     del source, reduced, reducing
     release_memory()
-    inserts_only = not report.updates and not report.deletes and not report.truncated and not nullable_keys
     try:
-        _commit_rows(side, report, staged, key_names, data_columns, existing, reshaped, at_logged and inserts_only,
-                     nullable_keys=nullable_keys, txn=txn)
+        _commit_rows(side, report, staged, key_names, data_columns, existing, reshaped, nullable_keys=nullable_keys, txn=txn)
     finally:
         side.lake.unstage(staged)
 
 
 def _commit_rows(
     side: Lakeside, report: TableReport, staged: str, key_names: list[str], data_columns: list[str],
-    existing: frozenset[str] | None, reshaped: Callable[[], None] | None, appendable: bool, *,
-    nullable_keys: bool, txn: Txn | None,
+    existing: frozenset[str] | None, reshaped: Callable[[], None] | None, *, nullable_keys: bool, txn: Txn | None,
 ) -> None:
     """Commit the staged final rows of :func:`merge_changes`: an append into a new table (which the
-    append creates, in one commit) or where ``appendable`` (:func:`_at_logged_version`), else a MERGE."""
+    append creates, in one commit), else a MERGE."""
     uri = report.path
-    new = side.lake.delta_version(uri) is None
-    append = new or appendable
+    new = append = side.lake.delta_version(uri) is None
     if not new:
         side.engine.ensure_table(uri, staged, data_columns, existing)
     if reshaped is not None:
@@ -163,20 +155,6 @@ def _truncate_only(side: Lakeside, report: TableReport, txn: Txn | None) -> None
         report.delta_version = side.lake.delta_version(report.path)
 
 
-def _at_logged_version(side: Lakeside, uri: str, logged_version: int | None) -> bool:
-    """Whether the Delta table's newest commit is the one the applied log records for it (read from
-    its Delta log, before anything of the window is written).
-
-    Then a window of inserts alone, under a key PostgreSQL keeps unique (the replica identity or
-    the commit position, not a key set in the config), with no truncate, is appended rather than
-    merged: the lake holds what PostgreSQL held at the table's applied LSN, where none of the keys
-    the window inserts existed (a key is inserted again only after a delete), so the MERGE could
-    match nothing. A commit the log does not know of (a run killed after this table's commit and
-    before the window was logged; a maintenance) makes it a MERGE, which a replay of rows already
-    there leaves as they are; on Apache Spark, Delta's idempotent-write id skips the very same
-    commit besides."""
-    return logged_version is not None and side.lake.delta_version(uri) == logged_version
-
 
 def _merge_staged(
     side: Lakeside,
@@ -191,10 +169,8 @@ def _merge_staged(
     reshape: Callable[[], frozenset[str] | None] | None,
     reshaped: Callable[[], None] | None,
     txn: Txn | None,
-    at_logged: bool,
 ) -> None:
-    """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.window.spill);
-    ``at_logged``: see :func:`_at_logged_version`."""
+    """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.window.spill)."""
     schema, name, uri = report.schema, report.table, report.path
     if staged.rows == 0 or staged.uri is None or staged.name is None:
         _truncate_only(side, report, txn)
@@ -211,7 +187,7 @@ def _merge_staged(
     report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
     existing = reshape() if reshape is not None else None
     distinct = one_change_per_key(staged.ops, unique_key=not nullable_keys)
-    append = side.lake.delta_version(uri) is None or (at_logged and distinct and not report.truncated)
+    append = side.lake.delta_version(uri) is None
     side.engine.ensure_table(uri, staged.uri, data_columns, existing)
     if reshaped is not None:
         reshaped()
@@ -236,10 +212,9 @@ def _statement(
     target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], append: bool, truncate: bool,
     nullable_keys: bool,
 ) -> AppendRows | MergeRows:
-    """The commit of a window's final rows: a MERGE, or where no row can match (``append``: into a
-    table this window created, nothing a truncate could remove; or inserts of new keys, see
-    :func:`_at_logged_version`) an append of the rows that are not deletes. A replay after a crash
-    finds a commit the applied log does not record, and merges the same rows again."""
+    """The commit of a window's final rows: a MERGE, or into a table this window created (no row
+    to match, nothing a truncate could remove) an append of the rows that are not deletes. A
+    replay after a crash finds the table there and merges the same rows again."""
     if append:
         return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
     return MergeRows(
@@ -436,7 +411,7 @@ class TableApplier:
         merge_changes(
             self.side, report, run_id, changes, list(pl.key), [n for n, _ in pl.columns],
             nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,
-            optional=kept_by_update, reshape=reshape, reshaped=reshaped, txn=txn, logged_version=applied.delta_version if applied else None,
+            optional=kept_by_update, reshape=reshape, reshaped=reshaped, txn=txn,
         )
         return report
 
