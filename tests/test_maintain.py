@@ -22,6 +22,7 @@ from changelog_support import changelog_path, changelog_rows, write_config
 from conftest import newest_server_only
 from engines import TEST_ENGINE
 from pg2delta.faults import FAULT_ENV
+from pg2delta.maintain import CLOCK_ENV
 from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import (
     ACCT,
@@ -137,12 +138,15 @@ def test_maintain_waits_for_a_run_holding_the_lock(pgdb: str, tmp_path: Path) ->
     lake = tmp_path / "lake"
     config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, default=False)
     _many_windows(pgdb, config, 3)
+    marker = lake / "_pg2delta" / "maintain.json"
+    started = marker.read_text()  # the first run started the clock, and maintained nothing
+    assert json.loads(started)["tables"] == {}
     with psycopg.connect(pgdb, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(hashtextextended('pg2delta slot ' || %s, 0))", (slot,))
         busy = cli("maintain", "--config", str(config))
         assert busy.returncode == 73, busy.stderr[-2000:]
         assert "another pg2delta run" in busy.stderr
-    assert not (lake / "_pg2delta" / "maintain.json").exists()
+    assert marker.read_text() == started
 
 
 def test_killed_during_maintenance_then_again(pgdb: str, tmp_path: Path) -> None:
@@ -184,10 +188,13 @@ def test_run_maintains_when_the_interval_has_passed(pgdb: str, tmp_path: Path) -
     own.mkdir(parents=True)
     (own / "x.parquet").write_bytes(b"left by a killed run of this slot")
     time.sleep(1.1)  # the changelog's rows so far are now more than a second old
-    config.write_text(config.read_text() + '[maintain]\ninterval = "1h"\nchangelog_retention = "1s"\n')
+    # Every table of the lake in this one run (four a run by default).
+    config.write_text(config.read_text() + '[maintain]\ninterval = "1h"\nchangelog_retention = "1s"\ntables_per_run = 20\n')
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("UPDATE acct SET name = 'after' WHERE id = 1")
-    done = cli("run", "--config", str(config), "--json")
+    # The first run started the clock; the scheduler's clock says two hours have passed.
+    later = {CLOCK_ENV: "7200"}
+    done = cli("run", "--config", str(config), "--json", env=later)
     assert done.returncode == 0, done.stderr[-2000:]
     maintained = json.loads(done.stdout)["maintenance"]
     assert maintained["staging_removed"] == 2 and maintained["tables"][ACCT.qualified]["files_after"] <= 2
@@ -201,7 +208,7 @@ def test_run_maintains_when_the_interval_has_passed(pgdb: str, tmp_path: Path) -
     assert len(left) <= 1 and all(r["name"] == "after" for r in left)
     assert DeltaTable(str(changelog_path(lake, ACCT))).version() >= 1
     # Within the interval the next run does not maintain again.
-    again = cli("run", "--config", str(config), "--json")
+    again = cli("run", "--config", str(config), "--json", env=later)
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["maintenance"] is None
     assert json.loads((lake / "_pg2delta" / "maintain.json").read_text()) == marker

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
 from changelog_support import changelog_rows, write_config
-from conftest import PG_VERSIONS
+from conftest import PG_VERSIONS, newest_server_only
 from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import ACCT, EVENTS, TABLES, Workload, assert_lake_matches, cli, create_schema, lsn_int
 
@@ -194,3 +194,76 @@ def test_status_exit_codes_with_a_slot_pushed_out(small_keep: ThrowawayPostgres,
     assert refused.returncode == EXIT_NEEDS_HUMAN, refused.stderr[-3000:]
     assert "invalidated" in refused.stderr and "bootstrap" in refused.stderr
     assert sorted(p.name for p in (lake / "public" / "events" / "_delta_log").iterdir()) == before
+
+
+EXIT_MAINTENANCE = 9
+
+
+def _expected_log_figures(table: Path, small: int) -> dict[str, int]:
+    """The maintenance figures of a Delta table as delta-rs reads its history and files."""
+    dt = DeltaTable(str(table))
+    history = sorted(dt.history(), key=lambda c: c["version"])
+    compacted = max((c["version"] for c in history if c.get("operation") == "OPTIMIZE"), default=-1)
+    checkpoints = [int(p.name[:20]) for p in (table / "_delta_log").glob("*.checkpoint*.parquet")]
+    sizes = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+    return {
+        "commits_since_checkpoint": dt.version() - max(checkpoints, default=-1),
+        "commits_since_compaction": sum(
+            1 for c in history if c["version"] > compacted and c.get("operation") not in ("VACUUM START", "VACUUM END")
+        ),
+        "small_files": sum(1 for size in sizes if size < small),
+    }
+
+
+@pytest.mark.classic
+def test_status_warns_when_maintenance_falls_behind(pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path) -> None:
+    """Per table, its changelog too: commits since the last checkpoint and compaction, small files;
+    exit 9 past the [maintain] alert_* thresholds, in the JSON, the text and the metrics file; 0
+    once `pg2delta maintain` has run."""
+    newest_server_only(pg_server, "the figures are read from the lake only")
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    create_schema(pgdb, pub)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    config = write_config(tmp_path / "c.toml", pgdb, slot, pub, lake, changelog={ACCT.qualified: True}, default=False)
+    small = 1 << 20
+    config.write_text(config.read_text() + "[maintain]\ninterval = \"\"\nalert_commits_since_compaction = 4\n"
+                      f"alert_small_files = 3\nsmall_file_size = {small}\n")
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        for k in range(6):
+            conn.execute("INSERT INTO acct (id, name, big) VALUES (%s, 'x', %s)", (k + 1, k))
+    run = cli("run", "--config", str(config), "--max-changes", "1")
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    metrics_file = tmp_path / "pg2delta.prom"
+    code, report, err = _status(config, "--metrics-file", str(metrics_file))
+    assert code == EXIT_MAINTENANCE == report["exit_code"], report["problems"]
+    assert report["thresholds"]["alert_small_files"] == 3
+    acct = next(t for t in report["tables"] if t["table"] == ACCT.qualified)
+    table, changelog = lake / ACCT.schema / ACCT.name, lake / "_pg2delta" / "changelog" / ACCT.schema / ACCT.name
+    for entry, path in ((acct, table), (acct["changelog"], changelog)):
+        expected = _expected_log_figures(path, small)
+        assert {k: entry[k] for k in expected} == expected, (path, entry)
+    assert acct["small_files"] >= 6 and acct["commits_since_compaction"] >= 6, acct
+    kinds = {(p["kind"], p["table"]) for p in report["problems"]}
+    assert kinds == {("maintenance", ACCT.qualified)}, report["problems"]
+    assert "alert_small_files = 3" in err and "alert_commits_since_compaction = 4" in err
+    assert any("changelog: small files" in p["message"] for p in report["problems"])
+    metrics = _metrics(metrics_file)
+    labels = (("part", "table"), ("slot", slot), ("table", ACCT.qualified))
+    assert metrics[("pg2delta_status_exit_code", (("slot", slot),))] == EXIT_MAINTENANCE
+    for figure in ("commits_since_checkpoint", "commits_since_compaction", "small_files"):
+        assert metrics[(f"pg2delta_table_{figure}", labels)] == acct[figure]
+    assert metrics[("pg2delta_table_small_files", (("part", "changelog"), *labels[1:]))] == acct["changelog"]["small_files"]
+    text = cli("status", "--config", str(config))
+    assert text.returncode == EXIT_MAINTENANCE and "since the last compaction" in text.stdout, text.stdout
+
+    done = cli("maintain", "--config", str(config))
+    assert done.returncode == 0, done.stderr[-3000:]
+    code, report, _ = _status(config)
+    assert code == EXIT_OK and report["problems"] == [], report["problems"]
+    acct = next(t for t in report["tables"] if t["table"] == ACCT.qualified)
+    assert acct["commits_since_compaction"] == 0 and acct["small_files"] == 1, acct
+    assert acct == {**acct, **_expected_log_figures(table, small)}
+    assert_lake_matches(pgdb, lake)

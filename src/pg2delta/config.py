@@ -96,16 +96,34 @@ class MaintainConfig:
     """``[maintain]``: table maintenance (``pg2delta maintain``, see maintain.py). Durations are
     strings like ``"90m"``, ``"24h"``, ``"7d"``."""
 
-    # Run maintenance at the end of a `pg2delta run` when the last one finished longer ago than
-    # this ("" never: only `pg2delta maintain` runs it).
-    interval: str = ""
+    # A run maintains, after its windows, the Delta tables maintained longer ago than this (at most
+    # `tables_per_run` of them, the longest-waiting first), so a lake run every few minutes stays
+    # compacted and vacuumed with nothing else scheduled. "" never: a separate `pg2delta maintain`
+    # job does it (as a platform team would schedule it).
+    interval: str = "1h"
+    # At most this many Delta tables (a table, its changelog, its history, the lake's own logs
+    # count one each) per run; the others wait for the next runs.
+    tables_per_run: int = 4
+    # A run starts no further table once its maintenance has taken this long.
+    run_budget: str = "60s"
     # VACUUM keeps every file a Delta version younger than this needs (time travel, `pg2delta
-    # versions --at-lsn`, backfill seeds); Delta's own default is 7 days.
+    # versions --at-lsn`, backfill seeds); Delta's own default is 7 days. Keep it under the log's
+    # retention (delta.logRetentionDuration, 30 days by default): docs/operations/maintenance.md.
     retention: str = "7d"
-    # Changelog rows committed longer ago than this are deleted ("" keeps them forever).
+    # Changelog rows committed longer ago than this are deleted ("" keeps them forever: a backfill
+    # into a new copy replays the changelog from the lake's start).
     changelog_retention: str = ""
     # Compacted files aim at this size in bytes (0: the library's default, 100 MiB).
     target_file_size: int = 0
+    # `pg2delta status` exits 9 when a table (or its changelog or history) has gone more commits
+    # than this without a checkpoint (the engines write one every 10; 0: no check).
+    alert_commits_since_checkpoint: int = 100
+    # ... more commits than this without a compaction (0: no check).
+    alert_commits_since_compaction: int = 1000
+    # ... or holds more small files than this (0: no check).
+    alert_small_files: int = 500
+    # A data file under this many bytes is a small file (for `alert_small_files`).
+    small_file_size: int = 8 * 1024 * 1024
 
 
 # [lake] table_name: the catalog name of PostgreSQL's schema.table ({schema} and {table} replaced).
@@ -281,10 +299,12 @@ def load(
     engine = EngineConfig(**kw, spark_conf=tuple(spark_conf.items()))
     window = WindowConfig(**_take(sections["window"], "window", WindowConfig, "window"))
     maintain = MaintainConfig(**_take(sections["maintain"], "maintain", MaintainConfig, "maintain"))
-    for key in ("interval", "retention", "changelog_retention"):
+    for key in ("interval", "retention", "changelog_retention", "run_budget"):
         value = getattr(maintain, key)
-        if value or key == "retention":
+        if value or key in ("retention", "run_budget"):
             duration_seconds(value, f"maintain.{key}")
+    if maintain.tables_per_run < 1:
+        raise ConfigError("maintain.tables_per_run must be at least 1")
     raw_tables = data.get("tables", {})
     if not isinstance(raw_tables, dict):
         raise ConfigError("[tables] must be a table of \"schema.table\" sections")

@@ -37,6 +37,7 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in pg2delta
 RESERVED_EXIT_CODES = frozenset({EXIT_RETRYABLE, EXIT_NEEDS_HUMAN, EXIT_BUSY, EXIT_INTERNAL, 130})
 
 # ``pg2delta status``: what it found, worst first when several hold (docs/operations/monitoring.md).
+EXIT_STATUS_MAINTENANCE = 9  # a table's log or small files past a [maintain] alert_* threshold: maintenance is not keeping up
 EXIT_STATUS_LAG = 10  # lag over --max-lag-bytes or --max-lag-seconds
 EXIT_STATUS_UNRESERVED = 11  # wal_status 'unreserved': the next checkpoint may remove WAL the slot needs
 EXIT_STATUS_INVALIDATED = 12  # the slot is invalidated: its changes are gone, the lake needs a new bootstrap

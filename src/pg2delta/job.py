@@ -51,7 +51,7 @@ from pg2delta.lake import applied_log
 from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, window_rows
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lsn import format_lsn
-from pg2delta.maintain import due, maintain_lake
+from pg2delta.maintain import maintain_due
 from pg2delta.metastore import register_written
 from pg2delta.progress import Progress
 from pg2delta.source.catalog import PgTypeCatalog
@@ -205,10 +205,9 @@ class Job(Lakeside):
         return bool(again)
 
     def _maintain_if_due(self, report: RunReport) -> None:
-        """``[maintain] interval``: maintain the lake at the end of a run, under the run's lock."""
-        if due(self.config, self.lake):
-            log.info("maintaining the lake ([maintain] interval = %s has passed)", self.config.maintain.interval)
-            report.maintenance = maintain_lake(self.config, self.engine, self.lake)
+        """``[maintain] interval``: maintain the tables due at the end of a run, under the run's lock
+        (after the slot moved: see :func:`pg2delta.maintain.maintain_due`)."""
+        report.maintenance = maintain_due(self.config, self.lake, lambda: self.engine)
 
     def _window(self, run: _Run, start: int, upper: int) -> WindowReport:
         """Read one window (its spill files removed at the end, whatever happens) and apply it."""

@@ -12,7 +12,14 @@ their SCD2 histories, the applied log itself, each changelog and the changelog l
 4. writes a checkpoint of the log where the engine does not;
 
 then removes what crashed runs left in the staging area (older than an hour) and records when it
-finished (``_pg2delta/maintain.json``), which ``run`` reads when ``[maintain] interval`` is set.
+maintained each table (``_pg2delta/maintain.json``).
+
+``pg2delta run`` maintains too, by default (:func:`maintain_due`): after its windows, the tables
+maintained longer ago than ``[maintain] interval`` (1 hour), at most ``tables_per_run`` of them,
+the longest-waiting first, and none more once ``run_budget`` has passed. So a job run every five
+minutes keeps each table's files and log bounded with nothing else scheduled, and no run pays for
+the whole lake. The slot has moved past the run's windows before, so nothing maintenance does
+touches exactly-once: a run killed during it reruns its windows as already applied.
 
 It holds the slot's advisory lock, like a run, so it never overlaps one (a run started meanwhile
 exits 73, and maintenance started during a run exits 73). Each step is one Delta commit or the
@@ -25,7 +32,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +58,9 @@ log = logging.getLogger(__name__)
 MARKER = "_pg2delta/maintain.json"
 STAGING = "_pg2delta/staging"
 STAGING_AGE = 3600  # seconds: staging entries older than this belong to runs that are over
+# Test and bench hook: seconds added to the clock that schedules maintenance, so that a bench can
+# run a year of five-minute runs in an hour as a scheduler would space them. Nothing else reads it.
+CLOCK_ENV = "PG2DELTA_MAINTAIN_CLOCK_OFFSET"
 
 
 @dataclass
@@ -85,29 +97,113 @@ def maintain(config: Config) -> MaintainReport:
             job.close()
 
 
-def due(config: Config, lake: Lake, *, now: float | None = None) -> bool:
-    """Whether ``run`` should maintain the lake now (``[maintain] interval`` passed since the last time)."""
-    if not config.maintain.interval:
-        return False
-    interval = duration_seconds(config.maintain.interval, "maintain.interval")
-    last = last_maintained(lake)
-    return last is None or (now if now is not None else time.time()) - last >= interval
+def clock() -> float:
+    """Now, in seconds since 1970, as maintenance schedules it (see :data:`CLOCK_ENV`)."""
+    return time.time() + float(os.environ.get(CLOCK_ENV) or 0)
+
+
+def read_marker(lake: Lake) -> dict[str, Any] | None:
+    """``_pg2delta/maintain.json``: ``started_at`` (when runs first looked), ``finished_at`` (the
+    last maintenance), ``next_due`` and per table ``maintained_at``; None when there is none."""
+    try:
+        with lake.fs.open_input_stream(f"{lake.path}/{MARKER}") as f:
+            marker = json.loads(f.read().decode())
+        if not isinstance(marker, dict):
+            raise ValueError("not an object")
+        return marker
+    except FileNotFoundError:
+        return None
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        log.warning("cannot read %s (%s): maintaining as if never done", MARKER, exc)
+        return {}
 
 
 def last_maintained(lake: Lake) -> float | None:
     """When maintenance last finished (seconds since 1970), None if never."""
-    try:
-        with lake.fs.open_input_stream(f"{lake.path}/{MARKER}") as f:
-            return float(json.loads(f.read().decode())["finished_at"])
-    except FileNotFoundError:
+    marker = read_marker(lake) or {}
+    value = marker.get("finished_at")
+    return float(value) if value is not None else None
+
+
+def due(config: Config, lake: Lake, *, now: float | None = None) -> bool:
+    """Whether a run has tables to maintain (``[maintain] interval``), from the marker alone."""
+    if not config.maintain.interval:
+        return False
+    interval = duration_seconds(config.maintain.interval, "maintain.interval")
+    marker = read_marker(lake)
+    if marker is None:
+        return True  # the first run only starts the clock (maintain_due)
+    return (now if now is not None else clock()) >= _next_due(marker, interval)
+
+
+def _next_due(marker: dict[str, Any], interval: int) -> float:
+    if "next_due" in marker:
+        return float(marker["next_due"])
+    return float(marker.get("finished_at") or 0) + interval  # a marker an older version wrote
+
+
+def maintain_due(config: Config, lake: Lake, engine: Callable[[], Engine]) -> MaintainReport | None:
+    """Inside a run, under its lock: maintain the tables due (see the module docstring); None when
+    none is. The lake's first run only records when the clock started: a new lake has nothing to
+    compact, and a first run (often a bootstrap's) should not pay for it. ``engine`` is called
+    only when a table is due (an idle run starts none otherwise)."""
+    if not due(config, lake):
         return None
-    except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
-        log.warning("cannot read %s (%s): maintaining as if never done", MARKER, exc)
+    interval = duration_seconds(config.maintain.interval, "maintain.interval")
+    now = clock()
+    marker = read_marker(lake)
+    if marker is None:
+        if lake.delta_version(lake.table_uri(LOG_TABLE)) is not None:  # else nothing written yet
+            _write_marker(lake, {"started_at": now, "next_due": now + interval, "tables": {}})
         return None
+    done: dict[str, Any] = marker.setdefault("tables", {})
+    # A table not maintained yet waits since the clock started (or, in a marker an older version
+    # wrote, since the last `pg2delta maintain`).
+    since = float(marker.get("started_at") or marker.get("finished_at") or 0)
+
+    def last(name: str) -> float:
+        return float((done.get(name) or {}).get("maintained_at", since))
+
+    tables = delta_tables(lake)
+    waiting = sorted((t for t in tables if last(t[0]) + interval <= now), key=lambda t: last(t[0]))
+    log.info("maintaining %d of the %d Delta tables due ([maintain] interval = %s)",
+             min(len(waiting), config.maintain.tables_per_run), len(waiting), config.maintain.interval)
+    budget = duration_seconds(config.maintain.run_budget, "maintain.run_budget")
+    chosen = waiting[: config.maintain.tables_per_run]
+    report = _maintain_tables(config, engine() if chosen else None, lake, chosen, budget=budget)
+    for tm in report.tables:
+        done[tm.name] = {"maintained_at": now}
+    report.staging_removed = _clean_staging(lake)
+    marker["finished_at"] = now
+    marker["next_due"] = min((last(t[0]) + interval for t in tables), default=now + interval)
+    _write_marker(lake, marker)
+    return report
 
 
 def maintain_lake(config: Config, engine: Engine, lake: Lake) -> MaintainReport:
     """Maintain every Delta table of the lake (see the module docstring); the caller holds the lock."""
+    tables = delta_tables(lake)
+    report = _maintain_tables(config, engine, lake, tables)
+    report.staging_removed = _clean_staging(lake)
+    now = clock()
+    marker = read_marker(lake) or {}
+    marker.setdefault("started_at", now)
+    done = marker.setdefault("tables", {})
+    for tm in report.tables:
+        done[tm.name] = {"maintained_at": now}
+    marker["finished_at"] = now
+    if config.maintain.interval:
+        interval = duration_seconds(config.maintain.interval, "maintain.interval")
+        marker["next_due"] = now + interval
+    _write_marker(lake, marker)
+    return report
+
+
+def _maintain_tables(
+    config: Config, engine: Engine | None, lake: Lake, tables: Sequence[tuple[str, str, bool]], *, budget: float | None = None
+) -> MaintainReport:
+    """Maintain ``tables`` ((name, uri, is a changelog)) in order; none started once ``budget``
+    seconds have passed."""
     t0 = time.monotonic()
     report = MaintainReport()
     # Whole hours (VACUUM's unit), rounded up; "0h" is taken at its word.
@@ -116,39 +212,56 @@ def maintain_lake(config: Config, engine: Engine, lake: Lake) -> MaintainReport:
         duration_seconds(config.maintain.changelog_retention, "maintain.changelog_retention")
         if config.maintain.changelog_retention else None
     )
-    keys = _first_keys(lake)
-    for name, uri, is_changelog in _delta_tables(lake):
-        tm = TableMaintenance(name, uri)
-        found = lake.files_now(uri)
-        if found is None:
-            continue
-        tm.files_before = len(found[1])
-        if is_changelog and keep_changes is not None:
-            cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=keep_changes)
-            engine.delete_where(uri, f"{quote(TS_COL)} < TIMESTAMP '{cutoff.strftime('%Y-%m-%d %H:%M:%S')}+00:00'")
-            tm.changelog_rows_deleted = True
-        # Tables an earlier version created keep statistics of float columns, which pysail misreads
-        # where a file holds NaN; from here on they do not, and the compaction rewrites the files.
-        tm.stats_columns_set = engine.keep_stats_of(uri)
-        engine.compact(uri, target_size=config.maintain.target_file_size, key=keys.get(uri))
-        fault_point("maintain_after_compact")
-        tm.files_removed = engine.vacuum(uri, retention_hours=retention_hours)
-        tm.checkpoint = engine.checkpoint(uri)
-        after = lake.files_now(uri)
-        tm.files_after = len(after[1]) if after is not None else 0
-        log.info(
-            "maintained %s: %d files -> %d, %s files removed, checkpoint %s",
-            name, tm.files_before, tm.files_after, "?" if tm.files_removed < 0 else tm.files_removed,
-            "written" if tm.checkpoint else "by the engine",
-        )
-        report.tables.append(tm)
-    report.staging_removed = _clean_staging(lake)
-    _write_marker(lake)
+    keys = _first_keys(lake) if tables else {}
+    for name, uri, is_changelog in tables:
+        assert engine is not None
+        if budget is not None and time.monotonic() - t0 >= budget:
+            log.info("maintenance stopped after %.1f s ([maintain] run_budget); the next run goes on", budget)
+            break
+        tm = _maintain_table(engine, lake, (name, uri, keys.get(uri)), config.maintain.target_file_size,
+                             retention_hours, keep_changes if is_changelog else None)
+        if tm is not None:
+            report.tables.append(tm)
+        fault_point("maintain_between_tables")
     report.seconds = time.monotonic() - t0
     return report
 
 
-def _delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
+def _maintain_table(
+    engine: Engine, lake: Lake, table: tuple[str, str, str | None], target_size: int, retention_hours: int,
+    keep_changes: int | None,
+) -> TableMaintenance | None:
+    """Expire changelog rows (``keep_changes`` seconds, None: keep), compact (in the order of the
+    key column named, if any), vacuum and checkpoint one Delta table ((name, uri, first key
+    column)); None when there is no table at ``uri``."""
+    name, uri, key = table
+    tm = TableMaintenance(name, uri)
+    found = lake.files_now(uri)
+    if found is None:
+        return None
+    tm.files_before = len(found[1])
+    if keep_changes is not None:
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=keep_changes)
+        engine.delete_where(uri, f"{quote(TS_COL)} < TIMESTAMP '{cutoff.strftime('%Y-%m-%d %H:%M:%S')}+00:00'")
+        tm.changelog_rows_deleted = True
+    # Tables an earlier version created keep statistics of float columns, which pysail misreads
+    # where a file holds NaN; from here on they do not, and the compaction rewrites the files.
+    tm.stats_columns_set = engine.keep_stats_of(uri)
+    engine.compact(uri, target_size=target_size, key=key)
+    fault_point("maintain_after_compact")
+    tm.files_removed = engine.vacuum(uri, retention_hours=retention_hours)
+    tm.checkpoint = engine.checkpoint(uri)
+    after = lake.files_now(uri)
+    tm.files_after = len(after[1]) if after is not None else 0
+    log.info(
+        "maintained %s: %d files -> %d, %s files removed, checkpoint %s",
+        name, tm.files_before, tm.files_after, "?" if tm.files_removed < 0 else tm.files_removed,
+        "written" if tm.checkpoint else "by the engine",
+    )
+    return tm
+
+
+def delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
     """(name, uri, is a changelog) of every Delta table pg2delta keeps in the lake."""
     out: list[tuple[str, str, bool]] = []
     applied = lake.read_delta(lake.table_uri(LOG_TABLE))
@@ -164,7 +277,8 @@ def _delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
         for table in _dirs(lake, f"{CHANGELOG_ROOT}/{schema}"):
             out.append((f"{CHANGELOG_ROOT}/{schema}/{table}", lake.table_uri(CHANGELOG_ROOT, schema, table), True))
     for own in (LOG_TABLE, CHANGELOG_LOG):
-        out.append((own, lake.table_uri(own), False))
+        if lake.delta_version(lake.table_uri(own)) is not None:  # the changelog log: once a changelog is kept
+            out.append((own, lake.table_uri(own), False))
     return out
 
 
@@ -228,8 +342,8 @@ def _clean_staging(lake: Lake) -> int:
     return removed
 
 
-def _write_marker(lake: Lake) -> None:
-    body = json.dumps({"finished_at": time.time()}).encode()
+def _write_marker(lake: Lake, marker: dict[str, Any]) -> None:
+    body = json.dumps(marker, sort_keys=True).encode()
     tmp = f"{lake.path}/{MARKER}.tmp"
     try:
         with lake.fs.open_output_stream(tmp) as out:

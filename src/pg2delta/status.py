@@ -5,7 +5,8 @@ log, and each table's Delta log for its version, files and size) with pyarrow: n
 started, so a monitoring check every minute costs a query and a few small reads.
 
 The verdict is an exit code (worst first): 12 the slot is invalidated, 11 its ``wal_status`` is
-``unreserved``, 10 the lag is over ``--max-lag-bytes`` / ``--max-lag-seconds``, else 0. The report
+``unreserved``, 10 the lag is over ``--max-lag-bytes`` / ``--max-lag-seconds``, 9 a table's log or
+small files are past a ``[maintain] alert_*`` threshold (:func:`_maintenance_problems`), else 0. The report
 (``--json``) has a stable schema, :data:`SCHEMA_VERSION`, documented in the README; so do the
 Prometheus metrics ``--metrics-file`` writes.
 """
@@ -24,11 +25,13 @@ from pg2delta.errors import (
     EXIT_OK,
     EXIT_STATUS_INVALIDATED,
     EXIT_STATUS_LAG,
+    EXIT_STATUS_MAINTENANCE,
     EXIT_STATUS_UNRESERVED,
     SourceStateError,
 )
 from pg2delta.lake.applied_log import KIND_WINDOW, LOG_TABLE
 from pg2delta.lake.engine import Lake
+from pg2delta.lake.log_health import log_health
 from pg2delta.lsn import format_lsn
 from pg2delta.source.slot import ServerState, SlotInfo, SlotSource
 
@@ -156,6 +159,7 @@ def _tables(config: Config, lake: Lake) -> tuple[list[dict[str, Any]], int | Non
                 "history": _delta(lake, lake.table_uri(schema, history_table(name))),
             }
         )
+        _add_log_health(config, lake, tables[-1])
     return tables, log_version, newest_commit
 
 
@@ -178,7 +182,7 @@ def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, An
         lag_seconds = 0.0 if slot["lag_bytes"] == 0 else max(0.0, (server.now_us - newest_commit) / 1e6)
     slot["lag_seconds"] = None if lag_seconds is None else round(lag_seconds, 3)
 
-    problems: list[dict[str, Any]] = []
+    problems: list[dict[str, Any]] = _maintenance_problems(config, tables)
     if info.invalidated:
         reason = info.invalidation_reason or f"wal_status {info.wal_status}"
         problems.append(
@@ -220,7 +224,7 @@ def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, An
         "checked_at": _iso(server.now_us),
         "exit_code": max((p["exit_code"] for p in problems), default=EXIT_OK),
         "problems": problems,
-        "thresholds": {"max_lag_bytes": limits.max_lag_bytes, "max_lag_seconds": limits.max_lag_seconds},
+        "thresholds": _thresholds(limits, config),
         "server": {
             "version_num": server.version_num,
             "in_recovery": server.in_recovery,
@@ -236,6 +240,77 @@ def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, An
         },
         "tables": tables,
     }
+
+
+# --- Maintenance: what a year of small windows does to a table, watched ----------------------
+
+# Per-table figure -> the [maintain] key of its threshold.
+_ALERTS = {
+    "commits_since_checkpoint": "alert_commits_since_checkpoint",
+    "commits_since_compaction": "alert_commits_since_compaction",
+    "small_files": "alert_small_files",
+}
+
+
+def _thresholds(limits: Thresholds, config: Config) -> dict[str, Any]:
+    """The report's ``thresholds``: the lag flags' and the ``[maintain] alert_*`` keys."""
+    return {
+        "max_lag_bytes": limits.max_lag_bytes, "max_lag_seconds": limits.max_lag_seconds,
+        **{key: getattr(config.maintain, key) for key in _ALERTS.values()},
+    }
+
+
+def _add_log_health(config: Config, lake: Lake, entry: dict[str, Any]) -> None:
+    """Add the :mod:`pg2delta.lake.log_health` figures to a table's entry, and to its changelog's
+    and history's where it has them."""
+    m = config.maintain
+    scan = max(m.alert_commits_since_compaction, 100) + 1  # enough to tell one past the threshold
+
+    def figures(uri: str) -> dict[str, int | None]:
+        found = lake.files_now(uri)
+        health = None if found is None else log_health(lake, uri, found[1], small_file_size=m.small_file_size, scan=scan)
+        return {key: None if health is None else getattr(health, key) for key in _ALERTS}
+
+    entry.update(figures(entry["path"]))
+    for part in ("changelog", "history"):
+        if entry.get(part) is not None:
+            entry[part].update(figures(entry[part]["path"]))
+
+
+def _maintenance_problems(config: Config, tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One problem (exit 9) per table part whose figure is over its ``[maintain] alert_*`` threshold."""
+    problems = []
+    for t in tables:
+        for part, holder in (("", t), (" changelog", t.get("changelog")), (" history", t.get("history"))):
+            for figure, key in _ALERTS.items():
+                limit = getattr(config.maintain, key)
+                value = None if holder is None else holder.get(figure)
+                if limit and value is not None and value > limit:
+                    problems.append({
+                        "kind": "maintenance",
+                        "exit_code": EXIT_STATUS_MAINTENANCE,
+                        "table": t["table"],
+                        "message": f"{t['table']}{part}: {figure.replace('_', ' ')} {value} is over [maintain] "
+                        f"{key} = {limit}: maintenance is not keeping up (docs/operations/maintenance.md)",
+                    })
+    return problems
+
+
+def _maintenance_gauges(reg: Any, report: dict[str, Any], slot: str) -> None:
+    """The :func:`_add_log_health` figures as gauges, per table and part (table, changelog, history)."""
+    from prometheus_client import Gauge
+
+    docs = {
+        "commits_since_checkpoint": "Commits after the newest checkpoint of the Delta log",
+        "commits_since_compaction": "Commits after the newest compaction (OPTIMIZE), counted up to the threshold + 1",
+        "small_files": "Data files of the latest version under [maintain] small_file_size",
+    }
+    for figure, doc in docs.items():
+        g = Gauge(f"pg2delta_table_{figure}", doc, ["slot", "table", "part"], registry=reg)
+        for t in report["tables"]:
+            for part, holder in (("table", t), ("changelog", t.get("changelog")), ("history", t.get("history"))):
+                if holder is not None and holder.get(figure) is not None:
+                    g.labels(slot=slot, table=t["table"], part=part).set(holder[figure])
 
 
 # --- Prometheus -------------------------------------------------------------------------------
@@ -269,8 +344,7 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
     def ts(text: str | None) -> float | None:
         return None if text is None else dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
-    gauge("pg2delta_status_exit_code", "Exit code of pg2delta status (0 ok, 10 lag, 11 unreserved, 12 invalidated)",
-          report["exit_code"])
+    gauge("pg2delta_status_exit_code", "Exit code of pg2delta status (0, 9, 10, 11, 12)", report["exit_code"])
     gauge("pg2delta_status_checked_timestamp_seconds", "When pg2delta status ran (server clock)", ts(report["checked_at"]))
     gauge("pg2delta_slot_invalidated", "1 when the slot is invalidated", 1.0 if slot["invalidated"] else 0.0)
     wal = Gauge("pg2delta_slot_wal_status", "1 for the slot's current wal_status", ["slot", "wal_status"], registry=reg)
@@ -309,6 +383,7 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
     table_gauge("pg2delta_history_size_bytes", "Bytes of data files in the table's SCD2 history", "size_bytes",
                 "history")
     reg.register(_RowsApplied(name, report["tables"]))
+    _maintenance_gauges(reg, report, name)
     write_to_textfile(path, reg)
 
 

@@ -13,8 +13,8 @@ Exit codes (for Airflow and cron):
 ``pg2delta plan`` exits 0, or 78 when the run would stop on a refusal it reports (and 73, 75,
 78 for the same reasons as a run before it gets there).
 
-``pg2delta status`` adds 10 (lag over a threshold), 11 (wal_status unreserved) and 12 (slot
-invalidated). ``--json`` reports carry ``schema_version`` (:data:`JSON_SCHEMA_VERSION`); every
+``pg2delta status`` adds 9 (maintenance behind a ``[maintain] alert_*`` threshold), 10 (lag over
+a threshold), 11 (wal_status unreserved) and 12 (slot invalidated). ``--json`` reports carry ``schema_version`` (:data:`JSON_SCHEMA_VERSION`); every
 field is documented in the README.
 
 ``pg2delta verify`` exits 0 when the lake holds exactly the source's state at the LSN it pins,

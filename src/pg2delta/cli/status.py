@@ -58,6 +58,10 @@ def execute(args: argparse.Namespace) -> int:
                 f"delta version {t['delta_version']}, {t['files']} files, {size_text(t['size_bytes'])}"
                 + (f"; changelog version {cl['delta_version']}, {size_text(cl['size_bytes'])}" if cl else "")
             )
+            print(
+                f"    {t['commits_since_checkpoint']} commits since the last checkpoint, "
+                f"{t['commits_since_compaction']} since the last compaction, {t['small_files']} small files"
+            )
     for p in report["problems"]:
         print(f"pg2delta status: {p['kind']}: {p['message']}", file=sys.stderr)
     return int(report["exit_code"])
@@ -65,8 +69,8 @@ def execute(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     "status",
-    "show the slot's position, lag and WAL retention and the lake's tables; exit 10 (lag over a "
-        "threshold), 11 (wal_status unreserved) or 12 (slot invalidated)",
+    "show the slot's position, lag and WAL retention and the lake's tables; exit 9 (maintenance behind: "
+    "[maintain] alert_*), 10 (lag over a threshold), 11 (wal_status unreserved) or 12 (slot invalidated)",
     execute,
     arguments=arguments,
 )
