@@ -58,7 +58,7 @@ XDIST ?= -n 2
 DOCS_VENV ?= .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
-.PHONY: s3proxy dist install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-verify bench-scale postgres clean docs docs-reference docs-serve
+.PHONY: s3proxy dist install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-year bench-verify bench-scale postgres clean docs docs-reference docs-serve
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
@@ -229,6 +229,11 @@ bench-memory: install postgres
 # 1,000 small windows on one table, then `pg2delta maintain`: files before/after and read_speedup.
 bench-maintain: install postgres
 	$(PY) bench/bench_maintain.py
+
+# A year of five-minute runs with the default config, each a new process: 2,000 on the embedded
+# engine, 200 on Apache Spark (BENCH_YEAR_WINDOWS / BENCH_YEAR_SPARK_WINDOWS shrink them).
+bench-year: install postgres $(SPARK35_STAMP)
+	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(PY) bench/bench_year.py --spark-submit $(SPARK35_VENV)/bin/spark-submit
 
 # `pg2delta verify` of a 5 M-row table (PG2DELTA_BENCH_VERIFY_ROWS for another size): verify_rows_per_s.
 bench-verify: install postgres

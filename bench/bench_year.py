@@ -1,0 +1,188 @@
+"""`make bench-year`: a year of five-minute runs with the default configuration, as a scheduler leaves it.
+
+On a throwaway PostgreSQL (15 by default) with a temporary lake per engine: one table gets a small
+transaction (``--rows`` inserts, default 20, and two updates), then ``pg2delta run`` is started as
+a new process, as cron or Airflow would start it, with no configuration file and nothing else run
+by hand: no ``pg2delta maintain``, no OPTIMIZE, no VACUUM. Whatever keeps the table cheap must be
+the defaults' doing (``[maintain] interval``, the engines' checkpoints).
+
+The runs follow each other as fast as they go, but the clock that schedules maintenance is moved
+five minutes per run (``PG2DELTA_MAINTAIN_CLOCK_OFFSET``, a test hook read by nothing else), so
+2,000 runs are scheduled as a week of five-minute runs is. Delta's own clocks are not moved:
+VACUUM's retention (7 days) and the log's (30 days) count real time, so files a year would remove
+stay on disk here; the active files, which every window reads, are what this measures.
+
+Engines: the embedded one (``python -m pg2delta.cli run``, ``--windows``, default 2,000, or
+``BENCH_YEAR_WINDOWS``) and Apache Spark (``spark-submit jobs/pg2delta_run.py`` with the Spark 3.5
+venv's ``spark-submit`` and the conf dir ``SPARK_CONF_DIR`` names, ``--spark-windows``, default
+200, or ``BENCH_YEAR_SPARK_WINDOWS``; 0 skips it). Each run is timed from its process's start to
+its exit.
+
+Per engine (prefix ``embedded_`` or ``spark_``): ``window_seconds_first_100=`` and
+``window_seconds_last_100=`` (medians of the first and last hundred runs, or of a fifth of them
+when there are fewer than 500), ``year_growth=`` (last / first; target <= 1.2),
+``active_files=`` (the table's files at the end), ``maintenance_runs=`` and
+``maintenance_run_seconds_max=`` (the longest run that maintained). Before printing, the lake is
+read back with delta-rs and compared with PostgreSQL (row count and sums), else exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from deltalake import DeltaTable
+
+from pg2delta.source.throwaway import ThrowawayPostgres
+
+STEP = 300  # seconds between two scheduled runs
+ROOT = Path(__file__).resolve().parent.parent
+SETUP = """
+CREATE SCHEMA IF NOT EXISTS bench;
+CREATE TABLE bench.{table} (id bigint PRIMARY KEY, device int NOT NULL, value double precision,
+                            note text, at timestamptz NOT NULL DEFAULT now());
+CREATE PUBLICATION {table} FOR TABLE bench.{table};
+"""
+
+
+@dataclass
+class Engine:
+    name: str
+    argv: list[str]  # the run's command, before its arguments
+    env: dict[str, str]
+    windows: int
+
+
+@dataclass
+class Runs:
+    seconds: list[float] = field(default_factory=list)
+    maintained: list[bool] = field(default_factory=list)
+
+
+def transaction(conn: psycopg.Connection, table: str, w: int, rows: int) -> None:
+    lo = w * rows + 1
+    with conn.transaction():
+        conn.execute(
+            f"INSERT INTO bench.{table} (id, device, value, note) "
+            "SELECT g, mod(g, 97), g * 0.5, 'reading ' || g FROM generate_series(%s::bigint, %s) g",
+            (lo, lo + rows - 1),
+        )
+        if w:
+            conn.execute(f"UPDATE bench.{table} SET value = value + 1 WHERE id IN (%s, %s)", (w, w * 7 % lo + 1))
+
+
+def scheduled_run(engine: Engine, dsn: str, table: str, lake: Path, k: int) -> tuple[float, dict]:
+    """One run as a scheduler starts it, ``k`` five-minute steps after the first."""
+    env = {key: v for key, v in os.environ.items() if not key.startswith(("PG2DELTA_", "PG"))}
+    env.update(engine.env)
+    env["PG2DELTA_MAINTAIN_CLOCK_OFFSET"] = str(k * STEP)
+    argv = [*engine.argv, "--dsn", dsn, "--slot", table, "--publication", table, "--lake", str(lake), "--json"]
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{engine.name} run {k} exited {done.returncode}: {done.stderr.strip()[-1500:]}")
+    out = done.stdout
+    report = json.loads(out if out.startswith("{") else out[out.index("\n{") + 1 :])
+    return seconds, report
+
+
+def year(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file: Path | None) -> Runs:
+    table = f"year_{engine.name}"
+    lake = tmp / f"lake_{engine.name}"
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(SETUP.format(table=table))
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (table,))
+        runs = Runs()
+        t_start = time.perf_counter()
+        for k in range(engine.windows):
+            transaction(conn, table, k, rows)
+            seconds, report = scheduled_run(engine, pg.dsn, table, lake, k)
+            if report.get("windows", 0) < 1:
+                raise SystemExit(f"{engine.name} run {k} applied no window")
+            runs.seconds.append(seconds)
+            runs.maintained.append(bool((report.get("maintenance") or {}).get("tables")))
+            if times_file is not None:
+                with times_file.open("a") as out:
+                    out.write(f"{engine.name},{k},{seconds:.3f},{int(runs.maintained[-1])}\n")
+            if (k + 1) % 100 == 0:
+                print(f"{engine.name}: {k + 1} runs, {time.perf_counter() - t_start:.0f} s, last {seconds:.2f} s",
+                      flush=True)
+        pg_rows = conn.execute(f"SELECT count(*), sum(value), sum(id) FROM bench.{table}").fetchone()
+    assert pg_rows is not None
+    got = DeltaTable(str(lake / "bench" / table)).to_pyarrow_table()
+    lake_rows = (got.num_rows, float(sum(got.column("value").to_pylist())), int(sum(got.column("id").to_pylist())))
+    if lake_rows != (pg_rows[0], float(pg_rows[1]), int(pg_rows[2])):
+        raise SystemExit(f"{engine.name}: the lake {lake_rows} differs from PostgreSQL {tuple(pg_rows)}")
+    report_figures(engine.name, runs, len(DeltaTable(str(lake / "bench" / table)).file_uris()))
+    return runs
+
+
+def report_figures(name: str, runs: Runs, active_files: int) -> None:
+    n = len(runs.seconds)
+    k = 100 if n >= 500 else max(1, n // 5)
+    first, last = statistics.median(runs.seconds[:k]), statistics.median(runs.seconds[-k:])
+    maint = [s for s, m in zip(runs.seconds, runs.maintained, strict=True) if m]
+    print(f"{name}: {n} runs, medians over the first and last {k}; {len(maint)} runs maintained", flush=True)
+    print(f"{name}_runs={n}")
+    print(f"{name}_window_seconds_first_100={first:.3f}")
+    print(f"{name}_window_seconds_last_100={last:.3f}")
+    print(f"{name}_active_files={active_files}")
+    print(f"{name}_maintenance_runs={len(maint)}")
+    print(f"{name}_maintenance_run_seconds_max={max(maint, default=0.0):.2f}")
+    print(f"{name}_year_growth={last / first:.2f}", flush=True)
+
+
+def engines(args: argparse.Namespace) -> list[Engine]:
+    out = []
+    if args.windows:
+        out.append(Engine("embedded", [sys.executable, "-m", "pg2delta.cli", "run"], {}, args.windows))
+    if args.spark_windows:
+        if not args.spark_submit:
+            raise SystemExit("--spark-windows needs --spark-submit (the Spark 3.5 venv's spark-submit)")
+        venv_python = str(Path(args.spark_submit).parent / "python")
+        env = {"PYSPARK_PYTHON": venv_python, "PYSPARK_DRIVER_PYTHON": venv_python}
+        for key in ("JAVA_HOME", "SPARK_CONF_DIR", "SPARK_SUBMIT_OPTS"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        out.append(Engine("spark", [args.spark_submit, str(ROOT / "jobs" / "pg2delta_run.py")], env, args.spark_windows))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--windows", type=int, default=int(os.environ.get("BENCH_YEAR_WINDOWS", 2000)),
+                    help="runs on the embedded engine (default 2,000, or BENCH_YEAR_WINDOWS; 0 skips)")
+    ap.add_argument("--spark-windows", type=int, default=int(os.environ.get("BENCH_YEAR_SPARK_WINDOWS", 200)),
+                    help="runs on Apache Spark (default 200, or BENCH_YEAR_SPARK_WINDOWS; 0 skips)")
+    ap.add_argument("--spark-submit", default=os.environ.get("BENCH_YEAR_SPARK_SUBMIT", ""),
+                    help="the spark-submit to start Spark runs with")
+    ap.add_argument("--rows", type=int, default=20, help="inserts per transaction (default 20)")
+    ap.add_argument("--pg", type=int, default=15, choices=(15, 18))
+    ap.add_argument("--times-file", type=Path, help="also append engine,run,seconds,maintained per run to this CSV")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops its server
+
+    pg = ThrowawayPostgres.start(args.pg)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pg2delta-bench-year-") as tmp:
+            for engine in engines(args):
+                year(engine, pg, Path(tmp), args.rows, args.times_file)
+    finally:
+        pg.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
