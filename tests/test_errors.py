@@ -6,8 +6,10 @@ import pytest
 
 from pg2delta.errors import (
     EXIT_BUSY,
+    EXIT_LAKE_CHANGED,
     EXIT_NEEDS_HUMAN,
     EXIT_RETRYABLE,
+    EXIT_STORAGE_FULL,
     ConfigError,
     ConnectionFailed,
     DecodeError,
@@ -36,7 +38,8 @@ def test_exit_code(error: Pg2DeltaError, code: int) -> None:
 
 def test_every_kind_has_an_exit_code() -> None:
     for kind in ErrorKind:
-        assert Pg2DeltaError("x", kind=kind).exit_code in {EXIT_NEEDS_HUMAN, EXIT_BUSY}
+        assert Pg2DeltaError("x", kind=kind).exit_code in {
+            EXIT_NEEDS_HUMAN, EXIT_BUSY, EXIT_LAKE_CHANGED, EXIT_RETRYABLE, EXIT_STORAGE_FULL}
 
 
 def test_one_line() -> None:

@@ -22,6 +22,9 @@ class ErrorKind(enum.Enum):
     LAKE = "lake"  # the lake path cannot be read or written, a Delta commit failed
     CONFIG = "config"  # a broken or contradictory configuration
     BUSY = "busy"  # another run holds the slot
+    LAKE_CHANGED = "lake_changed"  # a table of the lake has commits pg2delta did not make since its last one
+    TERMINATED = "terminated"  # SIGTERM (a scheduler's timeout, a pod's shutdown): stopped, nothing half-applied
+    STORAGE_FULL = "storage_full"  # no space left on the device of the staging area or the lake
 
 
 # Exit codes for schedulers (Airflow, cron). 0 is not an error, and neither is a run with nothing to
@@ -33,14 +36,23 @@ EXIT_RETRYABLE = 75  # EX_TEMPFAIL: try again later, unchanged
 EXIT_NEEDS_HUMAN = 78  # EX_CONFIG: do not retry until someone looks
 EXIT_BUSY = 73  # another run holds the slot; the next scheduled run will do the work
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in pg2delta
+# Another writer changed a table of the lake since pg2delta's last commit: the run writes nothing
+# over it (pg2delta verify shows the keys, pg2delta resync repairs; pg2delta.lake.foreign).
+EXIT_LAKE_CHANGED = 21
+# No space left on a device pg2delta writes (the staging area, a local lake): exit 74 (EX_IOERR)
+# until someone frees space or moves the staging area; nothing was advanced past the lake.
+EXIT_STORAGE_FULL = 74
 # Codes an idle run may not take: they mean failures.
-RESERVED_EXIT_CODES = frozenset({EXIT_RETRYABLE, EXIT_NEEDS_HUMAN, EXIT_BUSY, EXIT_INTERNAL, 130})
+RESERVED_EXIT_CODES = frozenset(
+    {EXIT_RETRYABLE, EXIT_NEEDS_HUMAN, EXIT_BUSY, EXIT_INTERNAL, EXIT_LAKE_CHANGED, EXIT_STORAGE_FULL, 130}
+)
 
 # ``pg2delta status``: what it found, worst first when several hold (docs/operations/monitoring.md).
 EXIT_STATUS_MAINTENANCE = 9  # a table's log or small files past a [maintain] alert_* threshold: maintenance is not keeping up
 EXIT_STATUS_LAG = 10  # lag over --max-lag-bytes or --max-lag-seconds
 EXIT_STATUS_UNRESERVED = 11  # wal_status 'unreserved': the next checkpoint may remove WAL the slot needs
 EXIT_STATUS_INVALIDATED = 12  # the slot is invalidated: its changes are gone, the lake needs a new bootstrap
+EXIT_STATUS_LAKE_CHANGED = 13  # a table has commits pg2delta did not make since its last one (run refuses: 21)
 
 # ``pg2delta verify``: the lake does not hold the source's state at the verified LSN (the report
 # names the keys); 0 when every table is equal.
@@ -56,6 +68,9 @@ EXIT_CODES: dict[ErrorKind, int] = {
     ErrorKind.LAKE: EXIT_NEEDS_HUMAN,
     ErrorKind.CONFIG: EXIT_NEEDS_HUMAN,
     ErrorKind.BUSY: EXIT_BUSY,
+    ErrorKind.LAKE_CHANGED: EXIT_LAKE_CHANGED,
+    ErrorKind.TERMINATED: EXIT_RETRYABLE,  # always retryable: the next run goes on
+    ErrorKind.STORAGE_FULL: EXIT_STORAGE_FULL,
 }
 
 
@@ -144,3 +159,39 @@ class ConfigError(Pg2DeltaError):
 
 class SlotBusy(Pg2DeltaError):
     kind = ErrorKind.BUSY
+
+
+class Terminated(Pg2DeltaError):
+    """The process was asked to stop (SIGTERM) and stopped: exit 75, run again."""
+
+    kind = ErrorKind.TERMINATED
+    retryable = True
+
+
+class StorageFull(Pg2DeltaError):
+    """No space left on a device pg2delta writes; retrying unchanged fills it again."""
+
+    kind = ErrorKind.STORAGE_FULL
+
+
+def no_space_left(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it came from, is a device out of space (ENOSPC), as the OS,
+    pyarrow or the engine (its message) says it."""
+    import errno
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(cur) or "os error 28" in str(cur):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+class LakeChanged(Pg2DeltaError):
+    """A table of the lake was changed by another writer since pg2delta's last commit."""
+
+    kind = ErrorKind.LAKE_CHANGED

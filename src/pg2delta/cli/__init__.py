@@ -5,7 +5,10 @@ Exit codes (for Airflow and cron):
 * 0 — success: every window up to the bound applied and the slot advanced, or nothing to do
   (``--idle-exit-code N`` gives a run with nothing to do the code N instead, e.g. 3);
 * 73 — another run holds the slot (the next scheduled run will do the work);
-* 75 — retryable failure (server unreachable, connection lost): run again unchanged;
+* 75 — retryable failure (server unreachable, connection lost, SIGTERM): run again unchanged;
+* 74 — no space left on a device pg2delta writes (the staging area): free space, then run again;
+* 21 — a table of the lake was changed by another writer since pg2delta's last commit: the run
+  wrote nothing over it (``pg2delta verify`` shows the keys, ``pg2delta resync`` repairs);
 * 78 — needs a human (slot missing or invalidated, publication missing, bad config,
   unwritable lake, a schema change the lake cannot follow, corrupt bytes);
 * 70 — a bug in pg2delta.
@@ -18,7 +21,8 @@ a threshold), 11 (wal_status unreserved) and 12 (slot invalidated). ``--json`` r
 field is documented in the README.
 
 ``pg2delta verify`` exits 0 when the lake holds exactly the source's state at the LSN it pins,
-20 when some table differs (the report names the keys), and the run's codes otherwise.
+20 when some table differs (the report names the keys) or has commits pg2delta did not make
+since its last one, and the run's codes otherwise. ``pg2delta status`` flags those tables with 13.
 
 ``pg2delta versions --at-lsn X/Y`` exits 0 with its answer, also when some table has no version
 holding the state at X (the report says so per table); 78 without an applied log or for a bad LSN.
@@ -37,10 +41,18 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
-from pg2delta import __version__
+from pg2delta import __version__, termination
 from pg2delta.cli import backfill, bootstrap, maintain, plan, resync, run, status, verify, versions
 from pg2delta.cli.common import JSON_SCHEMA_VERSION, Command
-from pg2delta.errors import EXIT_INTERNAL, EXIT_NEEDS_HUMAN, ConfigError, Pg2DeltaError
+from pg2delta.errors import (
+    EXIT_INTERNAL,
+    EXIT_NEEDS_HUMAN,
+    ConfigError,
+    Pg2DeltaError,
+    StorageFull,
+    Terminated,
+    no_space_left,
+)
 
 log = logging.getLogger("pg2delta")
 
@@ -115,7 +127,7 @@ def _stdout_for_the_report() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    with _stdout_for_the_report():
+    with _stdout_for_the_report(), termination.handled():
         return _main(argv)
 
 
@@ -172,6 +184,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.registered.execute(args))
     except Pg2DeltaError as exc:
+        if termination.requested() and not isinstance(exc, Terminated):  # e.g. the engine's JVM got it too
+            return _terminated(args, exc)
+        if no_space_left(exc) and not isinstance(exc, StorageFull):
+            return _storage_full(args, exc)
         args.error_line = exc.one_line()
         print(exc.one_line(), file=sys.stderr)
         log.debug("details", exc_info=True)
@@ -180,14 +196,41 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("pg2delta: interrupted; the slot was not advanced past anything unapplied", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug: say so on one line, keep the trace for --verbose
+        if termination.requested():
+            return _terminated(args, exc)
+        if no_space_left(exc):
+            return _storage_full(args, exc)
         args.error_line = f"pg2delta: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         print(args.error_line, file=sys.stderr)
         log.debug("traceback", exc_info=True)
         return EXIT_INTERNAL
 
 
+def _failed(args: argparse.Namespace, err: Pg2DeltaError) -> int:
+    args.error_line = err.one_line()
+    print(err.one_line(), file=sys.stderr)
+    log.debug("details", exc_info=True)
+    return err.exit_code
+
+
+def _storage_full(args: argparse.Namespace, exc: BaseException) -> int:
+    """Exit 74 for an error that comes from a device out of space (the staging area, a local lake)."""
+    return _failed(args, StorageFull(
+        "no space left on a device pg2delta writes (free space or move the staging area, then run again; the "
+        f"slot did not move past the lake): {' '.join(str(exc).split())[:300]}"))
+
+
+def _terminated(args: argparse.Namespace, exc: BaseException) -> int:
+    """Exit 75 for an error that followed a SIGTERM (pg2delta.termination)."""
+    return _failed(args, Terminated(
+        f"SIGTERM received; the command then stopped on: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}; "
+        "the slot stays where the lake is; run again"))
+
+
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    termination.exit_on_sigterm(code)  # the command is over: a SIGTERM now changes nothing
+    sys.exit(code)
 
 
 def spark_submit(command: str) -> NoReturn:
