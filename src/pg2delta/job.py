@@ -48,8 +48,9 @@ from pg2delta.config import Config
 from pg2delta.errors import SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.lake import applied_log
-from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, window_rows
+from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, log_rows, window_rows
 from pg2delta.lake.engine import Engine, Lake
+from pg2delta.lake.foreign import Damaged, damaged_tables, last_logged_versions, refuse, remember, remembered
 from pg2delta.lsn import format_lsn
 from pg2delta.maintain import maintain_due
 from pg2delta.metastore import register_written
@@ -114,6 +115,10 @@ class _Run:
     # Roots whose leaves were rewritten without a TRUNCATE (VACUUM FULL, CLUSTER), to be logged with
     # the next window even if it has no changes of them: else every run would decode the backlog again.
     rewritten: set[int] = field(default_factory=set)
+    # Per Delta table (schema, table), the newest version the applied log records: commits after it
+    # are looked at before the table is written (pg2delta.lake.foreign).
+    logged: dict[tuple[str, str], int] | None = None
+    damaged: dict[tuple[str, str], Damaged] | None = None  # remembered from before (foreign.remember)
 
 
 class Job(Lakeside):
@@ -125,6 +130,7 @@ class Job(Lakeside):
         self.changelog = ChangelogWriter(config, self.lake)
         self._attnums: dict[int, str] = {}  # table OID -> JSON of its Delta columns' attnums, for the log
         self._rewritten: set[int] = set()  # tables whose rows this job set anew: no Delta txn skipping
+        self.on_foreign = "refuse"  # or "remember" (verify): see _refuse_foreign
 
     def run(self, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:
         cfg = self.config
@@ -264,6 +270,7 @@ class Job(Lakeside):
         fault_point("after_read")
         ordered = sorted(run.planner.targets.group(rd.tables, run.applied), key=lambda t: (t.schema, t.table))
         plans = self._plan_window(run, ordered, start, end)
+        _refuse_foreign(self, run, ordered)
         # The changelog next: a crash before the tables' MERGEs replays the window, and the
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(rd.tables.values(), key=lambda t: t.latest.qualified_name)
@@ -283,7 +290,7 @@ class Job(Lakeside):
         )
         fault_point("after_commits")
         logged = [
-            self._logged(run, tgt, rep, plans[(tgt.schema, tgt.table)])
+            _logged(run, tgt, rep, plans[(tgt.schema, tgt.table)])
             for tgt, rep in zip(ordered, window.tables, strict=True)
             if not rep.skipped
         ]
@@ -333,16 +340,6 @@ class Job(Lakeside):
         run.rewritten.clear()
         return out
 
-    @staticmethod
-    def _logged(run: _Run, tgt: Target, rep: TableReport, pl: Plan | None) -> LoggedTable:
-        """The applied-log entry of a table the window applied."""
-        return LoggedTable(
-            tgt.owner, rep.schema, rep.table, rep.delta_version, rep.inserts, rep.updates, rep.deletes,
-            rep.truncated, rep.commit_ts, pl.key if pl is not None else None,
-            run.publication.memberships.get(tgt.owner), run.publication.leaves.get(tgt.owner),
-            run.planner.attnums.get(tgt.owner), filenodes_json(run.filenodes.get(tgt.owner)),
-        )
-
     def _plan_window(self, run: _Run, ordered: Sequence[Target], start: int, end: int) -> dict[tuple[str, str], Plan | None]:
         """Every table's shape, checked against its Delta table before anything is written, so a
         change the lake cannot follow stops the run with nothing of the window applied (reading
@@ -379,6 +376,39 @@ class Job(Lakeside):
         run.applied.update(applied_lsns(self.lake, self.config.source.slot))
         if tgt.owner in run.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
             run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
+
+
+def _logged(run: _Run, tgt: Target, rep: TableReport, pl: Plan | None) -> LoggedTable:
+    """The applied-log entry of a table the window applied."""
+    return LoggedTable(
+        tgt.owner, rep.schema, rep.table, rep.delta_version, rep.inserts, rep.updates, rep.deletes,
+        rep.truncated, rep.commit_ts, pl.key if pl is not None else None,
+        run.publication.memberships.get(tgt.owner), run.publication.leaves.get(tgt.owner),
+        run.planner.attnums.get(tgt.owner), filenodes_json(run.filenodes.get(tgt.owner)),
+    )
+
+
+def _refuse_foreign(job: Job, run: _Run, targets: Sequence[Target]) -> None:
+    """Stop (exit 21) before anything of the window is written when a table it writes has
+    commits another writer made since pg2delta's last one, or had before (pg2delta.lake.foreign):
+    merging over them would bury the damage under pg2delta's own commits. ``on_foreign =
+    "remember"`` (verify) records them instead, so that the runs after still refuse."""
+    if run.logged is None or run.damaged is None:  # once per run
+        run.logged = last_logged_versions(log_rows(job.lake), job.config.source.slot)
+        run.damaged = remembered(job.lake, job.config.source.slot)
+    versions: dict[tuple[str, str], int | None] = {}
+    for t in targets:
+        a = run.applied.get(t.owner)
+        known = [v for v in (run.logged.get((t.schema, t.table)),
+                             a.delta_version if a is not None and (a.schema, a.table) == (t.schema, t.table) else None)
+                 if v is not None]
+        versions[(t.schema, t.table)] = max(known, default=None)
+    found = damaged_tables(job.lake, versions, run.damaged)
+    if job.on_foreign == "refuse":
+        refuse(found)
+    fresh = [d for d in found if (k := run.damaged.get((d.schema, d.table))) is None or k.commits != d.commits]
+    remember(job.lake, job.config.source.slot, fresh)
+    run.damaged.update(((d.schema, d.table), d) for d in fresh)
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

@@ -25,6 +25,7 @@ from pg2delta.errors import (
     EXIT_OK,
     EXIT_STATUS_INVALIDATED,
     EXIT_STATUS_LAG,
+    EXIT_STATUS_LAKE_CHANGED,
     EXIT_STATUS_MAINTENANCE,
     EXIT_STATUS_UNRESERVED,
     SourceStateError,
@@ -182,7 +183,7 @@ def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, An
         lag_seconds = 0.0 if slot["lag_bytes"] == 0 else max(0.0, (server.now_us - newest_commit) / 1e6)
     slot["lag_seconds"] = None if lag_seconds is None else round(lag_seconds, 3)
 
-    problems: list[dict[str, Any]] = _maintenance_problems(config, tables)
+    problems = _maintenance_problems(config, tables) + lake_changed(config, lake, tables)  # 9, 13
     if info.invalidated:
         reason = info.invalidation_reason or f"wal_status {info.wal_status}"
         problems.append(
@@ -313,6 +314,33 @@ def _maintenance_gauges(reg: Any, report: dict[str, Any], slot: str) -> None:
                     g.labels(slot=slot, table=t["table"], part=part).set(holder[figure])
 
 
+def lake_changed(config: Config, lake: Lake, tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each table's ``foreign_commits`` (commits another writer made since pg2delta's last one,
+    newest first; pg2delta.lake.foreign), and a problem (exit 13) naming the tables that have some:
+    the next run that writes one of them refuses (exit 21)."""
+    from pg2delta.lake.applied_log import log_rows
+    from pg2delta.lake.foreign import damaged_tables, last_logged_versions, remembered
+
+    if not tables:
+        return []
+    logged = last_logged_versions(log_rows(lake), config.source.slot)
+    names = {t["table"]: tuple(t["table"].split(".", 1)) for t in tables}
+    known = remembered(lake, config.source.slot)
+    damaged = {d.name: d for d in damaged_tables(lake, {n: logged.get(n) for n in names.values()}, known)}
+    for t in tables:
+        d = damaged.get(t["table"])
+        t["foreign_commits"] = [c.to_json() for c in d.commits] if d is not None else []
+    if not damaged:
+        return []
+    return [{
+        "kind": "lake_changed",
+        "exit_code": EXIT_STATUS_LAKE_CHANGED,
+        "message": "tables changed behind pg2delta's back since its last commit (the next run writing them "
+        "refuses, exit 21; pg2delta verify shows the keys, pg2delta resync repairs): "
+        + "; ".join(d.describe() for d in damaged.values()),
+    }]
+
+
 # --- Prometheus -------------------------------------------------------------------------------
 
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
@@ -344,7 +372,7 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
     def ts(text: str | None) -> float | None:
         return None if text is None else dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
-    gauge("pg2delta_status_exit_code", "Exit code of pg2delta status (0, 9, 10, 11, 12)", report["exit_code"])
+    gauge("pg2delta_status_exit_code", "Exit code of pg2delta status (0, 9, 10, 11, 12, 13)", report["exit_code"])
     gauge("pg2delta_status_checked_timestamp_seconds", "When pg2delta status ran (server clock)", ts(report["checked_at"]))
     gauge("pg2delta_slot_invalidated", "1 when the slot is invalidated", 1.0 if slot["invalidated"] else 0.0)
     wal = Gauge("pg2delta_slot_wal_status", "1 for the slot's current wal_status", ["slot", "wal_status"], registry=reg)

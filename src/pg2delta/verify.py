@@ -50,10 +50,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -65,8 +63,10 @@ from pg2delta.config import Config
 from pg2delta.errors import ConfigError, LakeError, SchemaError
 from pg2delta.job import Job
 from pg2delta.lake.applied_log import LOG_TABLE
+from pg2delta.lake.foreign import ForeignCommit, remembered, scan, with_known
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress
+from pg2delta.source.pinned import pinned_source
 
 if TYPE_CHECKING:
     from pg2delta.lake.engine import Engine
@@ -112,6 +112,9 @@ class TableResult:
     skipped: str | None = None  # why the table was not compared (no key)
     columns_not_compared: list[str] = field(default_factory=list)
     buckets_compared: int = 0
+    # Commits another writer made since pg2delta's last one (pg2delta.lake.foreign), newest first:
+    # the table is compared as readers read it, its latest version, and is not equal while any remain.
+    foreign_commits: list[ForeignCommit] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -119,6 +122,8 @@ class TableResult:
 
     @property
     def equal(self) -> bool:
+        if self.foreign_commits:
+            return False
         return self.skipped is not None or (not self.differences and self.source_rows == self.lake_rows)
 
 
@@ -521,8 +526,9 @@ class TableToVerify:
     schema: str
     table: str
     uri: str
-    version: int
+    version: int  # the latest: what readers read
     logged_key: str | None  # the applied log's key_columns (JSON) for the table at that version
+    foreign: tuple[ForeignCommit, ...] = ()  # commits pg2delta did not make since its last one
 
 
 def _columns(
@@ -555,7 +561,7 @@ def verify_table(
     """Compare one table of the lake at ``t.version`` with the source in ``conn``'s snapshot."""
     from pg2delta.decode.changes import LSN_COL
 
-    result = TableResult(t.schema, t.table, t.version)
+    result = TableResult(t.schema, t.table, t.version, foreign_commits=list(t.foreign))
     lake_types = engine.table_types(t.uri, version=t.version) or {}
     if LSN_COL in lake_types:
         result.skipped = "no key (rows are appended, keyed by their commit position): not compared"
@@ -600,6 +606,7 @@ def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) 
     missing = [n for n in wanted if n not in found]
     if missing:
         raise ConfigError(f"not a table of the lake (slot {cfg.slot!r}): {', '.join(missing)}")
+    known = remembered(engine.lake, cfg.slot)
     out: list[TableToVerify] = []
     for name in list(wanted) or sorted(found):
         t = found[name]
@@ -610,34 +617,16 @@ def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) 
         logged = [r for r in rows if r.get("slot") == cfg.slot and r.get("schema_name") == t.schema
                   and r.get("table_name") == t.table and r.get("key_columns") and int(r["window_end"]) <= lsn]
         key = max(logged, key=lambda r: int(r["window_end"]))["key_columns"] if logged else None
-        out.append(TableToVerify(t.schema, t.table, engine.lake.table_uri(t.schema, t.table), t.delta_version, key))
+        # Readers read the latest version: verify holds the slot's lock, so no run commits meanwhile.
+        uri = engine.lake.table_uri(t.schema, t.table)
+        commits, own = scan(engine.lake, uri, t.delta_version)
+        if own is not None:  # a run between verify's and its lock
+            raise LakeError(f"{name}: a run committed past {format_lsn(lsn)} meanwhile; run pg2delta verify again",
+                            retryable=True)
+        latest = engine.lake.delta_version(uri)
+        out.append(TableToVerify(t.schema, t.table, uri, t.delta_version if latest is None else latest, key,
+                                 with_known(commits, known.get((t.schema, t.table)))))
     return out
-
-
-@contextmanager
-def _pinned_source(config: Config) -> Iterator[tuple[int, psycopg.Connection[Any]]]:
-    """A temporary slot's consistent point L, and a connection reading the snapshot it exported."""
-    from pg2delta.source.slot import connect
-    from pg2delta.source.snapshot import ExportedSnapshot, open_snapshot
-
-    cfg = config.source
-    name = f"pg2delta_verify_{uuid.uuid4().hex[:12]}"
-    with ExportedSnapshot(cfg.dsn, name, temporary=True, connect_timeout=cfg.connect_timeout) as exported:
-        conn = connect(cfg.dsn, application_name="pg2delta verify", connect_timeout=cfg.connect_timeout)
-        try:
-            open_snapshot(conn, exported.snapshot)
-            conn.execute("SET LOCAL DateStyle = 'ISO'")
-            conn.execute("SET LOCAL IntervalStyle = 'postgres'")
-            conn.execute("SET LOCAL extra_float_digits = 1")
-            yield exported.snapshot.consistent_lsn, conn
-        finally:
-            conn.close()
-            # Dropped with its connection anyway, but only once the server's walsender has exited:
-            # drop it now, so nothing sees it after verify returned.
-            drop = sql.SQL("DROP_REPLICATION_SLOT {}").format(sql.Identifier(name)).as_bytes(exported.conn)
-            res = exported.conn.pgconn.exec_(drop)
-            if res.status != psycopg.pq.ExecStatus.COMMAND_OK:
-                log.debug("could not drop the temporary slot %s: %s", name, res.error_message)
 
 
 def verify(
@@ -647,29 +636,35 @@ def verify(
     """``pg2delta verify``: apply the slot up to a fresh snapshot's LSN, then compare every table there."""
     from pg2delta.config import validate
     from pg2delta.source.publication import copied_tables
+    from pg2delta.source.slot import SlotSource
     validate(config)
     bad = [n for n in tables if n.count(".") != 1 or not all(n.split("."))]
     if bad:
         raise ConfigError(f"--table takes schema.table: {', '.join(bad)}")
-    with _pinned_source(config) as (lsn, conn):
+    with pinned_source(config.source, "pg2delta verify") as (lsn, conn):
         log.info("verify: source pinned at %s", format_lsn(lsn))
         job = (job_factory or Job)(config)
+        job.on_foreign = "remember"  # its run writes over a damaged table, which stays damaged until a resync
         try:
             job.run(until_lsn=lsn)
-            engine = job.engine
-            todo = _tables_at(engine, config, lsn, tables)
-            # As a copy makes them: a partitions = "root" table is the root, read from its leaves.
-            published = {t.qualified: t for t in copied_tables(conn, config)}
-            report = VerifyReport(config.source.slot, lsn)
-            for t in todo:
-                pub = published.get(f"{t.schema}.{t.table}")
-                if pub is None:
-                    result = TableResult(t.schema, t.table, t.version, skipped="not in the publication")
-                else:
-                    result = verify_table(engine, conn, config, pub.usable(), t, show=show_values, max_differences=max_differences)
-                if result.skipped and tables:  # asked for by name: say why it cannot be compared
-                    raise SchemaError(f"cannot verify {result.name}: {result.skipped}")
-                report.tables.append(result)
+            cfg = config.source
+            with SlotSource(cfg.dsn, cfg.slot, cfg.publication, connect_timeout=cfg.connect_timeout) as held:
+                held.lock()  # no run commits while the latest versions are compared
+                engine = job.engine
+                todo = _tables_at(engine, config, lsn, tables)
+                # As a copy makes them: a partitions = "root" table is the root, read from its leaves.
+                published = {t.qualified: t for t in copied_tables(conn, config)}
+                report = VerifyReport(config.source.slot, lsn)
+                for t in todo:
+                    pub = published.get(f"{t.schema}.{t.table}")
+                    if pub is None:
+                        result = TableResult(t.schema, t.table, t.version, skipped="not in the publication")
+                    else:
+                        result = verify_table(engine, conn, config, pub.usable(), t, show=show_values,
+                                              max_differences=max_differences)
+                    if result.skipped and tables:  # asked for by name: say why it cannot be compared
+                        raise SchemaError(f"cannot verify {result.name}: {result.skipped}")
+                    report.tables.append(result)
             return report
         finally:
             job.close()
@@ -695,6 +690,7 @@ def to_json(report: VerifyReport) -> dict[str, Any]:
                 "equal": t.equal, "delta_version": t.delta_version, "source_rows": t.source_rows,
                 "lake_rows": t.lake_rows, "skipped": t.skipped, "truncated": t.truncated,
                 "columns_not_compared": t.columns_not_compared, "buckets_compared": t.buckets_compared,
+                "foreign_commits": [c.to_json() for c in t.foreign_commits],
                 "differences": [diff(d) for d in t.differences],
             }
             for t in report.tables

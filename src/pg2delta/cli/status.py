@@ -70,7 +70,8 @@ def execute(args: argparse.Namespace) -> int:
 COMMAND = Command(
     "status",
     "show the slot's position, lag and WAL retention and the lake's tables; exit 9 (maintenance behind: "
-    "[maintain] alert_*), 10 (lag over a threshold), 11 (wal_status unreserved) or 12 (slot invalidated)",
+    "[maintain] alert_*), 10 (lag over a threshold), 11 (wal_status unreserved), 12 (slot invalidated) or 13 "
+    "(a table changed behind pg2delta's back)",
     execute,
     arguments=arguments,
 )

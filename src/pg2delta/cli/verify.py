@@ -37,6 +37,8 @@ def execute(args: argparse.Namespace) -> int:
             print(f"  {t.name} (delta version {t.delta_version}): {t.source_rows} source rows, {t.lake_rows} lake rows, "
                   f"{len(t.differences)}{'+' if t.truncated else ''} difference(s)"
                   + (f"; not compared: {', '.join(t.columns_not_compared)}" if t.columns_not_compared else ""))
+            for c in t.foreign_commits:
+                print(f"    commit pg2delta did not make: {c.describe()}")
             for d in t.differences:
                 key = ", ".join(f"{k}={v!r}" for k, v in d.key.items())
                 cols = f" columns {', '.join(d.columns)}" if d.columns else ""

@@ -19,6 +19,7 @@ from typing import Any
 
 from pg2delta.config import ENGINES, EngineConfig
 from pg2delta.errors import ConfigError, LakeError
+from pg2delta.lake.foreign import MARK, USER_METADATA
 from pg2delta.lake.lake_files import Lake
 
 # Bytes per Parquet file the embedded engine writes into a Delta table. pysail's Delta writer
@@ -49,6 +50,8 @@ _CLASSIC_SQL_CONF = {
     "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    # Every commit of the session says it is pg2delta's (pg2delta.lake.foreign): SQL ones too.
+    USER_METADATA: MARK,
 }
 
 
@@ -272,7 +275,7 @@ class EngineSession:
         """``df.write`` into a Delta table with ``mode``, in files of at most about
         :data:`EMBEDDED_FILE_BYTES` on the embedded engine (Apache Spark's writer flushes its row
         groups as it goes, and sizes its files by its own settings)."""
-        writer = df.write.format("delta").mode(mode)
+        writer = df.write.format("delta").mode(mode).option("userMetadata", MARK)  # pg2delta.lake.foreign
         if self.embedded:
             writer = writer.option("target_file_size", str(EMBEDDED_FILE_BYTES))
         return writer

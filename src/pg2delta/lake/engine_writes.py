@@ -21,6 +21,7 @@ from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
 from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_session import Txn
+from pg2delta.lake.foreign import TRUNCATE_PREDICATE
 from pg2delta.lake.sql import quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
@@ -82,6 +83,13 @@ COPY_TASK_BYTES = 128 << 20
 
 # The names adopt_copy gives the files it moves into a table's folder.
 _ADOPTED = re.compile(r"part-\d{5}-[0-9a-f]{32}\.zstd\.parquet")
+
+
+def _delete_all(target: str, classic: bool) -> str:
+    """``DELETE`` of every row; on the embedded engine with a predicate true for every row, which its
+    commit shows in ``operationParameters`` as pg2delta's (its SQL commits carry no user metadata:
+    pg2delta.lake.foreign)."""
+    return f"DELETE FROM {target}" + ("" if classic else f" WHERE {TRUNCATE_PREDICATE}")
 
 
 def _creating(writer: Any, schema: Any) -> Any:
@@ -312,7 +320,7 @@ class DeltaWrites(Commits):
 
     def delete_all(self, uri: str, *, txn: Txn | None = None) -> None:
         with self._txn(txn):
-            self._sql(f"DELETE FROM {self.target(uri)}", f"DELETE FROM {uri}")
+            self._sql(_delete_all(self.target(uri), self.classic), f"DELETE FROM {uri}")
 
     def append(self, uri: str, table: pa.Table, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
         """Append ``table`` to the Delta table at ``uri`` (created if missing; new columns added).

@@ -1,0 +1,281 @@
+"""Commits pg2delta did not write: a lake changed behind its back.
+
+Readers read a Delta table's latest version. When another writer (a stray job, a hand fix with
+delta-rs or Spark) deletes or updates rows after pg2delta's last commit, the lake no longer holds
+the source's state, and a run that merged on top would hide the damage under its own commits.
+So a run looks, before it writes a table, at the commits since pg2delta's last one
+(:func:`foreign_commits`), ``pg2delta verify`` reports them with the keys they damaged, and
+``pg2delta status`` flags the table.
+
+How pg2delta's own commits are told apart, read from each commit's JSON in ``_delta_log``:
+
+* every commit pg2delta makes through a writer carries ``commitInfo.userMetadata = "pg2delta"``
+  (:data:`MARK`; the Spark session sets it for its SQL commits too);
+* on the embedded engine, whose SQL commits carry no user metadata, pg2delta's ``MERGE`` names the
+  source's ``_pg2delta_op`` column and its ``DELETE`` of a truncate the predicate
+  :data:`TRUNCATE_PREDICATE`: both show in ``commitInfo.operationParameters``;
+* a Delta ``txn`` action whose ``appId`` starts with ``pg2delta/`` (Apache Spark's idempotent writes);
+* commits up to the version the applied log recorded for the table are pg2delta's by definition.
+
+A commit that changes no data (every ``add`` and ``remove`` with ``dataChange = false``, or none:
+``OPTIMIZE``, ``VACUUM``, table properties) changes nothing readers read and is not counted, whoever
+made it. Only the commits after pg2delta's newest one are looked at (the log is read backwards from
+the latest version, usually one file): the run never builds on a damaged table, so commits before
+its own are its own or were seen when they were new.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from pg2delta.errors import LakeChanged, LakeError
+from pg2delta.lake.lake_files import Lake
+
+log = logging.getLogger(__name__)
+
+MARK = "pg2delta"  # commitInfo.userMetadata of pg2delta's commits
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"  # Delta's session setting for it
+TRUNCATE_PREDICATE = "'_pg2delta_truncate' IS NOT NULL"  # the embedded engine's DELETE of a truncate
+_FINGERPRINTS = ("_pg2delta_op", "_pg2delta_truncate")
+_APP_PREFIX = "pg2delta/"
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignCommit:
+    """A commit of a Delta table that changed data and that pg2delta did not make."""
+
+    version: int
+    operation: str  # commitInfo.operation (DELETE, UPDATE, WRITE, MERGE...), or what happened instead
+    engine: str  # commitInfo.engineInfo (or clientVersion): what made the commit
+    timestamp_ms: int | None
+
+    @property
+    def when(self) -> str:
+        if self.timestamp_ms is None:
+            return "unknown time"
+        return dt.datetime.fromtimestamp(self.timestamp_ms / 1000, tz=dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+    def describe(self) -> str:
+        return f"version {self.version}: {self.operation} by {self.engine} at {self.when}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "operation": self.operation, "engine": self.engine, "at": self.when}
+
+
+@dataclass(frozen=True, slots=True)
+class Damaged:
+    """A Delta table of the lake with commits pg2delta did not make since its last one."""
+
+    schema: str
+    table: str
+    logged_version: int | None  # the newest version the applied log records for it
+    commits: tuple[ForeignCommit, ...]  # newest first
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def describe(self) -> str:
+        return f"{self.name} ({'; '.join(c.describe() for c in self.commits)})"
+
+
+def own_commit(actions: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether one commit's actions carry pg2delta's marks (see the module docstring)."""
+    for action in actions:
+        if "txn" in action and str(action["txn"].get("appId") or "").startswith(_APP_PREFIX):
+            return True
+        info = action.get("commitInfo")
+        if info is None:
+            continue
+        if str(info.get("userMetadata") or "").startswith(MARK):
+            return True
+        params = json.dumps(info.get("operationParameters") or {})
+        if any(f in params for f in _FINGERPRINTS):
+            return True
+    return False
+
+
+def changes_data(actions: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether one commit adds or removes rows (an ``add`` or ``remove`` with ``dataChange``)."""
+    for action in actions:
+        for kind in ("add", "remove"):
+            if kind in action and action[kind].get("dataChange", True):
+                return True
+    return False
+
+
+def _describe(version: int, actions: list[dict[str, Any]]) -> ForeignCommit:
+    info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    engine = str(info.get("engineInfo") or info.get("clientVersion") or "an unknown writer")
+    ts = info.get("timestamp")
+    return ForeignCommit(version, str(info.get("operation") or "unknown operation"), engine,
+                         None if ts is None else int(ts))
+
+
+def _actions(lake: Lake, uri: str, version: int) -> list[dict[str, Any]] | None:
+    """The actions of one commit, or None when its JSON is gone (log clean-up after a checkpoint)."""
+    name = f"{lake.fs_path(uri)}/_delta_log/{version:020d}.json"
+    try:
+        with lake.fs.open_input_stream(name) as f:
+            text = f.read().decode()
+    except FileNotFoundError:
+        return None
+    except (OSError, pa.ArrowException) as exc:
+        raise LakeError(f"cannot read commit {version} of {uri}: {exc}") from exc
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def foreign_commits(lake: Lake, uri: str, logged_version: int | None) -> list[ForeignCommit]:
+    """The commits of the Delta table at ``uri`` that changed data after pg2delta's newest one
+    (newest first); ``logged_version``: the newest version the applied log records for it (None:
+    none). A table gone, or whose latest version is below the logged one (replaced or deleted
+    behind pg2delta's back), is one entry saying so."""
+    return scan(lake, uri, logged_version)[0]
+
+
+def scan(lake: Lake, uri: str, logged_version: int | None) -> tuple[list[ForeignCommit], int | None]:
+    """:func:`foreign_commits`, and the version of pg2delta's own newest commit when it is after
+    ``logged_version`` (a commit the applied log does not record yet), else None."""
+    latest = lake.delta_version(uri)
+    if latest is None:
+        if logged_version is None:
+            return [], None
+        return [ForeignCommit(logged_version, "the Delta table was deleted", "an unknown writer", None)], None
+    if logged_version is not None and latest < logged_version:
+        return [ForeignCommit(latest, f"the Delta table was replaced (latest version {latest}, "
+                              f"pg2delta logged {logged_version})", "an unknown writer", None)], None
+    found: list[ForeignCommit] = []
+    floor = -1 if logged_version is None else logged_version
+    for version in range(latest, floor, -1):
+        actions = _actions(lake, uri, version)
+        if actions is None:
+            break
+        if own_commit(actions):
+            return found, version if changes_data(actions) else None
+        if changes_data(actions):
+            found.append(_describe(version, actions))
+    return found, None
+
+
+def with_known(found: Iterable[ForeignCommit], known: Damaged | None) -> tuple[ForeignCommit, ...]:
+    """``found`` and the commits remembered of the same table (:func:`remembered`), newest first."""
+    commits = {c.version: c for c in (known.commits if known is not None else ())}
+    commits.update((c.version, c) for c in found)
+    return tuple(commits[v] for v in sorted(commits, reverse=True))
+
+
+def last_logged_versions(rows: Iterable[Mapping[str, Any]], slot: str) -> dict[tuple[str, str], int]:
+    """Per Delta table of ``slot`` (schema, table), the version of its newest applied-log row that has one."""
+    newest: dict[tuple[str, str], tuple[int, int]] = {}
+    for r in rows:
+        if r.get("slot") != slot or not r.get("table_name") or r.get("delta_version") is None:
+            continue
+        name = (str(r.get("schema_name") or ""), str(r["table_name"]))
+        point = (int(r["window_end"]), int(r["delta_version"]))
+        if name not in newest or point > newest[name]:
+            newest[name] = point
+    return {name: version for name, (_, version) in newest.items()}
+
+
+def damaged_tables(
+    lake: Lake, logged: Mapping[tuple[str, str], int | None], known: Mapping[tuple[str, str], Damaged] | None = None
+) -> list[Damaged]:
+    """The tables of ``logged`` ((schema, table) -> last logged version) with foreign commits:
+    found now after pg2delta's last commit, or ``known`` from before (:func:`remembered`)."""
+    out = []
+    for (schema, table), version in sorted(logged.items()):
+        found = foreign_commits(lake, lake.table_uri(schema, table), version)
+        commits = with_known(found, known.get((schema, table)) if known else None)
+        if commits:
+            out.append(Damaged(schema, table, version, commits))
+    return out
+
+
+# --- damage pg2delta was told to build on (``pg2delta verify``), remembered until a resync ----------
+
+REMEMBERED = "_pg2delta/foreign"  # under the lake root: slot-<slot>/<schema>/<table>.json
+
+
+def _folder(lake: Lake, slot: str) -> str:
+    return f"{lake.path}/{REMEMBERED}/slot-{slot}"
+
+
+def remember(lake: Lake, slot: str, damaged: Iterable[Damaged]) -> None:
+    """Keep what ``damaged`` found, for the runs, ``status`` and ``verify`` after a run that wrote
+    over it (``pg2delta verify`` applies the slot up to its pinned LSN whatever the lake holds):
+    pg2delta's own commits on top would otherwise hide the damage from :func:`foreign_commits`."""
+    for d in damaged:
+        path = f"{_folder(lake, slot)}/{d.schema}/{d.table}.json"
+        body = json.dumps({"logged_version": d.logged_version, "commits": [c.to_json() | {"timestamp_ms": c.timestamp_ms}
+                                                                           for c in d.commits]})
+        try:
+            lake.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            with lake.fs.open_output_stream(path) as out:
+                out.write(body.encode())
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot record the foreign commits of {d.name} at {path}: {exc}") from exc
+        log.warning("%s was changed behind pg2delta's back (%s); remembered until pg2delta resync copies it again",
+                    d.name, "; ".join(c.describe() for c in d.commits))
+
+
+def remembered(lake: Lake, slot: str) -> dict[tuple[str, str], Damaged]:
+    """What :func:`remember` kept, per (schema, table)."""
+    import pyarrow.fs as pafs
+
+    out: dict[tuple[str, str], Damaged] = {}
+    try:
+        infos = lake.fs.get_file_info(pafs.FileSelector(_folder(lake, slot), recursive=True, allow_not_found=True))
+        for info in infos:
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
+                continue
+            schema = info.path.rsplit("/", 2)[-2]
+            table = info.base_name[: -len(".json")]
+            with lake.fs.open_input_stream(info.path) as f:
+                body = json.loads(f.read().decode())
+            commits = tuple(ForeignCommit(int(c["version"]), str(c["operation"]), str(c["engine"]), c.get("timestamp_ms"))
+                            for c in body["commits"])
+            out[(schema, table)] = Damaged(schema, table, body.get("logged_version"), commits)
+    except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
+        raise LakeError(f"cannot read {_folder(lake, slot)}: {exc}") from exc
+    return out
+
+
+def forget(lake: Lake, slot: str, tables: Iterable[tuple[str, str]]) -> None:
+    """Drop what :func:`remember` kept of ``tables`` (copied again: ``pg2delta resync``)."""
+    for schema, table in tables:
+        path = f"{_folder(lake, slot)}/{schema}/{table}.json"
+        try:
+            lake.fs.delete_file(path)
+        except FileNotFoundError:
+            continue
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot remove {path}: {exc}") from exc
+        log.info("%s.%s copied again: its foreign commits are forgotten", schema, table)
+
+
+def refuse(damaged: Iterable[Damaged]) -> None:
+    """Stop the run (exit :data:`pg2delta.errors.EXIT_LAKE_CHANGED`) before it writes over ``damaged``."""
+    found = list(damaged)
+    if not found:
+        return
+    names = " ".join(d.name for d in found)
+    raise LakeChanged(
+        "the lake was changed behind pg2delta's back, so this run writes nothing over it: "
+        + "; ".join(d.describe() for d in found)
+        + f". pg2delta verify shows the keys; pg2delta resync --table {names.replace(' ', ' --table ')} "
+        "copies the table(s) again"
+    )
+
+
+__all__ = [
+    "MARK", "REMEMBERED", "TRUNCATE_PREDICATE", "USER_METADATA", "Damaged", "ForeignCommit", "changes_data",
+    "damaged_tables", "foreign_commits", "forget", "last_logged_versions", "own_commit", "refuse", "remember",
+    "remembered", "scan", "with_known",
+]
