@@ -235,7 +235,10 @@ class ThrowawayPostgres:
             raise RuntimeError(f"{argv[0]} failed ({proc.returncode}): {proc.stderr.strip()}\n{log}")
 
     def restart(self) -> None:
-        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", "60", "-m", "fast", "restart"])
+        # With the log file, as start: else the new server writes to (and holds open) pg_ctl's
+        # captured stdout, and waiting for pg_ctl's output never ends.
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.root / "server.log"),
+                   "-w", "-t", "60", "-m", "fast", "restart"])
 
     def stop(self) -> None:
         if (self.datadir / "postmaster.pid").exists():
