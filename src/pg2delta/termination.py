@@ -16,6 +16,7 @@ would; so does a second SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -44,9 +45,15 @@ def _grace() -> float:
         return DEFAULT_GRACE
 
 
+_ended: list[int] = []  # the command's exit code, once it has ended (exit_on_sigterm)
+
+
 def _exit_now(why: str) -> None:
+    if _ended:  # the command has ended and said so; only the process's shutdown is slow
+        os._exit(_ended[0])
     # os.write, not logging: the main thread may hold the logging lock.
     os.write(2, f"pg2delta: terminated error: {why}; exiting now, as a kill would (the slot did not move past the lake)\n".encode())
+    faulthandler.dump_traceback(all_threads=True)  # where it hung, for whoever reads the log
     os._exit(EXIT_RETRYABLE)
 
 
@@ -79,6 +86,7 @@ def handled() -> Iterator[None]:
 def exit_on_sigterm(code: int) -> None:
     """From now on (the command has ended with ``code``; the process is shutting down: the
     engine's threads, atexit), SIGTERM ends the process at once with that same code."""
+    _ended.append(code)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
 
