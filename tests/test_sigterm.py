@@ -37,7 +37,7 @@ GRACE = "8"
 PROMPT_SECONDS = 15.0
 
 
-def _setup(dsn: str, lake: Path, seed: int) -> tuple[str, list[str]]:
+def _setup(dsn: str, lake: Path, seed: int, steps: int = 60) -> tuple[str, list[str]]:
     tag = uuid.uuid4().hex[:8]
     slot, pub = f"slot_{tag}", f"pub_{tag}"
     create_schema(dsn, pub)
@@ -48,7 +48,7 @@ def _setup(dsn: str, lake: Path, seed: int) -> tuple[str, list[str]]:
         wl.phase(30)
         first = cli(*common)
         assert first.returncode == 0, first.stderr[-2000:]
-        wl.phase(60)
+        wl.phase(steps)
     return slot, common
 
 
@@ -73,6 +73,13 @@ def _holds_lock(dsn: str) -> bool:
         return bool(conn.execute(
             "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
             "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()").fetchone()[0])  # type: ignore[index]
+
+
+def _wait_unlocked(dsn: str) -> None:
+    deadline = time.monotonic() + 30
+    while _holds_lock(dsn):
+        assert time.monotonic() < deadline, "the slot's lock is still held 30 s after the run ended"
+        time.sleep(0.05)
 
 
 def _converges(dsn: str, lake: Path, common: list[str], context: str) -> None:
@@ -103,13 +110,14 @@ def test_sigterm_at_random_moments(pgdb: str, tmp_path: Path) -> None:
     seed = int(os.environ.get("PG2DELTA_TEST_SEED", "4242"))
     rnd = random.Random(seed)
     lake = tmp_path / "lake"
-    slot, common = _setup(pgdb, lake, seed=seed)
+    slot, common = _setup(pgdb, lake, seed=seed, steps=200)
     args = [*common, "--max-changes", "20"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
     env.update(child_env())
     env[GRACE_ENV] = GRACE
     terminated = 0
     for attempt in range(3):
+        _wait_unlocked(pgdb)  # the last attempt's backend gone
         before = confirmed_lsn(pgdb, slot)
         proc = subprocess.Popen([sys.executable, "-m", "pg2delta.cli", *args], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -119,7 +127,7 @@ def test_sigterm_at_random_moments(pgdb: str, tmp_path: Path) -> None:
             deadline = time.monotonic() + 60
             while proc.poll() is None and time.monotonic() < deadline and not _holds_lock(pgdb):
                 time.sleep(0.02)
-            time.sleep(rnd.uniform(0.5, 6.0))
+            time.sleep(rnd.uniform(0.3, 3.0))
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=60)

@@ -84,11 +84,13 @@ def handled() -> Iterator[None]:
 
 
 def exit_on_sigterm(code: int) -> None:
-    """From now on (the command has ended with ``code``; the process is shutting down: the
-    engine's threads, atexit), SIGTERM ends the process at once with that same code."""
+    """The command has ended with ``code`` and the process is shutting down (the engine's threads,
+    atexit): SIGTERM is ignored from now on, so the process still exits with that code (a Python
+    handler would be reset to the default, killing, action by the interpreter's finalization); a
+    forced exit pending from an earlier SIGTERM exits with it too."""
     _ended.append(code)
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 __all__ = ["DEFAULT_GRACE", "GRACE_ENV", "exit_on_sigterm", "handled", "requested"]
