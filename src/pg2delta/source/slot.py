@@ -144,11 +144,7 @@ class SlotSource:
     def close(self) -> None:
         # Release the lock before closing: the server drops a session's locks only once its backend
         # has exited, after the client is gone, so a run started right after this one could still
-        # find the slot locked and exit 73. A statement still under way (a read stopped by SIGTERM)
-        # is cancelled first: the backend would otherwise finish its peek before it noticed.
-        if self.conn.info.transaction_status == libpq.TransactionStatus.ACTIVE:
-            with contextlib.suppress(psycopg.Error):
-                self.conn.cancel_safe(timeout=5)
+        # find the slot locked and exit 73.
         self.unlock()
         with contextlib.suppress(psycopg.Error):
             self.conn.close()
