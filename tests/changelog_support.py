@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from deltalake import DeltaTable
 from psycopg import sql
 
+from lake_read import read_delta
 from workload import TABLES, TableSpec, create_schema
 
 AUDIT_DDL = """
@@ -76,7 +76,7 @@ def changelog_rows(lake: Path, spec: TableSpec) -> list[dict[str, Any]]:
     path = changelog_path(lake, spec)
     if not (path / "_delta_log").is_dir():
         return []
-    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    rows = read_delta(str(path)).to_pylist()
     return sorted(rows, key=lambda r: (r["_pg2delta_lsn"], r["_pg2delta_pos"]))
 
 

@@ -34,7 +34,7 @@ class SharedEngine:
         if self._first is None:
             with _long_lived_jvm():
                 self._first = self._start(EngineConfig(kind=TEST_ENGINE, spark_conf=config.spark_conf), lake)
-        return self._first.with_lake(lake)
+        return self._first.with_lake(lake, deletion_vectors=config.deletion_vectors)
 
     @property
     def spark(self) -> Any:

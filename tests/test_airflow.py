@@ -28,6 +28,7 @@ from deltalake import DeltaTable
 from changelog_support import write_config
 from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
+from lake_read import read_delta
 from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import ACCT, TABLES, Workload, assert_lake_matches, confirmed_lsn, create_schema, lake_files
 
@@ -204,7 +205,7 @@ def test_embedded_dags(airflow: Airflow, server: ThrowawayPostgres, tmp_path: Pa
     assert_lake_matches(dsn, lake, TABLES, context="run DAG after the failures")
 
     # The backfill DAG: the changelog from the lake's start to its last window, into a copy.
-    log = DeltaTable(str(lake / "_pg2delta" / "applied_log")).to_pyarrow_table().to_pylist()
+    log = read_delta(str(lake / "_pg2delta" / "applied_log")).to_pylist()
     start = min(r["window_end"] for r in log if r["kind"] == "bootstrap")
     end = max(r["window_end"] for r in log)
     copy = tmp_path / "copy"

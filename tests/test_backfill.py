@@ -10,10 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 
 from changelog_support import setup_source, write_config
+from lake_read import read_delta
 from test_job_errors import assert_one_line_error
 from workload import ACCT, EVENTS, TABLES, TableSpec, Workload, assert_lake_matches, cli, lake_files
 
@@ -24,11 +25,11 @@ EXIT_OK, EXIT_IDLE, EXIT_NEEDS_HUMAN = 0, 3, 78  # EXIT_IDLE: with --idle-exit-c
 
 def _log(lake: Path, name: str = "applied_log") -> list[dict[str, Any]]:
     path = lake / "_pg2delta" / name
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist() if (path / "_delta_log").is_dir() else []
+    return read_delta(str(path)).to_pylist() if (path / "_delta_log").is_dir() else []
 
 
-def _rows(table: DeltaTable) -> list[tuple[tuple[str, Any], ...]]:
-    return sorted((tuple(sorted(r.items())) for r in table.to_pyarrow_table().to_pylist()), key=repr)
+def _rows(table: pa.Table) -> list[tuple[tuple[str, Any], ...]]:
+    return sorted((tuple(sorted(r.items())) for r in table.to_pylist()), key=repr)
 
 
 def _main_as_of(lake: Path, spec: TableSpec, lsn: int) -> list[tuple[tuple[str, Any], ...]]:
@@ -37,12 +38,12 @@ def _main_as_of(lake: Path, spec: TableSpec, lsn: int) -> list[tuple[tuple[str, 
     if not mine:
         return []
     version = max(mine, key=lambda r: r["window_end"])["delta_version"]
-    return _rows(DeltaTable(str(lake / spec.schema / spec.name), version=version))
+    return _rows(read_delta(str(lake / spec.schema / spec.name), version=version))
 
 
 def _copy(path: Path, spec: TableSpec) -> list[tuple[tuple[str, Any], ...]]:
     table = path / spec.schema / spec.name
-    return _rows(DeltaTable(str(table))) if (table / "_delta_log").is_dir() else []
+    return _rows(read_delta(str(table))) if (table / "_delta_log").is_dir() else []
 
 
 def _fmt(lsn: int) -> str:

@@ -26,6 +26,7 @@ from deltalake import DeltaTable
 
 from conftest import newest_server_only
 from engines import TEST_ENGINE
+from lake_read import read_delta
 from pg2delta.bootstrap import run_bootstrap
 from pg2delta.config import load
 from pg2delta.copy import staging as copy_staging
@@ -124,7 +125,7 @@ def _config(dsn: str, slot: str, pub: str, lake: Path) -> Any:
 
 
 def _log_rows(lake: Path, slot: str) -> list[dict[str, Any]]:
-    return [r for r in DeltaTable(str(lake / LOG_TABLE)).to_pyarrow_table().to_pylist() if r["slot"] == slot]
+    return [r for r in read_delta(str(lake / LOG_TABLE)).to_pylist() if r["slot"] == slot]
 
 
 def _version(lake: Path, spec: TableSpec) -> int | None:
@@ -238,7 +239,7 @@ def test_new_tables_take_the_staged_files_unless_their_folder_holds_others(
     again = cli("run", *common)
     assert again.returncode == 0, again.stderr[-2000:]
     assert_lake_matches(pgdb, lake, context="bootstrap, run")
-    rows = sorted(DeltaTable(str(lake / "public" / "floats")).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    rows = sorted(read_delta(str(lake / "public" / "floats")).to_pylist(), key=lambda r: r["id"])
     assert [(r["id"], repr(r["f"]), repr(r["r"])) for r in rows] == [
         (1, "nan", "nan"), (2, "2.5", "0.5"), (3, "2.5", "2.5")
     ], rows
@@ -349,7 +350,7 @@ def test_a_bootstrap_failing_before_its_first_commit_is_resumed(pgdb: str, tmp_p
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("UPDATE nokey SET v = 'changed' WHERE id <= 10")
     run(keyed)
-    got = DeltaTable(str(lake / "public" / "nokey")).to_pyarrow_table().to_pylist()
+    got = read_delta(str(lake / "public" / "nokey")).to_pylist()
     assert sorted((r["id"], r["v"]) for r in got) == [(i, "changed" if i <= 10 else f"v{i}") for i in range(1, 501)]
 
 
@@ -457,7 +458,7 @@ def test_row_filter_and_column_list(pgdb: str, tmp_path: Path) -> None:
         conn.execute("DELETE FROM filt WHERE id % 7 = 0")
         conn.execute("INSERT INTO filt SELECT g, 'b' || g, 'hidden', -g FROM generate_series(6000, 6100) g")
     run(cfg)
-    table = DeltaTable(str(lake / "public" / "filt")).to_pyarrow_table()
+    table = read_delta(str(lake / "public" / "filt"))
     assert table.column_names == ["id", "a", "n"]
     got = sorted(zip(*(table.column(c).to_pylist() for c in ("id", "a", "n")), strict=True))
     with psycopg.connect(pgdb) as conn:
@@ -587,7 +588,7 @@ def test_partitions_copied_into_their_root_with_row_filters_and_column_lists(pgd
             ).fetchall())
 
     def got() -> list[tuple[Any, ...]]:
-        table = DeltaTable(str(lake / "public" / "parted")).to_pyarrow_table()
+        table = read_delta(str(lake / "public" / "parted"))
         assert table.column_names == ["id", "v"]
         return sorted(zip(table.column("id").to_pylist(), table.column("v").to_pylist(), strict=True))
 

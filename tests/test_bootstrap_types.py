@@ -18,8 +18,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from deltalake import DeltaTable
 
+from lake_read import read_delta
 from pg2delta.bootstrap import run_bootstrap
 from pg2delta.config import load
 from pg2delta.job import run
@@ -39,7 +39,7 @@ def _norm(v: Any) -> Any:
 
 
 def _read(path: Path) -> tuple[list[tuple[str, str]], dict[str, list[Any]]]:
-    table = DeltaTable(str(path)).to_pyarrow_table().sort_by("id")
+    table = read_delta(str(path)).sort_by("id")
     schema = [(f.name, str(f.type)) for f in table.schema]
     return schema, {n: _norm(table.column(n).to_pylist()) for n in table.column_names}
 

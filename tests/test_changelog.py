@@ -11,7 +11,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from deltalake import DeltaTable
 
 from changelog_support import (
     assert_changelog_matches,
@@ -20,6 +19,7 @@ from changelog_support import (
     setup_source,
     write_config,
 )
+from lake_read import read_delta
 from pg2delta.faults import FAULT_ENV
 from workload import ACCT, EVENTS, FULLID, PAIR, TABLES, Workload, assert_lake_matches, cli, confirmed_lsn
 
@@ -57,8 +57,8 @@ def test_changelog_equals_the_changes(pgdb: str, tmp_path: Path) -> None:
     assert not (counts[EVENTS.qualified].keys() - {"I", "T"})
     assert not counts[ACCT.qualified]["B"] and not counts[PAIR.qualified]["B"]  # old rows only under FULL
     # The changelog log names every window that changed a changelog table.
-    log = DeltaTable(str(lake / "_pg2delta" / "changelog_log")).to_pyarrow_table().to_pylist()
-    applied = DeltaTable(str(lake / "_pg2delta" / "applied_log")).to_pyarrow_table().to_pylist()
+    log = read_delta(str(lake / "_pg2delta" / "changelog_log")).to_pylist()
+    applied = read_delta(str(lake / "_pg2delta" / "applied_log")).to_pylist()
     logged = {(r["run_id"], r["window_end"], r["table_name"]) for r in log}
     assert {(r["run_id"], r["window_end"], r["table_name"]) for r in applied} <= logged
 

@@ -49,6 +49,8 @@ def test_table_keys(tmp_path: Path) -> None:
         ('[lake]\nroot = "/l"\n', "no source DSN"),
         ('[source]\ndsn = "x"\ncreate_slot = "yes"\n[lake]\nroot = "/l"\n', "true or false"),
         ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."t"]\nkey = ["a"]\n', "schema.table"),
+        ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\ndeletion_vectors = "no"\n', "true or false"),
+        ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[engine]\ndeletion_vectors = false\n', "a \\[lake\\] setting"),
     ],
 )
 def test_broken_configs(tmp_path: Path, text: str, message: str) -> None:
@@ -111,3 +113,11 @@ def test_catalog_names(tmp_path: Path) -> None:
             load(write(tmp_path, base + bad + "\n" + spark))
     with pytest.raises(ConfigError, match="give a database name"):
         load(write(tmp_path, base.replace('"bronze"', '"bro nze"') + spark))
+
+
+def test_deletion_vectors_setting(tmp_path: Path) -> None:
+    """[lake] deletion_vectors: on unless the file says otherwise; the engine gets it."""
+    on = load(write(tmp_path, '[source]\ndsn = "x"\n[lake]\nroot = "/l"\n'), env={})
+    assert on.deletion_vectors and on.engine.deletion_vectors
+    off = load(write(tmp_path, '[source]\ndsn = "x"\n[lake]\nroot = "/l"\ndeletion_vectors = false\n'), env={})
+    assert not off.deletion_vectors and not off.engine.deletion_vectors

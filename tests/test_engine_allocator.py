@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from deltalake import DeltaTable
 
+from lake_read import read_delta
 from pg2delta import ALLOCATOR, BULK_ALLOCATOR
 
 pytestmark = pytest.mark.e2e
@@ -108,5 +108,5 @@ def test_bootstrap_and_resync_copy_with_the_bulk_allocator(pgdb: str, tmp_path: 
         # the run's setting), the engine's, the worker server's pyarrow; the last two in bulk.
         delays = _bulk_delays(done.stderr)
         assert delays[0] == "0" and delays[1:].count("25") >= 2 and "0" not in delays[1:], (command, delays)
-    lake = DeltaTable(str(tmp_path / "lake" / "public" / "b")).to_pyarrow_table()
+    lake = read_delta(str(tmp_path / "lake" / "public" / "b"))
     assert sorted(lake.column("id").to_pylist()) == list(range(1, 1001))

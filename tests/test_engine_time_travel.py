@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 
+from lake_read import read_delta
 from pg2delta.lake.engine import Engine, EngineConfig, Lake
 
 pytestmark = pytest.mark.e2e
@@ -36,7 +36,7 @@ def test_every_version_reads_back_as_delta_rs_reads_it(tmp_path: Path, monkeypat
         keys = [(i,) for i in range(24)]
         for version in range(latest + 1):
             want = sorted(
-                (r["id"], r["v"]) for r in DeltaTable(str(tmp_path / "s" / "t"), version=version).to_pyarrow_table().to_pylist()
+                (r["id"], r["v"]) for r in read_delta(str(tmp_path / "s" / "t"), version=version).to_pylist()
             )
             got = sorted((r["id"], r["v"]) for r in engine.read_rows(uri, ["id"], keys, ["v"], version=version))
             assert got == want, f"version {version}"
@@ -62,7 +62,7 @@ def test_old_versions_keep_nan_in_float_columns(tmp_path: Path, monkeypatch: pyt
 
     def check(versions: range) -> None:
         for version in versions:
-            table = DeltaTable(str(path), version=version).to_pyarrow_table()
+            table = read_delta(str(path), version=version)
             want = sorted(repr((r["id"], r["x"])) for r in table.to_pylist())
             got = sorted(repr((r["id"], r["x"])) for r in engine.read_version(uri, version).collect())
             assert got == want, f"version {version}"

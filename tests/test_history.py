@@ -26,6 +26,7 @@ from deltalake import DeltaTable, write_deltalake
 from changelog_support import assert_changelog_matches, changelog_rows, setup_source
 from conftest import newest_server_only
 from engines import TEST_ENGINE
+from lake_read import read_delta
 from pg2delta.apply.history import neighbours_sql, versions_sql, versions_summary_sql, window_versions
 from pg2delta.apply.merge import fill_toast_in_order
 from pg2delta.config import load
@@ -79,7 +80,7 @@ def _history(lake: Path, spec: TableSpec) -> list[dict[str, Any]]:
     path = lake / spec.schema / f"{spec.name}__history"
     if not (path / "_delta_log").is_dir():
         return []
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return read_delta(str(path)).to_pylist()
 
 
 def expected_history(lake: Path, spec: TableSpec, names: list[str]) -> list[dict[str, Any]]:
@@ -403,7 +404,7 @@ def test_added_column_and_resync(pgdb: str, tmp_path: Path) -> None:
     refused = cli("run", "--config", config)
     assert refused.returncode == 78, refused.stderr[-2000:]
     ok("resync", "--table", "public.dv")
-    copies = [r for r in DeltaTable(str(lake / "_pg2delta" / "applied_log")).to_pyarrow_table().to_pylist()
+    copies = [r for r in read_delta(str(lake / "_pg2delta" / "applied_log")).to_pylist()
               if r["kind"] == "bootstrap" and r["table_name"] == "dv"]
     at = max(r["window_end"] for r in copies)
     with psycopg.connect(pgdb, autocommit=True) as conn:

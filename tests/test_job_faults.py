@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
+from lake_read import read_delta
 from pg2delta.config import load
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import run
@@ -134,7 +135,7 @@ def test_kill_in_a_later_window(pgdb: str, tmp_path: Path) -> None:
     moved = confirmed_lsn(pgdb, slot)
     assert moved is not None and moved != start, "killed before the first window was done"
     # The slot stands exactly at the end of a window the applied log records.
-    log = DeltaTable(str(lake / LOG_TABLE)).to_pyarrow_table().to_pylist()
+    log = read_delta(str(lake / LOG_TABLE)).to_pylist()
     ends = {r["window_end_lsn"] for r in log if r["slot"] == slot}
     assert moved in ends, (moved, sorted(ends))
 
@@ -150,7 +151,7 @@ def _toast_value(n: int) -> str:
 
 
 def _body_of(lake: Path, key: int) -> str | None:
-    rows = DeltaTable(str(lake / "public" / "acct")).to_pyarrow_table().to_pylist()
+    rows = read_delta(str(lake / "public" / "acct")).to_pylist()
     return next((r["body"] for r in rows if r["id"] == key), None)
 
 
@@ -240,7 +241,7 @@ def test_unchanged_toast_replay_across_a_delta_checkpoint(pgdb: str, tmp_path: P
         assert again.returncode == 0, again.stderr[-2000:]
         for name in (a, b):
             want = sorted(conn.execute(f"SELECT * FROM {name}").fetchall())
-            got = DeltaTable(str(lake / "public" / name)).to_pyarrow_table().to_pylist()
+            got = read_delta(str(lake / "public" / name)).to_pylist()
             assert sorted(tuple(r.values()) for r in got) == want, name
 
 

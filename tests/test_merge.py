@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pg2delta.apply.merge import Lookup, Reduced, merge_statement, quote, reduce_changes
+from pg2delta.apply.table import integer_range
 from pg2delta.decode.changes import LSN_COL, META_FIELDS, OP_COL, POS_COL, TOAST_COL
 
 DATA = [pa.field("id", pa.int64()), pa.field("v", pa.string()), pa.field("big", pa.string())]
@@ -165,6 +166,24 @@ def test_merge_statement_shape() -> None:
     null_safe = merge_statement("t", "s", ["a", "b"], ["a", "b"], truncate=False, nullable_keys=True)
     assert " ON t.`a` <=> s.`a` AND t.`b` <=> s.`b` WHEN " in null_safe
     assert quote("`") == "````" and quote("a b") == "`a b`"
+
+
+def test_merge_statement_bounds_the_tables_keys_to_the_sources_range() -> None:
+    """The source's key range, as a condition on the table alone in the ON clause (Delta's data
+    skipping leaves out the files outside it); never with a truncate or nullable keys."""
+    bounded = merge_statement("t", "s", ["id", "k"], ["id", "k"], truncate=False, key_range=(-5, 42))
+    assert " ON t.`id` = s.`id` AND t.`k` = s.`k` AND t.`id` >= -5 AND t.`id` <= 42 WHEN " in bounded
+    plain = merge_statement("t", "s", ["id"], ["id"], truncate=False)
+    assert merge_statement("t", "s", ["id"], ["id"], truncate=True, key_range=(1, 2)).count(">=") == 0
+    assert merge_statement("t", "s", ["id"], ["id"], truncate=False, nullable_keys=True, key_range=(1, 2)).count(">=") == 0
+    assert plain.count(">=") == 0
+
+
+def test_integer_range() -> None:
+    assert integer_range(pa.chunked_array([[3, -1], [7]])) == (-1, 7)
+    assert integer_range(pa.chunked_array([[3, None]])) is None  # a NULL key is in no range
+    assert integer_range(pa.chunked_array([["a"]])) is None
+    assert integer_range(pa.chunked_array([], type=pa.int64())) is None
 
 
 def test_reduce_needs_a_key() -> None:

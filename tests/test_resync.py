@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
+from lake_read import read_delta
 from workload import TableSpec, assert_lake_matches, cli, confirmed_lsn
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +97,7 @@ def test_type_change_the_lake_refuses_then_resync(pgdb: str, tmp_path: Path) -> 
     _sql(pgdb, "UPDATE dv SET n = 'y' WHERE id = 50")
     _ok("run", *common)
     assert_lake_matches(pgdb, lake, [DV, OTHER], context="int -> text, resync, run")
-    n_type = DeltaTable(str(lake / "public" / "dv")).to_pyarrow_table().schema.field("n").type
+    n_type = read_delta(str(lake / "public" / "dv")).schema.field("n").type
     assert str(n_type) in ("string", "large_string", "string_view"), n_type
 
 
@@ -169,7 +170,7 @@ def test_damaged_lake_table_resynced_under_concurrent_writes(pgdb: str, tmp_path
         thread.join()
     assert written, "no concurrent write happened"
     version_before = history - 1
-    old = DeltaTable(str(lake / "public" / "dv"), version=version_before).to_pyarrow_table()
+    old = read_delta(str(lake / "public" / "dv"), version=version_before)
     assert old.num_rows == 70, "time travel to before the resync reads the damaged table as it was"
     _ok("run", *common)
     assert_lake_matches(pgdb, lake, [DV, OTHER], context="damaged table resynced under concurrent writes")
@@ -185,7 +186,7 @@ def test_resync_killed_then_run_again(pgdb: str, tmp_path: Path, point: str) -> 
     killed = cli("resync", *common, "--table", "public.dv", env={"PG2DELTA_CRASH_AT": point})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert confirmed_lsn(pgdb, slot) == before
-    assert DeltaTable(str(lake / "public" / "dv")).to_pyarrow_table().num_rows in (90, 100), "the table stays readable"
+    assert read_delta(str(lake / "public" / "dv")).num_rows in (90, 100), "the table stays readable"
     _ok("resync", *common, "--table", "public.dv")
     _ok("run", *common)
     assert_lake_matches(pgdb, lake, [DV, OTHER], context=f"resync killed at {point}, run again")
@@ -326,7 +327,7 @@ def test_partition_attached_with_rows_to_a_root_written_as_one_table(pgdb: str, 
 
 
 def _lake_rows(lake: Path) -> set[tuple[int, int]]:
-    rows = DeltaTable(str(lake / "public" / "m")).to_pyarrow_table(columns=["id", "k"]).to_pylist()
+    rows = read_delta(str(lake / "public" / "m"), columns=["id", "k"]).to_pylist()
     return {(r["id"], r["k"]) for r in rows}
 
 
@@ -418,7 +419,7 @@ def test_changes_of_a_partition_detached_before_the_run_go_to_the_root(pgdb: str
     done = cli("run", "--config", config)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (lake / "public" / "m2").exists(), "the partition's changes went to a table of their own"
-    rows = {(r["id"], r["k"]): r["v"] for r in DeltaTable(str(lake / "public" / "m")).to_pyarrow_table().to_pylist()}
+    rows = {(r["id"], r["k"]): r["v"] for r in read_delta(str(lake / "public" / "m")).to_pylist()}
     with psycopg.connect(pgdb) as conn:
         m2 = {(int(i), int(k)): str(v) for i, k, v in conn.execute("SELECT id, k, v FROM m2").fetchall()}
     assert {key: v for key, v in rows.items() if key[1] == 2} == m2  # kept, with its last changes
@@ -426,7 +427,7 @@ def test_changes_of_a_partition_detached_before_the_run_go_to_the_root(pgdb: str
     # The detached table's own changes from now on are not the root's.
     _sql(pgdb, "INSERT INTO m VALUES (501, 1, 'after')", "UPDATE m2 SET v = 'not the root''s' WHERE id = 1")
     _ok("run", "--config", config)
-    after = {(r["id"], r["k"]): r["v"] for r in DeltaTable(str(lake / "public" / "m")).to_pyarrow_table().to_pylist()}
+    after = {(r["id"], r["k"]): r["v"] for r in read_delta(str(lake / "public" / "m")).to_pylist()}
     assert after[(501, 1)] == "after" and after[(1, 2)] == m2[(1, 2)]
 
 
@@ -548,7 +549,7 @@ def test_partitions_written_as_one_table_bootstrapped_then_run(pgdb: str, tmp_pa
     _sql(pgdb, "INSERT INTO ev SELECT g, 1 + g % 2, 'after the resync' FROM generate_series(71, 75) g")
     _ok("run", "--config", config)
     assert_lake_matches(pgdb, lake, [M, EV], context="keyless root resynced with its leaves' changes pending")
-    assert DeltaTable(str(lake / "public" / "ev")).to_pyarrow_table().num_rows == 75
+    assert read_delta(str(lake / "public" / "ev")).num_rows == 75
 
 
 def test_partition_truncated_or_detached_under_partitions_root_then_resync(pgdb: str, tmp_path: Path) -> None:

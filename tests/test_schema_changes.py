@@ -22,9 +22,9 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 from psycopg import sql
 
+from lake_read import read_delta
 from pg2delta.config import load
 from pg2delta.errors import SchemaError
 from pg2delta.job import RunReport, run
@@ -90,7 +90,7 @@ def _pg(dsn: str, qualified: str, key: Sequence[str]) -> tuple[list[str], dict[K
 
 
 def _lake_table(lake: Path, schema: str, name: str) -> pa.Table:
-    return DeltaTable(str(lake / schema / name)).to_pyarrow_table()
+    return read_delta(str(lake / schema / name))
 
 
 def _lake(lake: Path, schema: str, name: str, key: Sequence[str]) -> tuple[list[str], dict[Key, dict[str, Any]]]:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from deltalake import DeltaTable
 
 from changelog_support import write_config
 from conftest import PG_VERSIONS
 from engines import TEST_ENGINE
+from lake_read import read_delta
 from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import TABLES, Workload, assert_lake_matches, confirmed_lsn, create_schema
 
@@ -120,7 +120,7 @@ def test_run_bootstrap_backfill_through_spark_submit(quiet_pgdb: str, tmp_path: 
 
     # The changelog (on for every table in this config) replayed into a copy, up to the last
     # window the lake recorded, equals the tables.
-    end = max(r["window_end"] for r in DeltaTable(str(lake / "_pg2delta" / "applied_log")).to_pyarrow_table().to_pylist())
+    end = max(r["window_end"] for r in read_delta(str(lake / "_pg2delta" / "applied_log")).to_pylist())
     row = (f"{end >> 32:X}/{end & 0xFFFFFFFF:X}",)
     copy = tmp_path / "copy"
     back = spark_submit("pg2delta_backfill.py", "--config", str(config), "--from-lsn", start, "--to-lsn", row[0], "--into", str(copy))

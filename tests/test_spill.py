@@ -19,6 +19,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from changelog_support import assert_changelog_matches, changelog_rows, setup_source, write_config
 from engines import SharedEngine
+from lake_read import read_delta
 from pg2delta.apply.merge import merge_statement
 from pg2delta.config import load
 from pg2delta.faults import FAULT_ENV
@@ -127,7 +128,7 @@ def test_one_transaction_larger_than_the_budget(pgdb: str, tmp_path: Path) -> No
     assert len(report.windows) > 1
     assert window.spilled_rows >= 3000
     assert_lake_matches(pgdb, lake)
-    assert len(DeltaTable(str(lake / ACCT.schema / ACCT.name)).to_pyarrow_table()) == 3000 - 3000 // 11
+    assert len(read_delta(str(lake / ACCT.schema / ACCT.name))) == 3000 - 3000 // 11
 
 
 def test_kill_while_spilling_then_rerun(pgdb: str, tmp_path: Path) -> None:
@@ -169,7 +170,7 @@ def test_engine_reduce_with_no_final_row_to_resolve(tmp_path: Path, shared_engin
         lookup_version=0, nullable_keys=False,
     )
     assert merged == 2
-    assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": 1, "body": "new"}]
+    assert read_delta(uri).to_pylist() == [{"id": 1, "body": "new"}]
 
 
 @pytest.mark.classic  # Spark's own hash() and pmod() there
@@ -212,7 +213,7 @@ def test_engine_reduce_in_buckets_equals_one_query(
         )
         assert merged == len(set(ids))
         assert DeltaTable(uri).version() == 1  # one commit
-        tables.append(sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"]))
+        tables.append(sorted(read_delta(uri).to_pylist(), key=lambda r: r["id"]))
     assert tables[0] == tables[1]
     assert len(tables[0]) > 20
 
@@ -247,7 +248,7 @@ def test_embedded_appends_write_bounded_files(
     sizes = [Path(f).stat().st_size for f in table.file_uris()]
     assert len(sizes) >= 3, sizes
     assert max(sizes) < 2 << 20, sizes
-    assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(n))
+    assert sorted(read_delta(uri, columns=["id"]).column("id").to_pylist()) == list(range(n))
 
 
 def test_key_buckets_put_equal_keys_together() -> None:

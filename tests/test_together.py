@@ -20,10 +20,10 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 
 from changelog_support import changelog_rows, write_config
 from conftest import PG_VERSIONS
+from lake_read import read_delta
 from pg2delta.faults import FAULT_ENV
 from pg2delta.source.throwaway import ThrowawayPostgres
 from test_bootstrap import Background
@@ -119,7 +119,7 @@ def _shape_changes(dsn: str, wl: Workload) -> None:
 
 def _log(lake: Path, name: str = "applied_log") -> list[dict[str, Any]]:
     path = lake / "_pg2delta" / name
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist() if (path / "_delta_log").is_dir() else []
+    return read_delta(str(path)).to_pylist() if (path / "_delta_log").is_dir() else []
 
 
 def _fmt(lsn: int) -> str:
@@ -127,7 +127,7 @@ def _fmt(lsn: int) -> str:
 
 
 def _rows(path: Path) -> list[tuple[tuple[str, Any], ...]]:
-    return sorted((tuple(sorted(r.items())) for r in DeltaTable(str(path)).to_pyarrow_table().to_pylist()), key=repr)
+    return sorted((tuple(sorted(r.items())) for r in read_delta(str(path)).to_pylist()), key=repr)
 
 
 def _brief(row: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def _brief(row: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
 
 
 def _types(path: Path) -> dict[str, pa.DataType]:
-    schema = DeltaTable(str(path)).to_pyarrow_table().schema
+    schema = read_delta(str(path)).schema
     return {f.name: f.type for f in schema}
 
 

@@ -37,8 +37,8 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import psycopg
 import pytest
-from deltalake import DeltaTable
 
+from lake_read import read_delta
 from pg2delta.config import load
 from pg2delta.decode import pgoutput
 from pg2delta.job import Job, RunReport
@@ -585,7 +585,7 @@ def _scenario(server: ThrowawayPostgres, tmp: Path) -> list[Snapshot]:
                     notes = handler.counts
                     ids, expected = _expected(dsn, version, xml)
                     path = lake / "public" / "matrix"
-                    table = DeltaTable(str(path)).to_pyarrow_table().sort_by("id")
+                    table = read_delta(str(path)).sort_by("id")
                     spark_ids, spark = _spark_rows(job, job.lake.table_uri("public", "matrix"))
                     snapshots.append(
                         Snapshot(

@@ -28,6 +28,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from psycopg import sql
 
+from lake_read import read_delta
 from pg2delta import verify as verify_module
 from pg2delta.config import load
 from pg2delta.errors import EXIT_VERIFY_DIFFERS, LakeError
@@ -289,7 +290,7 @@ def _changed(value: Any, typ: pa.DataType) -> Any:
 
 def _corrupt_every_column(path: str, skip: set[int]) -> set[tuple[int, str]]:
     """One value of every column changed, each in another row where possible; the (id, column) pairs."""
-    table = DeltaTable(path).to_pyarrow_table().sort_by("id")
+    table = read_delta(path).sort_by("id")
     ids = table.column("id").to_pylist()
     changed: set[tuple[int, str]] = set()
     columns = {}

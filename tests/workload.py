@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from deltalake import DeltaTable
 from psycopg import sql
 
 from engines import child_env
+from lake_read import read_delta
 
 META_PREFIX = "_pg2delta_"
 
@@ -453,7 +453,7 @@ def lake_rows(
     path = Path(lake) / spec.schema / spec.name
     if not (path / "_delta_log").is_dir():
         return None
-    table = DeltaTable(str(path), version=version).to_pyarrow_table()
+    table = read_delta(str(path), version=version)
     names = [n for n in table.column_names if not n.startswith(META_PREFIX)]
     cols = [table.column(n).to_pylist() for n in names]
     return names, list(zip(*cols, strict=True)) if cols else []

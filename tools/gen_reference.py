@@ -233,13 +233,15 @@ def _describe(cls: type, section: str, names: dict[str, str] | None = None) -> l
 
 def settings() -> list[Setting]:
     """Every setting of the configuration file, section by section."""
-    lake = {"lake_root": "root", "changelog": "changelog", "history": "history"}
+    lake = {"lake_root": "root", "changelog": "changelog", "history": "history", "deletion_vectors": "deletion_vectors"}
     engine = config.Config().engine.__class__
+    # EngineConfig.deletion_vectors is set from [lake] deletion_vectors, listed there.
+    engine_keys = {f.name: f.name for f in dataclasses.fields(engine) if f.name != "deletion_vectors"}
     found = [
         *_describe(config.SourceConfig, "source"),
         *_describe(config.Config, "lake", lake),
         *_describe(config.StorageConfig, "lake"),
-        *_describe(engine, "engine"),
+        *_describe(engine, "engine", engine_keys),
         *_describe(config.WindowConfig, "window"),
         *_describe(config.MaintainConfig, "maintain"),
         *_describe(config.TableConfig, 'tables."schema.table"'),

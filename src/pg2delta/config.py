@@ -30,6 +30,8 @@ class EngineConfig:
     remote: str | None = None  # sc://host:port for kind = "connect"
     app_name: str = "pg2delta"  # the Spark application name (spark.app.name) of a session pg2delta starts
     spark_conf: tuple[tuple[str, str], ...] = ()  # [engine.spark_conf]: Spark settings of the session, name = "value"
+    # Set from [lake] deletion_vectors (Config.deletion_vectors), not a setting of [engine].
+    deletion_vectors: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +204,11 @@ class Config:
     # database, named by [lake] table_name; "" registers nothing (pg2delta.lake.metastore).
     database: str = ""
     table_name: str = DEFAULT_TABLE_NAME
+    # The tables pg2delta creates on Apache Spark use Delta's deletion vectors, and `pg2delta
+    # maintain` turns them on for those it finds without: a MERGE then marks the rows it replaces
+    # instead of rewriting each file it touches. Readers must support them (the Deletion vectors
+    # page names those that do not). The engine takes it as EngineConfig.deletion_vectors.
+    deletion_vectors: bool = True
 
     def table(self, schema: str, name: str) -> TableConfig:
         return self.tables.get(f"{schema}.{name}", TableConfig())
@@ -284,8 +291,10 @@ def load(
     database, table_name = _catalog_settings(sections["lake"])
     environ = os.environ if env is None else env
     storage = StorageConfig(**_take(_storage_section(sections["lake"]), "lake", StorageConfig, "lake"))
-    lake_root, changelog_default, history_default = _lake_settings(sections["lake"])
+    lake_root, changelog_default, history_default, deletion_vectors = _lake_settings(sections["lake"])
     eng = dict(sections["engine"])
+    if "deletion_vectors" in eng:
+        raise ConfigError("deletion_vectors is a [lake] setting, not an [engine] one")
     spark_conf = eng.pop("spark_conf", {})
     if not isinstance(spark_conf, dict) or not all(isinstance(v, str) for v in spark_conf.values()):
         raise ConfigError("[engine.spark_conf] must map setting names to strings")
@@ -296,7 +305,7 @@ def load(
             os.environ.update(storage_environment(storage, os.environ))
         spark_conf = {**s3a_settings(storage, environ), **spark_conf}
     kw = _take(eng, "engine", EngineConfig, "engine")
-    engine = EngineConfig(**kw, spark_conf=tuple(spark_conf.items()))
+    engine = EngineConfig(**kw, spark_conf=tuple(spark_conf.items()), deletion_vectors=deletion_vectors)
     window = WindowConfig(**_take(sections["window"], "window", WindowConfig, "window"))
     maintain = MaintainConfig(**_take(sections["maintain"], "maintain", MaintainConfig, "maintain"))
     for key in ("interval", "retention", "changelog_retention", "run_budget"):
@@ -312,6 +321,7 @@ def load(
     config = Config(
         source=source, lake_root=lake_root, storage=storage, engine=engine, window=window, tables=tables, changelog=changelog_default,
         maintain=maintain, history=history_default, database=database, table_name=table_name,
+        deletion_vectors=deletion_vectors,
     )
     validate(config, need_source=need_source)
     return config
@@ -397,10 +407,11 @@ def _storage_section(lake: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in lake.items() if k in _STORAGE_KEYS}
 
 
-def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str]:
-    """[lake]: the root, the changelog default and the history default (the storage settings are
-    :func:`_storage_section`'s)."""
-    known = {"root", "changelog", "history", *_STORAGE_KEYS}
+def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str, bool]:
+    """[lake]: the root, the changelog default, the history default and whether the tables created
+    on Apache Spark use deletion vectors (:attr:`EngineConfig.deletion_vectors`; the storage
+    settings are :func:`_storage_section`'s)."""
+    known = {"root", "changelog", "history", "deletion_vectors", *_STORAGE_KEYS}
     if set(lake) - known:
         raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - known)}")
     lake_root = lake.get("root", "")
@@ -412,7 +423,10 @@ def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str]:
     history_default = lake.get("history", "none")
     if history_default not in HISTORY_MODES:
         raise ConfigError(f"lake.history must be one of {', '.join(HISTORY_MODES)}, not {history_default!r}")
-    return lake_root, changelog_default, str(history_default)
+    deletion_vectors = lake.get("deletion_vectors", True)
+    if not isinstance(deletion_vectors, bool):
+        raise ConfigError(f"lake.deletion_vectors must be true or false, not {deletion_vectors!r}")
+    return lake_root, changelog_default, str(history_default), deletion_vectors
 
 
 # [tables."s.t"] settings that take one of a few words: setting -> allowed values (the first is

@@ -5,11 +5,13 @@ log and to the changelogs. For every Delta table of the lake (the tables the app
 their SCD2 histories, the applied log itself, each changelog and the changelog log), maintenance
 
 1. deletes changelog rows committed longer ago than ``[maintain] changelog_retention`` (if set);
-2. compacts the small files into large ones, in one commit that changes no row (Delta's
+2. on Apache Spark, turns deletion vectors on for the tables and their SCD2 histories (which take
+   MERGEs) that do not use them yet, unless ``[lake] deletion_vectors = false``;
+3. compacts the small files into large ones, in one commit that changes no row (Delta's
    ``OPTIMIZE`` on Apache Spark, delta-rs's compaction on the other engines);
-3. removes the files no version younger than ``[maintain] retention`` needs (``VACUUM``; default
+4. removes the files no version younger than ``[maintain] retention`` needs (``VACUUM``; default
    7 days, so time travel, ``pg2delta versions --at-lsn`` and backfill seeds keep working inside it);
-4. writes a checkpoint of the log where the engine does not;
+5. writes a checkpoint of the log where the engine does not;
 
 then removes what crashed runs left in the staging area (older than an hour) and records when it
 maintained each table (``_pg2delta/maintain.json``).
@@ -73,6 +75,7 @@ class TableMaintenance:
     changelog_rows_deleted: bool = False
     checkpoint: bool = False
     stats_columns_set: bool = False  # the table's statistics columns were set (an older table)
+    deletion_vectors_enabled: bool = False  # the table uses deletion vectors from this run on (Apache Spark)
 
 
 @dataclass
@@ -247,6 +250,8 @@ def _maintain_table(
     # Tables an earlier version created keep statistics of float columns, which pysail misreads
     # where a file holds NaN; from here on they do not, and the compaction rewrites the files.
     tm.stats_columns_set = engine.keep_stats_of(uri)
+    if not name.startswith("_pg2delta/"):  # the tables and histories take MERGEs; changelogs and logs appends
+        tm.deletion_vectors_enabled = engine.enable_deletion_vectors(uri)
     engine.compact(uri, target_size=target_size, key=key)
     fault_point("maintain_after_compact")
     tm.files_removed = engine.vacuum(uri, retention_hours=retention_hours)
@@ -359,7 +364,7 @@ def report_json(report: MaintainReport) -> dict[str, Any]:
             t.name: {
                 "files_before": t.files_before, "files_after": t.files_after, "files_removed": t.files_removed,
                 "changelog_rows_deleted": t.changelog_rows_deleted, "checkpoint": t.checkpoint,
-                "stats_columns_set": t.stats_columns_set,
+                "stats_columns_set": t.stats_columns_set, "deletion_vectors_enabled": t.deletion_vectors_enabled,
             }
             for t in report.tables
         },

@@ -200,14 +200,23 @@ def merge_statement(
     *,
     truncate: bool,
     nullable_keys: bool = False,
+    key_range: tuple[int, int] | None = None,
 ) -> str:
     """``MERGE INTO`` applying a reduced source; ``truncate`` also deletes every row the source lacks.
 
     ``nullable_keys``: the key may hold NULLs (a key from the config rather than a primary key or
-    replica identity index), so it is matched with null-safe equality.
+    replica identity index), so it is matched with null-safe equality. ``key_range``: the smallest
+    and largest value of the first key column (an integer) in the source, written into the ``ON``
+    clause as a condition on the table alone, which Delta's data skipping uses to leave out the
+    files whose statistics put every key outside it (no row there can match). Not with a truncate
+    (rows outside the range are "not matched by source" too) nor nullable keys (a NULL key is in
+    no range).
     """
     eq = "<=>" if nullable_keys else "="
     on = " AND ".join(f"t.{quote(k)} {eq} s.{quote(k)}" for k in key_names)
+    if key_range is not None and not truncate and not nullable_keys:
+        first = f"t.{quote(key_names[0])}"
+        on += f" AND {first} >= {int(key_range[0])} AND {first} <= {int(key_range[1])}"
     sets = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
     cols = ", ".join(quote(c) for c in columns)
     vals = ", ".join(f"s.{quote(c)}" for c in columns)

@@ -13,6 +13,7 @@ Nothing here logs a window or moves the slot: pg2delta.job does, once every tabl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -110,6 +111,7 @@ def merge_changes(
     )
     report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
     report.rows_merged = source.num_rows
+    key_range = integer_range(source.column(key_names[0]))
     existing = reshape() if reshape is not None else None
     staged = side.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
     # The rows are in the staged file now: the driver's reduced copies go back to the system before
@@ -118,7 +120,8 @@ def merge_changes(
     del source, reduced, reducing
     release_memory()
     try:
-        _commit_rows(side, report, staged, key_names, data_columns, existing, reshaped, nullable_keys=nullable_keys, txn=txn)
+        _commit_rows(side, report, staged, key_names, data_columns, existing, reshaped, nullable_keys=nullable_keys, txn=txn,
+                     key_range=key_range)
     finally:
         side.lake.unstage(staged)
 
@@ -126,6 +129,7 @@ def merge_changes(
 def _commit_rows(
     side: Lakeside, report: TableReport, staged: str, key_names: list[str], data_columns: list[str],
     existing: frozenset[str] | None, reshaped: Callable[[], None] | None, *, nullable_keys: bool, txn: Txn | None,
+    key_range: tuple[int, int] | None = None,
 ) -> None:
     """Commit the staged final rows of :func:`merge_changes`: an append into a new table (which the
     append creates, in one commit), else a MERGE."""
@@ -137,7 +141,9 @@ def _commit_rows(
         reshaped()
     side.engine.merge(
         uri, staged,
-        lambda target, view: _statement(target, view, key_names, data_columns, append, report.truncated, nullable_keys),
+        lambda target, view: _statement(
+            target, view, key_names, data_columns, append, report.truncated, nullable_keys, key_range
+        ),
         txn=txn, rows=report.rows_merged,
     )
     report.delta_version = side.lake.delta_version(uri)
@@ -210,17 +216,30 @@ def _merge_staged(
 
 def _statement(
     target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], append: bool, truncate: bool,
-    nullable_keys: bool,
+    nullable_keys: bool, key_range: tuple[int, int] | None = None,
 ) -> AppendRows | MergeRows:
     """The commit of a window's final rows: a MERGE, or into a table this window created (no row
     to match, nothing a truncate could remove) an append of the rows that are not deletes. A
-    replay after a crash finds the table there and merges the same rows again."""
+    replay after a crash finds the table there and merges the same rows again. ``key_range``: the
+    source's first key column's smallest and largest value, when known (an integer key)."""
     if append:
         return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
-    return MergeRows(
+    merge = MergeRows(
         merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys),
         tuple(key_names), tuple(data_columns), truncate, nullable_keys,
     )
+    if key_range is None or truncate or nullable_keys:
+        return merge
+    bounded = merge_statement(target, view, key_names, data_columns, truncate=truncate, key_range=key_range)
+    return dataclasses.replace(merge, bounded=bounded)
+
+
+def integer_range(column: pa.ChunkedArray) -> tuple[int, int] | None:
+    """The smallest and largest value of an integer column without nulls (None otherwise)."""
+    if not pa.types.is_integer(column.type) or column.null_count or len(column) == 0:
+        return None
+    bounds = pc.min_max(column)
+    return int(bounds["min"].as_py()), int(bounds["max"].as_py())
 
 
 def fill_lookups(

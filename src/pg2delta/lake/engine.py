@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from pg2delta.config import ENGINES, EngineConfig
-from pg2delta.lake.engine_maintain import DeltaMaintenance
+from pg2delta.lake.engine_maintain import DELETION_VECTORS, DeltaMaintenance
 from pg2delta.lake.engine_session import (
     TXN_APP_ID,
     TXN_VERSION,
@@ -69,15 +69,19 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
         opened = open_session(config)
         return cls(
             opened.spark, lake, stop=opened.stop, classic=opened.classic, embedded=opened.embedded,
-            session_conf=opened.session_conf,
+            session_conf=opened.session_conf, deletion_vectors=config.deletion_vectors,
         )
 
-    @staticmethod
-    def new_table_options(schema: Any) -> dict[str, str]:
+    def new_table_options(self, schema: Any) -> dict[str, str]:
         """What an append that creates a table (:mod:`pg2delta.lake.engine_commits`) sets: the
-        statistics columns every table pg2delta creates has (:func:`pg2delta.lake.engine_writes.stats_properties`)."""
-        return stats_properties(schema)
+        statistics columns every table pg2delta creates has (:func:`pg2delta.lake.engine_writes.stats_properties`),
+        and on Apache Spark deletion vectors (:data:`pg2delta.lake.engine_maintain.DELETION_VECTORS`)."""
+        return {**stats_properties(schema), **({DELETION_VECTORS: "true"} if self.deletion_vectors else {})}
 
-    def with_lake(self, lake: Lake) -> Engine:
-        """An engine on the same session writing another lake (its owner stops the session)."""
-        return Engine(self._main, lake, classic=self.classic, embedded=self.embedded, session_conf=self._session_conf)
+    def with_lake(self, lake: Lake, *, deletion_vectors: bool | None = None) -> Engine:
+        """An engine on the same session writing another lake (its owner stops the session);
+        ``deletion_vectors``: :attr:`EngineConfig.deletion_vectors` if not this engine's."""
+        return Engine(
+            self._main, lake, classic=self.classic, embedded=self.embedded, session_conf=self._session_conf,
+            deletion_vectors=self.deletion_vectors if deletion_vectors is None else deletion_vectors,
+        )

@@ -84,7 +84,9 @@ class Commits(DeltaReads):
             big = rows is None or rows >= EMBEDDED_REWRITE_ROWS
             if self.embedded and big and self._rewrite_range(uri, view, statement, what):
                 return
-            statement = statement.statement
+            # Apache Spark's Delta prunes the files a MERGE reads by the conditions of its ON clause
+            # on the table alone (data skipping on the files' key statistics).
+            statement = statement.bounded if self.classic and statement.bounded else statement.statement
         if isinstance(statement, str):
             with self._txn(txn):
                 self._sql(statement, what)
@@ -102,8 +104,7 @@ class Commits(DeltaReads):
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
-    @staticmethod
-    def new_table_options(schema: Any) -> dict[str, str]:
+    def new_table_options(self, schema: Any) -> dict[str, str]:
         """The writer options of a commit that creates a Delta table of ``schema`` (the engine's: see
         :meth:`pg2delta.lake.engine.Engine.new_table_options`)."""
         return {}

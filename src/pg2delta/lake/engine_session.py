@@ -87,13 +87,16 @@ class MergeRows:
     rows another way (see :mod:`pg2delta.lake.engine_commits`): the source's rows are one per
     ``key_names`` with their ``columns`` and the op column; a delete removes the table's row of its
     key, any other op replaces it (or inserts it); ``truncate``: rows the source lacks are removed
-    too. ``nullable_keys``: keys are matched null-safely."""
+    too. ``nullable_keys``: keys are matched null-safely. ``bounded``: the same ``MERGE`` with the
+    source's key range as a condition on the table in its ``ON`` clause, when the caller knows the
+    range (see :func:`pg2delta.apply.merge.merge_statement`), which Apache Spark commits instead."""
 
     statement: str
     key_names: tuple[str, ...]
     columns: tuple[str, ...]
     truncate: bool
     nullable_keys: bool
+    bounded: str | None = None
 
 
 def _delta_jars_named(conf: dict[str, str]) -> bool:
@@ -214,12 +217,15 @@ class EngineSession:
         classic: bool = False,
         embedded: bool = False,
         session_conf: dict[str, str] | None = None,
+        deletion_vectors: bool = True,
     ) -> None:
         self._main = spark
         self.lake = lake
         self._stop = stop
         self.classic = classic
         self.embedded = embedded
+        # Tables this engine creates use deletion vectors (EngineConfig.deletion_vectors; Apache Spark only).
+        self.deletion_vectors = deletion_vectors and classic
         self._session_conf = dict(session_conf or {})
         self._owner = threading.get_ident()
         self._local = threading.local()

@@ -92,10 +92,20 @@ def _delete_all(target: str, classic: bool) -> str:
     return f"DELETE FROM {target}" + ("" if classic else f" WHERE {TRUNCATE_PREDICATE}")
 
 
-def _creating(writer: Any, schema: Any) -> Any:
-    """``writer`` (of a Delta table that does not exist yet) with :func:`stats_properties`."""
+# Delta's deletion vectors (Delta 3.1+ on Apache Spark for MERGE, UPDATE and DELETE): a MERGE marks
+# the rows it replaces or deletes in a small file beside each data file it touches and writes only
+# the new rows, instead of rewriting every row of those files. Readers must support the table
+# feature (docs/deletion-vectors.md names those that do not).
+DELETION_VECTORS = "delta.enableDeletionVectors"
+
+
+def _creating(writer: Any, schema: Any, *, deletion_vectors: bool = False) -> Any:
+    """``writer`` (of a Delta table that does not exist yet) with :func:`stats_properties`, and
+    with :data:`DELETION_VECTORS` when ``deletion_vectors``."""
     for key, value in stats_properties(schema).items():
         writer = writer.option(key, value)
+    if deletion_vectors:
+        writer = writer.option(DELETION_VECTORS, "true")
     return writer
 
 
@@ -137,7 +147,7 @@ class DeltaWrites(Commits):
                 return False
             df = self.read_staged(staged).select(*[quote(c) for c in columns]).limit(0)
             if existing is None:
-                _creating(df.write.format("delta").mode("append"), df.schema).save(uri)
+                _creating(df.write.format("delta").mode("append"), df.schema, deletion_vectors=self.deletion_vectors).save(uri)
                 log.info("created delta table %s", uri)
                 return True
             df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
@@ -193,6 +203,17 @@ class DeltaWrites(Commits):
         except Exception as exc:
             raise LakeError(f"cannot set the statistics columns of {uri}: {' '.join(str(exc).split())[:500]}") from exc
         log.info("%s keeps statistics of %s", uri, want.get(STATS_COLUMNS) or "no column")
+        return True
+
+    def enable_deletion_vectors(self, uri: str) -> bool:
+        """Make the existing table use deletion vectors (:data:`DELETION_VECTORS`, one commit that
+        upgrades its protocol: readers without the feature can no longer read it) where this engine
+        creates tables with them (:attr:`deletion_vectors`: Apache Spark, unless the config says
+        otherwise). True when it changed."""
+        if not self.deletion_vectors or self.table_properties(uri).get(DELETION_VECTORS) == "true":
+            return False
+        self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')", f"ALTER TABLE {uri}")
+        log.info("%s uses deletion vectors from now on", uri)
         return True
 
     def rewrite(
@@ -272,7 +293,7 @@ class DeltaWrites(Commits):
             df = self.spark.read.parquet(staged_dir)
             writer = self.delta_writer(df, "overwrite").option("overwriteSchema", "true")
             if self.lake.delta_version(uri) is None:
-                writer = _creating(writer, df.schema)
+                writer = _creating(writer, df.schema, deletion_vectors=self.deletion_vectors)
             else:
                 self.keep_stats_of(uri, df.schema)
             _save_file_per_task(writer, uri, self.spark if self.classic else None)
@@ -368,7 +389,7 @@ class DeltaWrites(Commits):
             columns = [c for c in df.columns if c not in internal]
             empty = df.select(*[df[c] for c in columns]).limit(0)
             if self.lake.delta_version(uri) is None:
-                _creating(empty.write.format("delta").mode("append"), empty.schema).save(uri)
+                _creating(empty.write.format("delta").mode("append"), empty.schema, deletion_vectors=self.deletion_vectors).save(uri)
             elif set(columns) - set(self.spark.read.format("delta").load(uri).columns):
                 empty.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
             df.createOrReplaceTempView(view)
@@ -386,7 +407,7 @@ class DeltaWrites(Commits):
         """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
         try:
             df = self._read_version(source, version)
-            _creating(self.delta_writer(df, "append"), df.schema).save(target)
+            _creating(self.delta_writer(df, "append"), df.schema, deletion_vectors=self.deletion_vectors).save(target)
         except LakeError:
             raise
         except Exception as exc:

@@ -1,0 +1,176 @@
+"""Deletion vectors on Apache Spark: what a window's MERGE reads and rewrites, read from the Delta log.
+
+The tables pg2delta creates on Apache Spark use deletion vectors unless ``[lake] deletion_vectors =
+false`` (every other classic test runs on such tables); a table created without them keeps working,
+and ``pg2delta maintain`` turns them on. Each lake is read back with delta-rs and compared with
+PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from conftest import newest_server_only
+from engines import TEST_ENGINE
+from lake_read import has_deletion_vectors
+from pg2delta.config import Config, load
+from pg2delta.job import run
+from pg2delta.lake.engine_writes import DELETION_VECTORS
+from pg2delta.maintain import maintain
+from pg2delta.source.throwaway import ThrowawayPostgres
+from workload import TableSpec, assert_lake_matches, published_table
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.classic,
+    pytest.mark.skipif(TEST_ENGINE != "spark", reason="deletion vectors are written on Apache Spark (make test-spark)"),
+]
+
+DVT = TableSpec("public", "dvt", ("id",))
+ROWS = 400  # per insert transaction: each its own window, its own files of one range of keys
+
+
+@pytest.fixture
+def pgdb(pgdb: str, pg_server: ThrowawayPostgres) -> str:
+    newest_server_only(pg_server, "what the Delta log says does not depend on the server")
+    return pgdb
+
+
+def _source(dsn: str, transactions: int) -> tuple[str, str]:
+    """The table ``dvt`` with ``transactions`` insert transactions of :data:`ROWS` keys each, in key order."""
+    inserts = [
+        f"INSERT INTO dvt SELECT g, 'row ' || g, g FROM generate_series({t * ROWS + 1}, {(t + 1) * ROWS}) g"
+        for t in range(transactions)
+    ]
+    return published_table(dsn, "CREATE TABLE dvt (id integer PRIMARY KEY, v text, n bigint)", "dvt", *inserts)
+
+
+def _config(dsn: str, slot: str, pub: str, lake: Path, *, deletion_vectors: bool = True) -> Config:
+    cfg = load(None, env={}, dsn=dsn, slot=slot, publication=pub, lake=str(lake), max_changes=ROWS)
+    engine = dataclasses.replace(cfg.engine, deletion_vectors=deletion_vectors)
+    return dataclasses.replace(cfg, engine=engine, deletion_vectors=deletion_vectors)
+
+
+def _change(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn) as conn:  # one transaction: one window
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _last_commit(table: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The newest commit of the table's log: its commitInfo, adds and removes."""
+    newest = sorted((table / "_delta_log").glob("*.json"))[-1]
+    actions = [json.loads(line) for line in newest.read_text().splitlines() if line.strip()]
+    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+    return info, [a["add"] for a in actions if "add" in a], [a["remove"] for a in actions if "remove" in a]
+
+
+def _key_ranges(table: Path) -> dict[str, tuple[int, int]]:
+    """The live data files of the table and the range of ``id`` their statistics give."""
+    actions = DeltaTable(str(table)).get_add_actions(flatten=True)
+    import pyarrow as pa
+
+    rows = pa.table(actions).to_pylist()
+    return {str(r["path"]): (int(r["min.id"]), int(r["max.id"])) for r in rows}
+
+
+def _assert_only_touched(
+    table: Path, before: dict[str, tuple[int, int]], keys: set[int], *, untouched: bool = True
+) -> dict[str, Any]:
+    """The newest commit rewrote no file: the files holding a key of ``keys`` got a deletion vector
+    (removed and added again under the same path), the others (``untouched``: there are some) are
+    not in the commit, and the new data files hold only the rows of the window. Returns the
+    commit's metrics."""
+    info, adds, removes = _last_commit(table)
+    assert info["operation"] == "MERGE", info["operation"]
+    touched = {p for p, (lo, hi) in before.items() if any(lo <= k <= hi for k in keys)}
+    assert touched and (touched != set(before) or not untouched), "the test needs touched and untouched files"
+    removed = {r["path"] for r in removes}
+    readded = {a["path"]: a for a in adds if a["path"] in before}
+    assert removed <= touched, ("files without a key of the window were rewritten", removed - touched)
+    assert set(readded) == removed, "every file the commit removed is back, with a deletion vector"
+    assert all(a.get("deletionVector") for a in readded.values())
+    new = [a for a in adds if a["path"] not in before]
+    assert sum(json.loads(a["stats"])["numRecords"] for a in new) <= len(keys)
+    metrics: dict[str, Any] = info["operationMetrics"]
+    assert int(metrics["numTargetBytesRemoved"]) == 0 and int(metrics["numTargetRowsCopied"]) == 0, metrics
+    return metrics
+
+
+def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = _source(pgdb, 4)
+    lake = tmp_path / "lake"
+    cfg = _config(pgdb, slot, pub, lake)
+    run(cfg)
+    table = lake / "public" / "dvt"
+    assert has_deletion_vectors(table)
+    assert DeltaTable(str(table)).metadata().configuration[DELETION_VECTORS] == "true"
+    before = _key_ranges(table)
+    assert len(before) >= 4, before
+
+    # Keys in the first and third transactions' files; the second's and the fourth's are not touched.
+    updated, deleted = {10, 2 * ROWS + 7}, {20}
+    _change(pgdb, f"UPDATE dvt SET v = 'new', n = -n WHERE id IN ({', '.join(map(str, updated))})", "DELETE FROM dvt WHERE id = 20")
+    run(cfg)
+    metrics = _assert_only_touched(table, before, updated | deleted)
+    assert int(metrics["numTargetDeletionVectorsAdded"]) >= 1, metrics  # one per touched file
+    assert_lake_matches(pgdb, lake, [DVT], context="after a scattered update")
+
+    # Keys of the last transaction's file only: the MERGE's ON clause bounds the table's keys to the
+    # window's range, and Delta's data skipping leaves the other files out of its scan. The file
+    # of the second transaction's keys is moved away during the run: read, the MERGE would fail.
+    before = _key_ranges(table)
+    last = {4 * ROWS - 5, 4 * ROWS - 1}
+    outside = [p for p, (lo, hi) in before.items() if hi < min(last) and lo <= ROWS + 1 <= hi]
+    assert len(outside) == 1, before
+    _change(pgdb, f"UPDATE dvt SET n = 0 WHERE id IN ({', '.join(map(str, last))})")
+    aside = tmp_path / "aside.parquet"
+    (table / outside[0]).rename(aside)
+    try:
+        run(cfg)
+    finally:
+        aside.rename(table / outside[0])
+    _assert_only_touched(table, before, last)
+    assert_lake_matches(pgdb, lake, [DVT], context="after an update of the newest keys")
+
+
+def test_a_table_created_without_deletion_vectors_keeps_working_and_maintain_turns_them_on(
+    pgdb: str, tmp_path: Path
+) -> None:
+    slot, pub = _source(pgdb, 2)
+    lake = tmp_path / "lake"
+    table = lake / "public" / "dvt"
+    run(_config(pgdb, slot, pub, lake, deletion_vectors=False))  # as earlier versions created tables
+    assert not has_deletion_vectors(table)
+    assert DELETION_VECTORS not in DeltaTable(str(table)).metadata().configuration
+
+    cfg = _config(pgdb, slot, pub, lake)
+    _change(pgdb, "UPDATE dvt SET n = n + 1 WHERE id IN (3, 500)", "DELETE FROM dvt WHERE id = 7")
+    run(cfg)  # the table keeps its protocol: no deletion vectors until maintenance
+    assert not has_deletion_vectors(table)
+    info, adds, _ = _last_commit(table)
+    assert info["operation"] == "MERGE" and not any(a.get("deletionVector") for a in adds)
+    assert_lake_matches(pgdb, lake, [DVT], context="a table without deletion vectors")
+
+    report = maintain(cfg)
+    assert [t.deletion_vectors_enabled for t in report.tables if t.name == DVT.qualified] == [True]
+    # pg2delta's own logs and changelogs take appends only: they keep the readers they had.
+    assert not any(t.deletion_vectors_enabled for t in report.tables if t.name.startswith("_pg2delta"))
+    assert has_deletion_vectors(table)
+    assert_lake_matches(pgdb, lake, [DVT], context="after maintain")
+    before = _key_ranges(table)
+    _change(pgdb, "UPDATE dvt SET v = 'x' WHERE id IN (2, 9)")
+    run(cfg)
+    _assert_only_touched(table, before, {2, 9}, untouched=False)  # maintain compacted the table into one file
+    assert_lake_matches(pgdb, lake, [DVT], context="after maintain and a run")
+    assert [t.deletion_vectors_enabled for t in maintain(cfg).tables if t.name == DVT.qualified] == [False]
+
+    off = _config(pgdb, slot, pub, lake, deletion_vectors=False)
+    assert [t.deletion_vectors_enabled for t in maintain(off).tables if t.name == DVT.qualified] == [False]
