@@ -23,6 +23,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from changelog_support import setup_source
 from conftest import newest_server_only
+from lake_read import read_delta
 from pg2delta.config import StorageConfig, load, storage_environment
 from pg2delta.errors import ConfigError
 from pg2delta.faults import FAULT_ENV
@@ -38,7 +39,7 @@ def s3_rows(server: S3Server, root: str, spec: TableSpec, version: int | None = 
     uri = f"{root}/{spec.schema}/{spec.name}"
     if not DeltaTable.is_deltatable(uri, storage_options=server.storage_options):
         return None
-    table = DeltaTable(uri, version=version, storage_options=server.storage_options).to_pyarrow_table()
+    table = read_delta(uri, version, storage_options=server.storage_options)  # deletion vectors too (Apache Spark's)
     names = [n for n in table.column_names if not n.startswith(META_PREFIX)]
     cols = [table.column(n).to_pylist() for n in names]
     return names, list(zip(*cols, strict=True)) if cols else []

@@ -110,8 +110,7 @@ def merge_changes(
         side.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional
     )
     report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
-    report.rows_merged = source.num_rows
-    key_range = integer_range(source.column(key_names[0]))
+    report.rows_merged, key_range = source.num_rows, integer_range(source.column(key_names[0]))
     existing = reshape() if reshape is not None else None
     staged = side.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
     # The rows are in the staged file now: the driver's reduced copies go back to the system before

@@ -1,4 +1,4 @@
-"""Table maintenance through the engine: compaction, vacuum, checkpoints.
+"""Table maintenance through the engine: compaction, vacuum, checkpoints, deletion vectors turned on.
 
 The one place where the engines differ most: Apache Spark with delta-spark has Delta's
 ``OPTIMIZE`` and ``VACUUM`` and writes checkpoints itself; pysail has none of these, so they
@@ -8,6 +8,7 @@ for what runs them and when.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pyarrow as pa
@@ -15,6 +16,9 @@ import pyarrow as pa
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
 from pg2delta.lake.sql import quote
+
+# The lake layer (engine.py and its parts) logs under one name, as when it was one module.
+log = logging.getLogger("pg2delta.lake.engine")
 
 # The share of a table's bytes in files whose key range overlaps another file's past which
 # compaction sorts the table by its key (DeltaMaintenance.compact).
@@ -45,8 +49,29 @@ def overlapping(table: Any, key: str) -> float:
     return shared / max(1, total)
 
 
+# Delta's deletion vectors (Delta 3.1+ on Apache Spark for MERGE, UPDATE and DELETE): a MERGE marks
+# the rows it replaces or deletes in a small file beside each data file it touches and writes only
+# the new rows, instead of rewriting every row of those files. Readers must support the table
+# feature (docs/concepts/deletion-vectors.md names those that do not).
+DELETION_VECTORS = "delta.enableDeletionVectors"
+
+
 class DeltaMaintenance(EngineSession):
     """Compaction, vacuum and checkpoints of a Delta table, on whichever engine runs."""
+
+    def enable_deletion_vectors(self, uri: str) -> bool:
+        """Make the existing table use deletion vectors (:data:`DELETION_VECTORS`, one commit that
+        upgrades its protocol: readers without the feature can no longer read it) where this engine
+        creates tables with them (:attr:`deletion_vectors`: Apache Spark, unless the config says
+        otherwise). True when it changed."""
+        if not self.deletion_vectors:
+            return False
+        rows = self._sql(f"SHOW TBLPROPERTIES {self.target(uri)}", f"SHOW TBLPROPERTIES {uri}")
+        if {str(r[0]): str(r[1]) for r in rows}.get(DELETION_VECTORS) == "true":
+            return False
+        self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')", f"ALTER TABLE {uri}")
+        log.info("%s uses deletion vectors from now on", uri)
+        return True
 
     def compact(self, uri: str, *, target_size: int = 0, key: str | None = None) -> None:
         """Rewrite the table's small files into large ones, in one commit that changes no row

@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
 from pg2delta.lake.engine_commits import Commits
+from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_session import Txn
 from pg2delta.lake.foreign import TRUNCATE_PREDICATE
 from pg2delta.lake.sql import quote
@@ -92,11 +93,6 @@ def _delete_all(target: str, classic: bool) -> str:
     return f"DELETE FROM {target}" + ("" if classic else f" WHERE {TRUNCATE_PREDICATE}")
 
 
-# Delta's deletion vectors (Delta 3.1+ on Apache Spark for MERGE, UPDATE and DELETE): a MERGE marks
-# the rows it replaces or deletes in a small file beside each data file it touches and writes only
-# the new rows, instead of rewriting every row of those files. Readers must support the table
-# feature (docs/deletion-vectors.md names those that do not).
-DELETION_VECTORS = "delta.enableDeletionVectors"
 
 
 def _creating(writer: Any, schema: Any, *, deletion_vectors: bool = False) -> Any:
@@ -203,17 +199,6 @@ class DeltaWrites(Commits):
         except Exception as exc:
             raise LakeError(f"cannot set the statistics columns of {uri}: {' '.join(str(exc).split())[:500]}") from exc
         log.info("%s keeps statistics of %s", uri, want.get(STATS_COLUMNS) or "no column")
-        return True
-
-    def enable_deletion_vectors(self, uri: str) -> bool:
-        """Make the existing table use deletion vectors (:data:`DELETION_VECTORS`, one commit that
-        upgrades its protocol: readers without the feature can no longer read it) where this engine
-        creates tables with them (:attr:`deletion_vectors`: Apache Spark, unless the config says
-        otherwise). True when it changed."""
-        if not self.deletion_vectors or self.table_properties(uri).get(DELETION_VECTORS) == "true":
-            return False
-        self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')", f"ALTER TABLE {uri}")
-        log.info("%s uses deletion vectors from now on", uri)
         return True
 
     def rewrite(
