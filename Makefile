@@ -54,6 +54,8 @@ WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 # (tests/engines.py).
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2
+# Each tier ends with its slowest tests: what to look at when make test's time grows.
+DURATIONS ?= --durations=15
 # MkDocs for the docs site (make docs), in a venv of its own.
 DOCS_VENV ?= .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
@@ -132,7 +134,7 @@ $(S3PROXY_JAR):
 s3proxy: $(S3PROXY_JAR)
 
 test-embedded: install $(AIRFLOW_STAMP) postgres $(S3PROXY_JAR)
-	$(PY) -m pytest -q $(XDIST) -m "not monitoring"
+	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m "not monitoring"
 
 # Prometheus from Debian, if this machine does not have it yet: the Grafana dashboard's test runs
 # every query of examples/grafana/pg2delta.json against a real one (tests/test_grafana_dashboard.py).
@@ -154,12 +156,12 @@ test-airflow: install $(AIRFLOW_STAMP) postgres
 
 test-spark: $(SPARK35_STAMP) postgres $(S3PROXY_JAR)
 	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) PG2DELTA_TEST_ENGINE=spark \
-	  $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK_TESTS)
+	  $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) $(SPARK_TESTS)
 
 # The job end to end and the crashes between and after the tables' commits on Spark 4.0 + Delta 4.0.
 test-spark4: $(SPARK4_STAMP) postgres
 	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK4_CACHE)/conf PG2DELTA_TEST_ENGINE=spark \
-	  $(SPARK4_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(SPARK4_TESTS)
+	  $(SPARK4_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) $(SPARK4_TESTS)
 
 # The unit and integration tiers (decoding against real servers) and the engine-facing end-to-end
 # tests again on the oldest supported stack: the pyspark 3.5 Spark Connect client against pysail,
