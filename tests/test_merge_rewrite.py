@@ -23,7 +23,7 @@ from pg2delta.apply.merge import merge_statement
 from pg2delta.config import load
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import run
-from pg2delta.lake import engine_commits
+from pg2delta.lake import engine_commits, engine_maintain
 from pg2delta.lake.engine import EngineConfig, Lake, MergeRows
 from pg2delta.lake.engine_maintain import overlapping
 from workload import TABLES, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema
@@ -353,13 +353,17 @@ def test_compaction_sorts_files_whose_key_ranges_overlap(tmp_path: Path, shared_
         ids = list(range(part, 40_000, 4))
         engine.append(uri, pa.table({"id": pa.array(ids, I64), "v": [f"t{i}" for i in ids]}))
     before = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
-    assert overlapping(DeltaTable(uri), "id") == 1.0
+    assert overlapping(DeltaTable(uri), "id") > 0.7  # 3 of 4 files' ranges covered by the first
     engine.compact(uri, target_size=100_000, key="id")
     table = DeltaTable(uri)
     assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == before
     spans = sorted((a["min.id"], a["max.id"]) for a in pa.table(table.get_add_actions(flatten=True)).to_pylist())
-    assert len(spans) >= 2 and all(a[1] < b[0] for a, b in itertools.pairwise(spans)), spans
-    assert overlapping(table, "id") == 0.0
+    assert len(spans) >= 2, spans
+    if engine.embedded:  # delta-rs's sort: ranges apart
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(spans)), spans
+        assert overlapping(table, "id") == 0.0
+    else:  # Delta's ZORDER BY: ranges that share a few keys at their edges
+        assert overlapping(table, "id") < engine_maintain.OVERLAP_SHARE, spans
     version = table.version()
     engine.compact(uri, key="id")  # apart already: a compaction (of these files into one) keeps the order
-    assert overlapping(DeltaTable(uri), "id") == 0.0 and DeltaTable(uri).version() >= version
+    assert overlapping(DeltaTable(uri), "id") < engine_maintain.OVERLAP_SHARE and DeltaTable(uri).version() >= version
