@@ -192,7 +192,6 @@ def _object_store(root: str) -> bool:
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     lake_root: str = ""
-    storage: StorageConfig = field(default_factory=StorageConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
     tables: Mapping[str, TableConfig] = field(default_factory=dict)  # "schema.table" -> settings
@@ -209,6 +208,8 @@ class Config:
     # instead of rewriting each file it touches. Readers must support them (the Deletion vectors
     # page names those that do not). The engine takes it as EngineConfig.deletion_vectors.
     deletion_vectors: bool = True
+    # [lake] endpoint, region, path_style: the object store's (last, so that positional use of the fields above holds).
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     def table(self, schema: str, name: str) -> TableConfig:
         return self.tables.get(f"{schema}.{name}", TableConfig())
