@@ -190,8 +190,12 @@ class Workers:
         self.queue: Any = ctx.Queue()
         self.abort: Any = ctx.Event()  # set when a table failed: the others stop at their next chunk
         level = logging.getLogger("pg2delta").getEffectiveLevel()
+        # The object store's settings as this command has them ([lake] endpoint... become AWS_*
+        # variables at config load): the forkserver, started by an earlier command of this process,
+        # would hand its workers the environment of its own start.
+        storage = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
         self.pool = ProcessPoolExecutor(
-            max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(self.queue, self.abort, level)
+            max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(self.queue, self.abort, level, storage)
         )
         for _ in range(n):  # one process is spawned per task submitted while none is idle
             self.pool.submit(_ready)
@@ -210,9 +214,12 @@ def _ready() -> None:
     """A worker's first task: nothing, once its process has started and imported this module."""
 
 
-def _init_worker(queue: Any, abort: Any, level: int) -> None:
+def _init_worker(queue: Any, abort: Any, level: int, storage: dict[str, str]) -> None:
     global _progress_queue, _abort
     _progress_queue, _abort = queue, abort
+    for name in [k for k in os.environ if k.startswith("AWS_") and k not in storage]:
+        del os.environ[name]
+    os.environ.update(storage)
     # The bootstrap that started this worker may die (a kill, an OOM): the worker then ends too, busy
     # or idle, rather than copy for nobody and hold the job's output pipes open.
     parent = multiprocessing.parent_process()
