@@ -25,7 +25,7 @@ from workload import TableSpec, assert_lake_matches, cli, confirmed_lsn
 pytestmark = pytest.mark.e2e
 
 BIG = TableSpec("public", "big", ("id",))
-_PEEK = "SELECT pid FROM pg_stat_activity WHERE query LIKE '%%pg_logical_slot_peek_binary_changes%%' AND pid <> pg_backend_pid() AND datname = current_database()"
+_PEEK = "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%%pg_logical_slot_peek_binary_changes%%' AND pid <> pg_backend_pid() AND datname = current_database()"
 
 
 def _setup(dsn: str, lake: Path, rows: int, width: int) -> tuple[str, list[str]]:
