@@ -200,15 +200,7 @@ class Lake:
             infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
         except (OSError, pa.ArrowException) as exc:
             raise LakeError(f"cannot list {log_dir}: {exc}") from exc
-        commits: set[int] = set()
-        parts: dict[tuple[int, int], set[str]] = defaultdict(set)  # (version, parts) -> files
-        for info in infos:
-            if m := re.fullmatch(r"(\d{20})\.json", info.base_name):
-                commits.add(int(m.group(1)))
-            elif m := re.fullmatch(r"(\d{20})\.checkpoint\.parquet", info.base_name):
-                parts[(int(m.group(1)), 1)].add(info.path)
-            elif m := re.fullmatch(r"(\d{20})\.checkpoint\.\d{10}\.(\d{10})\.parquet", info.base_name):
-                parts[(int(m.group(1)), int(m.group(2)))].add(info.path)
+        commits, parts = _log_files(infos)
         if not commits:
             return None
         latest = max(commits)
@@ -321,6 +313,21 @@ class Lake:
             log.warning("could not remove staging file %s", uri)
 
 
+def _log_files(infos: Sequence[pafs.FileInfo]) -> tuple[set[int], dict[tuple[int, int], set[str]]]:
+    """A ``_delta_log`` listing's JSON commit versions, and its classic checkpoints' files by
+    (version, parts): single-file and multi-part checkpoints alike."""
+    commits: set[int] = set()
+    parts: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for info in infos:
+        if m := re.fullmatch(r"(\d{20})\.json", info.base_name):
+            commits.add(int(m.group(1)))
+        elif m := re.fullmatch(r"(\d{20})\.checkpoint\.parquet", info.base_name):
+            parts[(int(m.group(1)), 1)].add(info.path)
+        elif m := re.fullmatch(r"(\d{20})\.checkpoint\.\d{10}\.(\d{10})\.parquet", info.base_name):
+            parts[(int(m.group(1)), int(m.group(2)))].add(info.path)
+    return commits, parts
+
+
 def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
     """The schema (Spark's StructType JSON) of ``lake``'s Delta table at ``uri`` as of ``version``
     (default: the latest), from its log alone: the newest JSON commit up to it that changed the
@@ -331,15 +338,7 @@ def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
         infos = lake.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
     except (OSError, pa.ArrowException) as exc:
         raise LakeError(f"cannot list {log_dir}: {exc}") from exc
-    commits: set[int] = set()
-    parts: dict[tuple[int, int], set[str]] = defaultdict(set)
-    for info in infos:
-        if m := re.fullmatch(r"(\d{20})\.json", info.base_name):
-            commits.add(int(m.group(1)))
-        elif m := re.fullmatch(r"(\d{20})\.checkpoint\.parquet", info.base_name):
-            parts[(int(m.group(1)), 1)].add(info.path)
-        elif m := re.fullmatch(r"(\d{20})\.checkpoint\.\d{10}\.(\d{10})\.parquet", info.base_name):
-            parts[(int(m.group(1)), int(m.group(2)))].add(info.path)
+    commits, parts = _log_files(infos)
     if not commits:
         return None
     version = max(commits) if version is None else version
