@@ -21,7 +21,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +148,22 @@ def _query(url: str, expr: str) -> list[dict[str, Any]]:
     return list(body["data"]["result"])
 
 
+def _wait_for(url: str, expr: str, done: Callable[[dict[str, float]], bool]) -> dict[str, float]:
+    """The result of `expr` (its series' outcome label, or their labels as text, to value) once
+    `done` holds, or what it was after 60 s; with the scrape target's last error if it failed."""
+    deadline = time.monotonic() + 60
+    while True:
+        got = {r["metric"].get("outcome", str(r["metric"])): float(r["value"][1]) for r in _query(url, expr)}
+        if done(got) or time.monotonic() > deadline:
+            if not done(got):
+                with urllib.request.urlopen(f"{url}/api/v1/targets", timeout=10) as r:
+                    targets = json.load(r)["data"]["activeTargets"]
+                raise AssertionError(f"{expr} = {got} after 60 s; targets: "
+                                     f"{[(t['health'], t['lastError']) for t in targets]}")
+            return got
+        time.sleep(0.5)
+
+
 def _label_values(url: str, expr: str) -> list[str]:
     m = re.fullmatch(r"label_values\((.+), (\w+)\)", expr)
     assert m, expr
@@ -211,10 +227,14 @@ def test_every_dashboard_query_has_data(keep_size_server: ThrowawayPostgres, pro
     # The counters carry over from run to run; the last success is the last idle run's.
     succeeded = re.search(r"^pg2delta_run_last_success_timestamp_seconds\{.*\} (\S+)$", after_idle, re.M)
     assert succeeded is not None
-    time.sleep(3)  # a few scrapes, so that increase() has two samples
     s = f'slot="{slot}"'
-    outcomes = {r["metric"]["outcome"]: float(r["value"][1]) for r in _query(url, f"pg2delta_runs_total{{{s}}}")}
-    assert outcomes == {"ok": outcomes_run.count("ok"), "idle": 1.0, "failed": 1.0}, (outcomes, outcomes_run)
+    want = {"ok": outcomes_run.count("ok"), "idle": 1.0, "failed": 1.0}
+    # Prometheus scrapes every second, from a moment of its own choosing: wait for a scrape that
+    # saw the last files, then a few more, so that increase() has two samples.
+    outcomes = _wait_for(url, f"pg2delta_runs_total{{{s}}}", lambda o: o == want)
+    assert _wait_for(url, f"count_over_time(pg2delta_runs_total{{{s},outcome=\"failed\"}}[1m])", lambda o: o
+                     and min(o.values()) >= 3)
+    assert outcomes == want, (outcomes, outcomes_run)
     assert float(_query(url, f"pg2delta_run_exit_code{{{s}}}")[0]["value"][1]) == failed.returncode
     last_ok = float(_query(url, f"pg2delta_run_last_success_timestamp_seconds{{{s}}}")[0]["value"][1])
     assert last_ok == pytest.approx(float(succeeded.group(1)))
