@@ -71,7 +71,7 @@ def test_run_killed_then_verify_through_spark_submit_on_s3a(pgdb: str, s3_server
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     verified = _submit("pg2delta_verify.py", "--config", str(config), "--json")
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
-    # Spark's Python runner merges the driver's log into stdout (README): the report is the JSON object in it
+    # Spark's Python runner merges the driver's log into stdout (docs/engines/spark-submit.md): the report is the JSON object in it
     text = verified.stdout
     report, _ = json.JSONDecoder().raw_decode(text[text.index("\n{") + 1 :] if not text.startswith("{") else text)
     # the tables of the lake (one the workload never touched has none); all of them equal

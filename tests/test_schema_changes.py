@@ -6,8 +6,8 @@ with and without defaults, dropped and renamed, types widened, narrowed and chan
 another kind, replica identity switched, primary keys changed, dropped and changed inside a
 transaction, partitioned tables with and without ``publish_via_partition_root`` (attach and
 detach), tables renamed and moved to another schema. After every run the lake, read back
-with delta-rs, is compared with PostgreSQL under the rules the README states in "Schema
-changes"; refused changes must give one line on stderr, exit 78, an unmoved slot and an
+with delta-rs, is compared with PostgreSQL under the rules of docs/concepts/schema-changes.md;
+refused changes must give one line on stderr, exit 78, an unmoved slot and an
 unchanged lake.
 """
 
@@ -198,7 +198,7 @@ def _expect_columns(dsn: str, lake: Path, context: str) -> None:
     # c was dropped inside the last transaction; row 6, updated after that, keeps 600.
     c = {(1,): 100, (6,): 600, (7,): 700}
     # d was added with a default: PostgreSQL reads it for every older row but sends it only for rows
-    # it writes again. Row 1 was not written since: the lake has it from attmissingval (README).
+    # it writes again. Row 1 was not written since: the lake has it from attmissingval (docs/concepts/schema-changes.md).
     _, pg = _pg(dsn, "public.t", ["id"])
     assert pg[(1,)]["d"] == "dflt"
     assert_lake_equals(dsn, lake, "public.t", ["id"], kept={"b": b, "c": c}, context=context)

@@ -1,4 +1,4 @@
-"""The user's own command line: ``spark-submit jobs/pg2delta_*.py`` exactly as the README shows it.
+"""The user's own command line: ``spark-submit jobs/pg2delta_*.py`` exactly as docs/engines/spark-submit.md shows it.
 
 Local master, client mode, Delta from ``--packages`` with the two Delta session configs, nothing
 else: no ``SPARK_CONF_DIR`` of ours (only the Ivy cache is pointed into the checkout, so the jars
@@ -48,10 +48,10 @@ def _delta_package() -> str:
 
 
 def spark_submit(job: str, *args: str, conf: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The README's command line, run the way a scheduler runs it (``conf``: more ``--conf`` settings;
+    """The documented command line, run the way a scheduler runs it (``conf``: more ``--conf`` settings;
     ``job``: a script of jobs/, or a path)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_CONF_DIR"))}
-    env["PYSPARK_PYTHON"] = sys.executable  # the Python pg2delta is installed in (README)
+    env["PYSPARK_PYTHON"] = sys.executable  # the Python pg2delta is installed in (docs/engines/spark-submit.md)
     flags = [
         "--master", "local[2]",
         "--packages", _delta_package(),

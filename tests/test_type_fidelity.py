@@ -13,7 +13,7 @@ job (binary pgoutput, the embedded engine, MERGE into Delta), each followed by a
 
 After each phase the Delta table is read back twice, with delta-rs (independent of the
 engine) and with the engine's own Spark session, and both must equal what PostgreSQL
-returns for the same rows under the documented type rules (README "Types"): the expected
+returns for the same rows under the documented type rules (docs/concepts/types.md): the expected
 values come from PostgreSQL itself (psycopg's values, ``col::text``, the output function,
 ``col::text[]``), never written by hand. PostgreSQL 18 also publishes a stored generated
 column (``publish_generated_columns = stored``), which must arrive like any other.
@@ -681,7 +681,7 @@ def test_generated_columns_arrive_like_any_other(matrix: list[Snapshot]) -> None
         assert _norm(snap.spark[GENERATED[0]]) == _norm(snap.expected[GENERATED[0]])
 
 
-# Arrow types of the Delta table, as README "Types" documents them (per PostgreSQL type).
+# Arrow types of the Delta table, as docs/concepts/types.md documents them (per PostgreSQL type).
 DOCUMENTED = {
     "bool": "bool", "int2": "int16", "int4": "int32", "int8": "int64", "oid": "int64",
     "float4": "float", "float8": "double", "money": "decimal128(19, 2)", "bytea": "binary",

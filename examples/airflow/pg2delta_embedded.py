@@ -162,7 +162,7 @@ with DAG(
 
 with DAG(
     dag_id="pg2delta_embedded_maintain",
-    description="daily: compact small files, vacuum, checkpoint, expire changelog rows (README, Maintenance)",
+    description="daily: compact small files, vacuum, checkpoint, expire changelog rows (docs: operations/maintenance)",
     schedule=timedelta(days=1),
     start_date=datetime(2025, 1, 1),
     catchup=False,

@@ -293,7 +293,7 @@ def plan(config: Any, *, until_lsn: int | None = None) -> PlanReport:
 
 
 def to_json(report: PlanReport) -> dict[str, Any]:
-    """The report as ``pg2delta plan --json`` prints it (schema_version 1, see README)."""
+    """The report as ``pg2delta plan --json`` prints it (schema_version 1, see docs/commands/plan.md)."""
     totals = _totals(report)
     return {
         "schema_version": SCHEMA_VERSION,

@@ -7,7 +7,7 @@ started, so a monitoring check every minute costs a query and a few small reads.
 The verdict is an exit code (worst first): 12 the slot is invalidated, 11 its ``wal_status`` is
 ``unreserved``, 10 the lag is over ``--max-lag-bytes`` / ``--max-lag-seconds``, 9 a table's log or
 small files are past a ``[maintain] alert_*`` threshold (:func:`_maintenance_problems`), else 0. The report
-(``--json``) has a stable schema, :data:`SCHEMA_VERSION`, documented in the README; so do the
+(``--json``) has a stable schema, :data:`SCHEMA_VERSION`, documented in docs/commands/json-reports.md; so do the
 Prometheus metrics ``--metrics-file`` writes.
 """
 
@@ -191,7 +191,7 @@ def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, An
                 "kind": "invalidated",
                 "exit_code": EXIT_STATUS_INVALIDATED,
                 "message": f"slot {info.name} is invalidated ({reason}): the changes it held are gone; "
-                "the lake needs a new bootstrap (README: recovering from an invalidated slot)",
+                "the lake needs a new bootstrap (docs: operations/guide, Recovering from an invalidated slot)",
             }
         )
     elif info.wal_status == "unreserved":
@@ -348,7 +348,7 @@ WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 def write_metrics(report: dict[str, Any], path: str) -> None:
     """The report as Prometheus text for node_exporter's textfile collector, written atomically
-    (a temporary file renamed over ``path``). Metric names are documented in the README."""
+    (a temporary file renamed over ``path``). Metric names are documented in docs/operations/monitoring.md."""
     from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
     reg = CollectorRegistry()

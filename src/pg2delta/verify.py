@@ -17,7 +17,7 @@ A live source cannot be compared with a lake that lags it, so both are pinned to
    buckets, never a table.
 
 Canonical text. Each column becomes, on both sides, a text that is equal exactly when the values are
-equal under the README's type mapping (so a documented conversion is not a difference):
+equal under the documented type mapping (docs/concepts/types.md) (so a documented conversion is not a difference):
 
 * integers, oid: the decimal number; booleans ``t``/``f``; numerics (decimal in the lake) with the
   lake column's scale, NaN as NULL (the lake nulls it); strings (text, json, jsonb, unbounded
@@ -671,7 +671,7 @@ def verify(
 
 
 def to_json(report: VerifyReport) -> dict[str, Any]:
-    """The ``--json`` form (``schema_version`` 1; see README, Verify)."""
+    """The ``--json`` form (``schema_version`` 1; see docs/commands/verify.md)."""
     def diff(d: Difference) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": d.kind, "key": d.key}
         if d.kind == DIFFERENT:

@@ -190,7 +190,7 @@ def versions_at(
 
 
 def to_json(report: VersionsReport) -> dict[str, Any]:
-    """The ``--json`` form (``schema_version`` 1; see README, Versions as of an LSN)."""
+    """The ``--json`` form (``schema_version`` 1; see docs/commands/versions.md)."""
     root = report.lake_root.rstrip("/")
     return {
         "schema_version": 1,

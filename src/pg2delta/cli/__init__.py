@@ -18,7 +18,7 @@ Exit codes (for Airflow and cron):
 
 ``pg2delta status`` adds 9 (maintenance behind a ``[maintain] alert_*`` threshold), 10 (lag over
 a threshold), 11 (wal_status unreserved) and 12 (slot invalidated). ``--json`` reports carry ``schema_version`` (:data:`JSON_SCHEMA_VERSION`); every
-field is documented in the README.
+field is documented in docs/commands/json-reports.md.
 
 ``pg2delta verify`` exits 0 when the lake holds exactly the source's state at the LSN it pins,
 20 when some table differs (the report names the keys) or has commits pg2delta did not make

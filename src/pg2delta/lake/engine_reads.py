@@ -177,8 +177,8 @@ class DeltaReads(EngineSession):
             return self.spark.createDataFrame([], schema)
         if not self.classic:
             # pysail takes a footer's float statistics (its own Delta files have them, as delta-rs's
-            # compacted ones do) as bounds of every value, NaN included (README: "Float NaN on the
-            # embedded engine"): those files are read from copies without statistics, kept until
+            # compacted ones do) as bounds of every value, NaN included (docs/engines/index.md, "Float NaN on
+            # the embedded engine"): those files are read from copies without statistics, kept until
             # the engine stops.
             key = (uri, version)
             if key not in self._version_copies:

@@ -263,7 +263,7 @@ class SlotSource:
                 why += f", invalidation_reason={info.invalidation_reason}"
             raise SourceStateError(
                 f"slot {self.slot!r} is invalidated ({why}); its changes are gone: "
-                "drop it and bootstrap the lake again (README: recovering from an invalidated slot)"
+                "drop it and bootstrap the lake again (docs: operations/guide, Recovering from an invalidated slot)"
             )
         if info.active_pid is not None:
             raise SlotBusy(f"slot {self.slot!r} is in use by server process {info.active_pid}; this run did nothing")
