@@ -50,6 +50,7 @@ from pg2delta.decode.changes import (
     RelationVersion,
     TruncateEvent,
 )
+from pg2delta.lake.applied_log import WINDOW_TABLE_FIELDS
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.types import arrow_type, spark_type, widens
 from pg2delta.lsn import format_lsn
@@ -62,14 +63,7 @@ TRUNCATE_OP = "T"
 
 CHANGELOG_LOG_SCHEMA = pa.schema(
     [
-        ("run_id", pa.string()),
-        ("slot", pa.string()),
-        ("window_start", pa.int64()),
-        ("window_end", pa.int64()),
-        ("window_end_lsn", pa.string()),
-        ("relation_oid", pa.int64()),
-        ("schema_name", pa.string()),
-        ("table_name", pa.string()),
+        *WINDOW_TABLE_FIELDS,
         ("changelog_version", pa.int64()),
         ("rows", pa.int64()),
         ("key_names", pa.list_(pa.string())),

@@ -25,16 +25,21 @@ from pg2delta.lsn import format_lsn
 
 LOG_TABLE = "_pg2delta/applied_log"
 
+# Which run, slot, window and table a row of the applied log (and of the changelog's log) is about.
+WINDOW_TABLE_FIELDS: list[tuple[str, pa.DataType]] = [
+    ("run_id", pa.string()),
+    ("slot", pa.string()),
+    ("window_start", pa.int64()),
+    ("window_end", pa.int64()),
+    ("window_end_lsn", pa.string()),
+    ("relation_oid", pa.int64()),
+    ("schema_name", pa.string()),
+    ("table_name", pa.string()),
+]
+
 LOG_SCHEMA = pa.schema(
     [
-        ("run_id", pa.string()),
-        ("slot", pa.string()),
-        ("window_start", pa.int64()),
-        ("window_end", pa.int64()),
-        ("window_end_lsn", pa.string()),
-        ("relation_oid", pa.int64()),
-        ("schema_name", pa.string()),
-        ("table_name", pa.string()),
+        *WINDOW_TABLE_FIELDS,
         ("delta_version", pa.int64()),
         ("inserts", pa.int64()),
         ("updates", pa.int64()),
