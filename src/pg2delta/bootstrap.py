@@ -65,7 +65,7 @@ from pg2delta.errors import (
 from pg2delta.lsn import format_lsn
 from pg2delta.source.publication import copied_tables
 from pg2delta.source.slot import SlotInfo, SlotSource, connect
-from pg2delta.source.snapshot import ExportedSnapshot, open_snapshot
+from pg2delta.source.snapshot import ExportedSnapshot, open_snapshot, refuse_failover
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,8 @@ def _checked(job: Lakeside, src: SlotSource) -> SlotInfo | None:
         raise SourceStateError(f"publication {cfg.source.publication!r} does not exist in database {dbname!r}")
     if src.server_version < 150000:
         raise SourceStateError("pg2delta bootstrap needs PostgreSQL 15 or newer (publication column lists and row filters)")
+    if cfg.source.failover:
+        refuse_failover(src.server_version)
     job.lake.check_writable()
     return info
 
@@ -157,7 +159,8 @@ def _created(job: Lakeside, src: SlotSource, *, parallel: int) -> BootstrapRepor
         stack.enter_context(slot_staging(job))  # left last, once the workers have stopped
         workers = stack.enter_context(Workers(n_workers)) if n_workers > 1 else None
         exported = stack.enter_context(ExportedSnapshot(
-            cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout
+            cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout,
+            failover=cfg.source.failover,
         ))
         snap = exported.snapshot
         report = BootstrapReport(cfg.source.slot, snap.consistent_lsn, created_slot=True)

@@ -41,6 +41,14 @@ class SourceConfig:
     publication: str = "pg2delta"  # publication naming the tables to replicate
     create_slot: bool = False  # create the slot if it is missing
     connect_timeout: int = 10  # seconds
+    # Create the slot as a failover slot (PostgreSQL 17 and later), which a physical standby running
+    # with sync_replication_slots = on keeps a copy of: after the standby's promotion, runs go on
+    # from it. bootstrap and --create-slot create it so, a run makes an existing slot one; refused
+    # (exit 78) on older servers. Operations > Faults: a primary failover.
+    failover: bool = False
+    # A physical standby that should hold the slot synchronized, checked by pg2delta status (exit 14
+    # when a promotion now would leave the runs without their slot); --standby-dsn too. Empty: none.
+    standby_dsn: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +244,7 @@ _ENV: dict[str, tuple[str, str, type]] = {
     "PG2DELTA_DSN": ("source", "dsn", str),
     "PG2DELTA_SLOT": ("source", "slot", str),
     "PG2DELTA_PUBLICATION": ("source", "publication", str),
+    "PG2DELTA_STANDBY_DSN": ("source", "standby_dsn", str),
     "PG2DELTA_LAKE": ("lake", "root", str),
     "PG2DELTA_ENGINE": ("engine", "kind", str),
     "PG2DELTA_REMOTE": ("engine", "remote", str),
@@ -268,6 +277,7 @@ _FLAGS = {
     "slot": ("source", "slot"),
     "publication": ("source", "publication"),
     "create_slot": ("source", "create_slot"),
+    "standby_dsn": ("source", "standby_dsn"),
     "lake": ("lake", "root"),
     "engine": ("engine", "kind"),
     "remote": ("engine", "remote"),

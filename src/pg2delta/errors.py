@@ -53,6 +53,7 @@ EXIT_STATUS_LAG = 10  # lag over --max-lag-bytes or --max-lag-seconds
 EXIT_STATUS_UNRESERVED = 11  # wal_status 'unreserved': the next checkpoint may remove WAL the slot needs
 EXIT_STATUS_INVALIDATED = 12  # the slot is invalidated: its changes are gone, the lake needs a new bootstrap
 EXIT_STATUS_LAKE_CHANGED = 13  # a table has commits pg2delta did not make since its last one (run refuses: 21)
+EXIT_STATUS_FAILOVER = 14  # a promotion of the standby now would leave the runs without their slot (not a failover slot, not synchronized)
 
 # ``pg2delta verify``: the lake does not hold the source's state at the verified LSN (the report
 # names the keys); 0 when every table is equal.

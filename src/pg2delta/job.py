@@ -46,6 +46,7 @@ from pg2delta.apply.targets import (
 )
 from pg2delta.config import Config
 from pg2delta.errors import SchemaError
+from pg2delta.failover import run_bounds
 from pg2delta.faults import fault_point
 from pg2delta.lake import applied_log
 from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, log_rows, window_rows
@@ -136,7 +137,7 @@ class Job(Lakeside):
         cfg = self.config
         create = cfg.source.create_slot if create_slot is None else create_slot
         with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
-            start, upper = src.locked_bounds(until_lsn, create=create)
+            start, upper = run_bounds(src, cfg, self.lake, until_lsn, create=create)
             self.lake.own_staging(cfg.source.slot)  # under the lock: what a killed run left goes
             report = RunReport(cfg.source.slot, start, upper, start)
             if start >= upper:

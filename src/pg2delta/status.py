@@ -4,9 +4,11 @@ Reads the server (the slot, its WAL position and retention) and the lake's own l
 log, and each table's Delta log for its version, files and size) with pyarrow: no engine is
 started, so a monitoring check every minute costs a query and a few small reads.
 
-The verdict is an exit code (worst first): 12 the slot is invalidated, 11 its ``wal_status`` is
-``unreserved``, 10 the lag is over ``--max-lag-bytes`` / ``--max-lag-seconds``, 9 a table's log or
-small files are past a ``[maintain] alert_*`` threshold (:func:`_maintenance_problems`), else 0. The report
+The verdict is an exit code (the highest of the problems found): 14 a promotion of the standby now
+would leave the runs without their slot (pg2delta.failover), 13 a table changed behind pg2delta's
+back, 12 the slot is invalidated, 11 its ``wal_status`` is ``unreserved``, 10 the lag is over
+``--max-lag-bytes`` / ``--max-lag-seconds``, 9 a table's log or small files are past a ``[maintain]
+alert_*`` threshold (:func:`_maintenance_problems`), else 0. The report
 (``--json``) has a stable schema, :data:`SCHEMA_VERSION`, documented in docs/commands/json-reports.md; so do the
 Prometheus metrics ``--metrics-file`` writes.
 """
@@ -30,6 +32,7 @@ from pg2delta.errors import (
     EXIT_STATUS_UNRESERVED,
     SourceStateError,
 )
+from pg2delta.failover import status_section
 from pg2delta.lake.applied_log import KIND_WINDOW, LOG_TABLE
 from pg2delta.lake.engine import Lake
 from pg2delta.lake.log_health import log_health
@@ -95,6 +98,8 @@ def _slot_section(info: SlotInfo, server: ServerState) -> dict[str, Any]:
         "invalidation_reason": info.invalidation_reason,
         "conflicting": info.conflicting,
         "invalidated": info.invalidated,
+        "failover": info.failover,
+        "synced": info.synced,
         "lag_bytes": max(0, server.flush_lsn - confirmed) if confirmed is not None else None,
         "retained_wal_bytes": max(0, server.current_lsn - restart) if restart is not None else None,
     }
@@ -164,6 +169,30 @@ def _tables(config: Config, lake: Lake) -> tuple[list[dict[str, Any]], int | Non
     return tables, log_version, newest_commit
 
 
+def _slot_problems(info: SlotInfo) -> list[dict[str, Any]]:
+    """The slot invalidated (exit 12), or holding more WAL than the server lets it keep (11)."""
+    if info.invalidated:
+        reason = info.invalidation_reason or f"wal_status {info.wal_status}"
+        return [
+            {
+                "kind": "invalidated",
+                "exit_code": EXIT_STATUS_INVALIDATED,
+                "message": f"slot {info.name} is invalidated ({reason}): the changes it held are gone; "
+                "the lake needs a new bootstrap (docs: operations/guide, Recovering from an invalidated slot)",
+            }
+        ]
+    if info.wal_status == "unreserved":
+        return [
+            {
+                "kind": "unreserved",
+                "exit_code": EXIT_STATUS_UNRESERVED,
+                "message": f"slot {info.name} holds more WAL than max_slot_wal_keep_size allows "
+                f"(safe_wal_size {info.safe_wal_size} bytes): the next checkpoint may invalidate it; run pg2delta now",
+            }
+        ]
+    return []
+
+
 def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, Any]:
     """The report ``pg2delta status`` prints; ``report["exit_code"]`` is its verdict."""
     limits = thresholds or Thresholds()
@@ -182,27 +211,9 @@ def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, An
         # The age of the newest change in the lake; 0 once the slot has caught up with the server.
         lag_seconds = 0.0 if slot["lag_bytes"] == 0 else max(0.0, (server.now_us - newest_commit) / 1e6)
     slot["lag_seconds"] = None if lag_seconds is None else round(lag_seconds, 3)
-
-    problems = _maintenance_problems(config, tables) + lake_changed(config, lake, tables)  # 9, 13
-    if info.invalidated:
-        reason = info.invalidation_reason or f"wal_status {info.wal_status}"
-        problems.append(
-            {
-                "kind": "invalidated",
-                "exit_code": EXIT_STATUS_INVALIDATED,
-                "message": f"slot {info.name} is invalidated ({reason}): the changes it held are gone; "
-                "the lake needs a new bootstrap (docs: operations/guide, Recovering from an invalidated slot)",
-            }
-        )
-    elif info.wal_status == "unreserved":
-        problems.append(
-            {
-                "kind": "unreserved",
-                "exit_code": EXIT_STATUS_UNRESERVED,
-                "message": f"slot {info.name} holds more WAL than max_slot_wal_keep_size allows "
-                f"(safe_wal_size {info.safe_wal_size} bytes): the next checkpoint may invalidate it; run pg2delta now",
-            }
-        )
+    standby, failover_problems = status_section(config, info, server.version_num)  # 14
+    problems = _maintenance_problems(config, tables) + lake_changed(config, lake, tables) + _slot_problems(info)
+    problems += failover_problems
     if limits.max_lag_bytes is not None and slot["lag_bytes"] is not None and slot["lag_bytes"] > limits.max_lag_bytes:
         problems.append(
             {
@@ -240,6 +251,7 @@ def status(config: Config, thresholds: Thresholds | None = None) -> dict[str, An
             "last_commit_ts": _iso(newest_commit),
         },
         "tables": tables,
+        "standby": standby,
     }
 
 
@@ -369,10 +381,7 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
             if holder is not None and holder.get(key) is not None:
                 g.labels(slot=name, table=t["table"]).set(holder[key])
 
-    def ts(text: str | None) -> float | None:
-        return None if text is None else dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-    gauge("pg2delta_status_exit_code", "Exit code of pg2delta status (0, 9, 10, 11, 12, 13)", report["exit_code"])
+    gauge("pg2delta_status_exit_code", "Exit code of pg2delta status (0, 9, 10, 11, 12, 13, 14)", report["exit_code"])
     gauge("pg2delta_status_checked_timestamp_seconds", "When pg2delta status ran (server clock)", ts(report["checked_at"]))
     gauge("pg2delta_slot_invalidated", "1 when the slot is invalidated", 1.0 if slot["invalidated"] else 0.0)
     wal = Gauge("pg2delta_slot_wal_status", "1 for the slot's current wal_status", ["slot", "wal_status"], registry=reg)
@@ -392,16 +401,8 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
     table_gauge("pg2delta_table_delta_version", "Latest Delta version of the table", "delta_version")
     table_gauge("pg2delta_table_files", "Data files in the table's latest Delta version", "files")
     table_gauge("pg2delta_table_size_bytes", "Bytes of data files in the table's latest Delta version", "size_bytes")
-    applied = Gauge("pg2delta_table_applied_lsn", "Window end LSN of the table's last logged window, as a number",
-                    ["slot", "table"], registry=reg)
-    last = Gauge("pg2delta_table_last_applied_timestamp_seconds", "When the table's last window was applied",
-                 ["slot", "table"], registry=reg)
-    for t in report["tables"]:
-        hi, lo = t["applied_lsn"].split("/")
-        applied.labels(slot=name, table=t["table"]).set((int(hi, 16) << 32) | int(lo, 16))
-        when = ts(t["last_applied_at"])
-        if when is not None:
-            last.labels(slot=name, table=t["table"]).set(when)
+    _table_gauges(reg, report, name)
+    _failover_gauges(gauge, report)
     table_gauge("pg2delta_changelog_delta_version", "Latest Delta version of the table's changelog", "delta_version",
                 "changelog")
     table_gauge("pg2delta_changelog_size_bytes", "Bytes of data files in the table's changelog", "size_bytes",
@@ -413,6 +414,39 @@ def write_metrics(report: dict[str, Any], path: str) -> None:
     reg.register(_RowsApplied(name, report["tables"]))
     _maintenance_gauges(reg, report, name)
     write_to_textfile(path, reg)
+
+
+def ts(text: str | None) -> float | None:
+    """An ISO 8601 time of the report as seconds since 1970."""
+    return None if text is None else dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _table_gauges(reg: Any, report: dict[str, Any], slot: str) -> None:
+    """Per table, its last logged window's end LSN and time."""
+    from prometheus_client import Gauge
+
+    applied = Gauge("pg2delta_table_applied_lsn", "Window end LSN of the table's last logged window, as a number",
+                    ["slot", "table"], registry=reg)
+    last = Gauge("pg2delta_table_last_applied_timestamp_seconds", "When the table's last window was applied",
+                 ["slot", "table"], registry=reg)
+    for t in report["tables"]:
+        hi, lo = t["applied_lsn"].split("/")
+        applied.labels(slot=slot, table=t["table"]).set((int(hi, 16) << 32) | int(lo, 16))
+        when = ts(t["last_applied_at"])
+        if when is not None:
+            last.labels(slot=slot, table=t["table"]).set(when)
+
+
+def _failover_gauges(gauge: Any, report: dict[str, Any]) -> None:
+    """The slot a failover slot or not, and the standby's copy of it (pg2delta.failover)."""
+    failover = report["slot"]["failover"]
+    gauge("pg2delta_slot_failover", "1 when the slot is a failover slot (PostgreSQL 17+)",
+          None if failover is None else float(failover))
+    standby = report["standby"]
+    if standby is not None:
+        gauge("pg2delta_standby_ready", "1 when a promotion of the standby now would keep the slot", float(standby["ready"]))
+        gauge("pg2delta_standby_slot_behind_bytes", "The primary's confirmed_flush_lsn minus the standby's copy's",
+              standby.get("slot_behind_bytes"))
 
 
 class _RowsApplied:

@@ -17,7 +17,8 @@ Exit codes (for Airflow and cron):
 78 for the same reasons as a run before it gets there).
 
 ``pg2delta status`` adds 9 (maintenance behind a ``[maintain] alert_*`` threshold), 10 (lag over
-a threshold), 11 (wal_status unreserved) and 12 (slot invalidated). ``--json`` reports carry ``schema_version`` (:data:`JSON_SCHEMA_VERSION`); every
+a threshold), 11 (wal_status unreserved), 12 (slot invalidated) and 14 (a promotion of the standby
+now would leave the runs without their slot). ``--json`` reports carry ``schema_version`` (:data:`JSON_SCHEMA_VERSION`); every
 field is documented in docs/commands/json-reports.md.
 
 ``pg2delta verify`` exits 0 when the lake holds exactly the source's state at the LSN it pins,

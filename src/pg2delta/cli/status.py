@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from pg2delta.cli.common import Command, load_config, non_negative, size_text
 from pg2delta.errors import ConfigError
@@ -15,6 +16,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-lag-seconds", type=non_negative(float), metavar="S",
         help="exit 10 when the newest change in the lake is older than S seconds and the slot is behind",
+    )
+    p.add_argument(
+        "--standby-dsn", metavar="DSN",
+        help="a physical standby ([source] standby_dsn): exit 14 unless a promotion of it now would keep the slot "
+        "(a failover slot, PostgreSQL 17+, its copy there sync-ready)",
     )
     p.add_argument(
         "--metrics-file", metavar="PATH",
@@ -49,6 +55,7 @@ def execute(args: argparse.Namespace) -> int:
             f"{'unlimited' if keep is None else size_text(slot['safe_wal_size_bytes'])}, "
             f"max_slot_wal_keep_size {'unlimited' if keep is None else size_text(keep)}"
         )
+        _print_failover(slot, report["standby"])
         if not report["tables"]:
             print("  no table applied yet")
         for t in report["tables"]:
@@ -67,11 +74,29 @@ def execute(args: argparse.Namespace) -> int:
     return int(report["exit_code"])
 
 
+def _print_failover(slot: dict[str, Any], standby: dict[str, Any] | None) -> None:
+    if slot["failover"] is not None:
+        print(f"  failover slot: {'yes' if slot['failover'] else 'no'}" + (" (synchronized from a former primary)" if slot["synced"] else ""))
+    if standby is None:
+        return
+    if not standby["reachable"]:
+        print("  standby: not reachable")
+        return
+    state = "synchronized, sync-ready" if standby["slot_sync_ready"] else "present, NOT sync-ready" if standby["slot_present"] else "absent"
+    print(
+        f"  standby {standby['host']}:{standby['port']}: slot {state}"
+        + (f", confirmed {standby['slot_confirmed_flush_lsn']} ({standby['slot_behind_bytes']} bytes behind)"
+           if standby["slot_confirmed_flush_lsn"] else "")
+        + f"; {'ready' if standby['ready'] else 'NOT ready'} for a promotion"
+    )
+
+
 COMMAND = Command(
     "status",
     "show the slot's position, lag and WAL retention and the lake's tables; exit 9 (maintenance behind: "
-    "[maintain] alert_*), 10 (lag over a threshold), 11 (wal_status unreserved), 12 (slot invalidated) or 13 "
-    "(a table changed behind pg2delta's back)",
+    "[maintain] alert_*), 10 (lag over a threshold), 11 (wal_status unreserved), 12 (slot invalidated), 13 "
+    "(a table changed behind pg2delta's back) or 14 (a promotion of the standby now would lose the slot)",
     execute,
     arguments=arguments,
+    flags=lambda args: {"standby_dsn": args.standby_dsn},
 )

@@ -85,6 +85,8 @@ class SlotInfo:
     two_phase: bool
     invalidation_reason: str | None = None  # PostgreSQL 17 and later; None before
     conflicting: bool | None = None  # PostgreSQL 16 and later: invalidated by a recovery conflict
+    failover: bool | None = None  # PostgreSQL 17 and later: a failover slot (synchronized to standbys)
+    synced: bool | None = None  # PostgreSQL 17 and later: a standby's copy of a failover slot (kept after a promotion)
 
     @property
     def invalidated(self) -> bool:
@@ -180,7 +182,7 @@ class SlotSource:
     def slot_info(self) -> SlotInfo | None:
         cols = "slot_name, plugin, slot_type, database, confirmed_flush_lsn, restart_lsn, wal_status, safe_wal_size, active_pid, two_phase"
         cols += ", conflicting" if self.server_version >= 160000 else ", NULL"
-        cols += ", invalidation_reason" if self.server_version >= 170000 else ", NULL"
+        cols += ", invalidation_reason, failover, synced" if self.server_version >= 170000 else ", NULL, NULL, NULL"
         rows = self._query(f"SELECT {cols} FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
         if not rows:
             return None
@@ -198,6 +200,8 @@ class SlotSource:
             two_phase=bool(r[9]),
             conflicting=None if r[10] is None else bool(r[10]),
             invalidation_reason=None if r[11] is None else str(r[11]),
+            failover=None if r[12] is None else bool(r[12]),
+            synced=None if r[13] is None else bool(r[13]),
         )
 
     def server_state(self) -> ServerState:
@@ -221,28 +225,14 @@ class SlotSource:
             now_us=int(str(r[5])),
         )
 
-    def create_slot(self) -> SlotInfo:
-        try:
-            self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot,))
-        except psycopg.errors.DuplicateObject:
-            pass
-        except psycopg.Error as exc:
-            raise SourceStateError(f"cannot create slot {self.slot!r}: {' '.join(str(exc).split())}") from exc
-        log.info("created replication slot %s", self.slot)
-        info = self.slot_info()
-        assert info is not None
-        return info
-
-    def check(self, *, create: bool = False) -> SlotInfo:
+    def check(self) -> SlotInfo:
         """The slot, checked to be usable by this job; raises SourceStateError otherwise."""
         info = self.slot_info()
         if info is None:
-            if not create:
-                raise SourceStateError(
-                    f"replication slot {self.slot!r} does not exist; create it with --create-slot "
-                    "(or pg2delta bootstrap) and run again"
-                )
-            info = self.create_slot()
+            raise SourceStateError(
+                f"replication slot {self.slot!r} does not exist; create it with --create-slot "
+                "(or pg2delta bootstrap) and run again"
+            )
         if info.slot_type != "logical" or info.plugin != "pgoutput":
             raise SourceStateError(
                 f"slot {self.slot!r} uses plugin {info.plugin!r} ({info.slot_type}); pg2delta needs a logical pgoutput slot"
@@ -277,13 +267,16 @@ class SlotSource:
         assert lsn is not None
         return lsn
 
-    def locked_bounds(self, until_lsn: int | None, *, create: bool = False) -> tuple[int, int]:
-        """Take the slot's lock, check the slot, and return where a run starts (its confirmed
-        position) and where it stops: ``until_lsn``, never beyond the server's flushed WAL (the
-        slot cannot go there, and a window logged as ending there would make every later change
-        look applied)."""
+    def locked_bounds(self, until_lsn: int | None) -> tuple[int, int]:
+        """Take the slot's lock, check the slot, and return :meth:`bounds` (a run takes them through
+        pg2delta.failover.run_bounds, which may create the slot first)."""
         self.lock()
-        info = self.check(create=create)
+        return self.bounds(self.check(), until_lsn)
+
+    def bounds(self, info: SlotInfo, until_lsn: int | None) -> tuple[int, int]:
+        """Where a run starts (the slot's confirmed position) and where it stops: ``until_lsn``, never
+        beyond the server's flushed WAL (the slot cannot go there, and a window logged as ending
+        there would make every later change look applied)."""
         assert info.confirmed_flush_lsn is not None
         flush = self.flush_lsn()
         return info.confirmed_flush_lsn, flush if until_lsn is None else min(until_lsn, flush)

@@ -16,6 +16,7 @@ from psycopg import pq as libpq
 from psycopg import sql
 
 from pg2delta.errors import (
+    ConfigError,
     ConnectionFailed,
     SourceStateError,
 )
@@ -36,23 +37,17 @@ class Snapshot:
 class ExportedSnapshot:
     """A replication connection that created a slot and exported its snapshot; keep it idle while copying."""
 
-    def __init__(self, dsn: str, slot: str, *, temporary: bool, connect_timeout: int = 10) -> None:
-        try:
-            self.conn = psycopg.connect(
-                dsn, autocommit=True, replication="database", application_name="pg2delta bootstrap",
-                connect_timeout=connect_timeout,
-            )
-        except psycopg.OperationalError as exc:
-            text = " ".join(str(exc).split())
-            if "replication" in text or "password" in text or "does not exist" in text:
-                raise ConnectionFailed(
-                    f"cannot open a replication connection (the role needs REPLICATION and pg_hba.conf a "
-                    f"replication entry for this database): {text}",
-                    retryable=False,
-                ) from exc
-            raise ConnectionFailed(f"cannot open a replication connection: {text}") from exc
-        command = sql.SQL("CREATE_REPLICATION_SLOT {} {} LOGICAL pgoutput (SNAPSHOT 'export')").format(
-            sql.Identifier(slot), sql.SQL("TEMPORARY") if temporary else sql.SQL("")
+    def __init__(
+        self, dsn: str, slot: str, *, temporary: bool, connect_timeout: int = 10, failover: bool = False
+    ) -> None:
+        self.conn = replication_connect(dsn, "pg2delta bootstrap", connect_timeout)
+        if failover and (version := self.conn.info.server_version) < FAILOVER_VERSION:
+            self.close()
+            refuse_failover(version)
+        # (FAILOVER: PostgreSQL 17 and later; a temporary slot cannot be one)
+        command = sql.SQL("CREATE_REPLICATION_SLOT {} {} LOGICAL pgoutput (SNAPSHOT 'export'{})").format(
+            sql.Identifier(slot), sql.SQL("TEMPORARY") if temporary else sql.SQL(""),
+            sql.SQL(", FAILOVER true") if failover and not temporary else sql.SQL(""),
         )
         try:
             res = self.conn.pgconn.exec_(command.as_bytes(self.conn))
@@ -79,7 +74,7 @@ class ExportedSnapshot:
         self.snapshot = Snapshot(slot, (int(hi, 16) << 32) | int(lo, 16), snap)
         log.info(
             "created %sslot %s at %s, exported snapshot %s",
-            "temporary " if temporary else "", slot, lsn, snap,
+            "temporary " if temporary else "failover " if failover else "", slot, lsn, snap,
         )
 
     def close(self) -> None:
@@ -93,6 +88,38 @@ class ExportedSnapshot:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def replication_connect(dsn: str, application_name: str, connect_timeout: int) -> psycopg.Connection[Any]:
+    """A replication connection (``replication=database``, autocommit), for the commands only it
+    runs (``CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')``, ``ALTER_REPLICATION_SLOT``)."""
+    try:
+        return psycopg.connect(
+            dsn, autocommit=True, replication="database", application_name=application_name,
+            connect_timeout=connect_timeout,
+        )
+    except psycopg.OperationalError as exc:
+        text = " ".join(str(exc).split())
+        if "replication" in text or "password" in text or "does not exist" in text:
+            raise ConnectionFailed(
+                f"cannot open a replication connection (the role needs REPLICATION and pg_hba.conf a "
+                f"replication entry for this database): {text}",
+                retryable=False,
+            ) from exc
+        raise ConnectionFailed(f"cannot open a replication connection: {text}") from exc
+
+
+# PostgreSQL 17: failover slots, synchronized to physical standbys (pg2delta.source.failover).
+FAILOVER_VERSION = 170000
+
+
+def refuse_failover(server_version: int) -> None:
+    """``[source] failover = true`` on a server older than 17: one line, exit 78."""
+    if server_version < FAILOVER_VERSION:
+        raise ConfigError(
+            f"[source] failover = true needs PostgreSQL 17 or newer (failover slots); this server runs "
+            f"PostgreSQL {server_version // 10000}: set failover = false, or upgrade the server"
+        )
 
 
 def open_snapshot(conn: psycopg.Connection[Any], snapshot: Snapshot) -> None:
