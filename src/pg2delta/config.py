@@ -99,6 +99,12 @@ class TableConfig:
     # Delta table (published via the root, or partitions = "root"): PostgreSQL sends nothing for its
     # rows. "stop" (exit 78, or a resync with on_unfollowable = "resync"), or "keep" them in the lake.
     detached_partitions: str = "stop"
+    # Columns landed as HMAC-SHA-256 of their value under the lake's hash key ([lake] hash_key_env /
+    # hash_key_file), 64 hex digits; NULL stays NULL. Also for key columns: equal values, equal hashes.
+    hash: tuple[str, ...] = ()
+    # Columns never landed (nor in the changelog, the history or any staged file). A key column
+    # cannot be excluded. Where you can, leave them out of the publication instead (a column list).
+    exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +224,11 @@ class Config:
     deletion_vectors: bool = True
     # [lake] endpoint, region, path_style: the object store's (last, so that positional use of the fields above holds).
     storage: StorageConfig = field(default_factory=StorageConfig)
+    # The key of [tables."s.t"] hash, read at load from the environment variable [lake] hash_key_env
+    # names (PG2DELTA_HASH_KEY by default) or the file [lake] hash_key_file names; never in the
+    # config file itself, never printed. Empty when no table hashes a column.
+    hash_key: bytes = field(default=b"", repr=False)
+
 
     def table(self, schema: str, name: str) -> TableConfig:
         return self.tables.get(f"{schema}.{name}", TableConfig())
@@ -233,6 +244,10 @@ class Config:
         if not self.database:
             return None
         return f"{self.database}.{self.table_name.format(schema=schema, table=name)}"
+
+    def governed(self) -> bool:
+        """Whether any table hashes or excludes a column."""
+        return any(t.hash or t.exclude for t in self.tables.values())
 
     def history_of(self, schema: str, name: str) -> bool:
         """Whether the table's SCD2 history is kept (see ``history.py``)."""
@@ -300,6 +315,7 @@ def load(
     _override(sections, os.environ if env is None else env, flags)
     source = SourceConfig(**_take(sections["source"], "source", SourceConfig, "source"))
     database, table_name = _catalog_settings(sections["lake"])
+    key_env, key_file = _hash_key_settings(sections["lake"])  # before the storage settings' credential check
     environ = os.environ if env is None else env
     storage = StorageConfig(**_take(_storage_section(sections["lake"]), "lake", StorageConfig, "lake"))
     lake_root, changelog_default, history_default, deletion_vectors = _lake_settings(sections["lake"])
@@ -329,10 +345,11 @@ def load(
     if not isinstance(raw_tables, dict):
         raise ConfigError("[tables] must be a table of \"schema.table\" sections")
     tables = {name: _table_config(name, settings) for name, settings in raw_tables.items()}
+    hashing = any(t.hash for t in tables.values())
     config = Config(
         source=source, lake_root=lake_root, storage=storage, engine=engine, window=window, tables=tables, changelog=changelog_default,
         maintain=maintain, history=history_default, database=database, table_name=table_name,
-        deletion_vectors=deletion_vectors,
+        deletion_vectors=deletion_vectors, hash_key=hash_key(key_env, key_file, environ) if hashing else b"",
     )
     validate(config, need_source=need_source)
     return config
@@ -418,6 +435,47 @@ def _storage_section(lake: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in lake.items() if k in _STORAGE_KEYS}
 
 
+DEFAULT_HASH_KEY_ENV = "PG2DELTA_HASH_KEY"
+HASH_KEY_MIN_BYTES = 16
+
+
+def _hash_key_settings(lake: dict[str, Any]) -> tuple[str, str]:
+    """[lake] hash_key_env and hash_key_file, taken out of ``lake``: where the hash key is (never the key itself)."""
+    key_env = lake.pop("hash_key_env", DEFAULT_HASH_KEY_ENV)
+    key_file = lake.pop("hash_key_file", "")
+    for name, value in (("hash_key_env", key_env), ("hash_key_file", key_file)):
+        if not isinstance(value, str):
+            raise ConfigError(f"lake.{name} must be a string, not {type(value).__name__}")
+    if "hash_key" in lake:
+        raise ConfigError("lake.hash_key: the hash key never belongs in the config file; name its environment "
+                          "variable (lake.hash_key_env) or file (lake.hash_key_file)")
+    return key_env, key_file
+
+
+def hash_key(key_env: str, key_file: str, env: Mapping[str, str]) -> bytes:
+    """The key of ``[tables."s.t"] hash``: the file's bytes (one trailing newline dropped) when
+    ``key_file`` is set, else the environment variable's value (UTF-8). At least
+    :data:`HASH_KEY_MIN_BYTES` bytes. Errors name where the key was looked for, never its value."""
+    if key_file:
+        try:
+            with open(key_file, "rb") as fh:
+                key = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the hash key file lake.hash_key_file = {key_file!r}: {exc.strerror}") from None
+        key = key[:-2] if key.endswith(b"\r\n") else key[:-1] if key.endswith(b"\n") else key
+        where = f"the file {key_file}"
+    else:
+        key = env.get(key_env, "").encode()
+        where = f"the environment variable {key_env}"
+    if not key:
+        raise ConfigError(f"[tables] hash needs a key: none in {where} (set it, or point lake.hash_key_env / "
+                          "lake.hash_key_file elsewhere)")
+    if len(key) < HASH_KEY_MIN_BYTES:
+        raise ConfigError(f"the hash key in {where} is {len(key)} bytes: give at least {HASH_KEY_MIN_BYTES} "
+                          "(a random 32-byte key, e.g. openssl rand -hex 32)")
+    return key
+
+
 def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str, bool]:
     """[lake]: the root, the changelog default, the history default and whether the tables created
     on Apache Spark use deletion vectors (:attr:`EngineConfig.deletion_vectors`; the storage
@@ -455,7 +513,7 @@ def _table_config(name: str, settings: object) -> TableConfig:
     """One ``[tables."schema.table"]`` section."""
     if "." not in name or not isinstance(settings, dict):
         raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
-    known_settings = {"key", "changelog", "history", *_TABLE_MODES}
+    known_settings = {"key", "changelog", "history", "hash", "exclude", *_TABLE_MODES}
     unknown_settings = set(settings) - known_settings
     if unknown_settings:
         raise ConfigError(
@@ -464,6 +522,15 @@ def _table_config(name: str, settings: object) -> TableConfig:
     key = settings.get("key", [])
     if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
         raise ConfigError(f"[tables.{name!r}]: key must be a list of column names, like key = [\"col\", ...]")
+    governed: dict[str, tuple[str, ...]] = {}
+    for setting in ("hash", "exclude"):
+        names = settings.get(setting, [])
+        if not isinstance(names, list) or not all(isinstance(k, str) and k for k in names):
+            raise ConfigError(f"[tables.{name!r}]: {setting} must be a list of column names, like {setting} = [\"col\", ...]")
+        governed[setting] = tuple(names)
+    both = sorted(set(governed["hash"]) & set(governed["exclude"]))
+    if both:
+        raise ConfigError(f"[tables.{name!r}]: column(s) {both} are both hashed and excluded: choose one")
     changelog = settings.get("changelog")
     if changelog is not None and not isinstance(changelog, bool):
         raise ConfigError(f"[tables.{name!r}] changelog must be true or false, not {changelog!r}")
@@ -476,7 +543,11 @@ def _table_config(name: str, settings: object) -> TableConfig:
         if value not in allowed:
             raise ConfigError(f"[tables.{name!r}]: {setting} must be one of {', '.join(allowed)}, not {value!r}")
         modes[setting] = value
-    return TableConfig(key=tuple(key), changelog=changelog, history=history, **modes)
+    return TableConfig(
+        key=tuple(key), changelog=changelog, history=history, hash=governed["hash"], exclude=governed["exclude"],
+        partitions=modes["partitions"], dropped_columns=modes["dropped_columns"], narrowing=modes["narrowing"],
+        on_unfollowable=modes["on_unfollowable"], detached_partitions=modes["detached_partitions"],
+    )
 
 
 def validate(config: Config, *, need_source: bool = True) -> None:

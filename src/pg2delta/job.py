@@ -50,6 +50,7 @@ from pg2delta.failover import run_bounds
 from pg2delta.faults import fault_point
 from pg2delta.lake import applied_log
 from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, log_rows, window_rows
+from pg2delta.lake.column_records import write_record
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.foreign import Damaged, damaged_tables, last_logged_versions, refuse, remember, remembered
 from pg2delta.lsn import format_lsn
@@ -259,6 +260,7 @@ class Job(Lakeside):
                 if {c.relation_oid for c in copied} != set(again):
                     raise SchemaError(f"cannot copy {', '.join(sorted(again.values()))} again: no longer published")
                 run.applied.update(applied_lsns(self.lake, self.config.source.slot))
+                run.planner.forms.reset()  # the copies recorded their columns' form
                 now.update({root: nodes for root in again if (nodes := filenodes_of(run.applied[root].filenodes)) is not None})
             run.rewritten.update(set(changed) - set(again))
         run.filenodes.update(now)
@@ -272,6 +274,8 @@ class Job(Lakeside):
         ordered = sorted(run.planner.targets.group(rd.tables, run.applied), key=lambda t: (t.schema, t.table))
         plans = self._plan_window(run, ordered, start, end)
         _refuse_foreign(self, run, ordered)
+        for (schema, table), record in run.planner.forms.take_due():  # tables the window creates
+            write_record(self.lake, schema, table, record)
         # The changelog next: a crash before the tables' MERGEs replays the window, and the
         # changelog takes only rows past its end (changelog.py).
         relations = sorted(rd.tables.values(), key=lambda t: t.latest.qualified_name)
@@ -375,6 +379,7 @@ class Job(Lakeside):
         if not any(c.relation_oid == tgt.owner for c in copied):  # not published any more: nothing to copy it from
             raise refusal
         run.applied.update(applied_lsns(self.lake, self.config.source.slot))
+        run.planner.forms.reset()  # the copy recorded its columns' form
         if tgt.owner in run.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
             run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
 

@@ -60,6 +60,7 @@ import psycopg
 from psycopg import sql
 
 from pg2delta.config import Config
+from pg2delta.copy.governed import governed_source
 from pg2delta.errors import ConfigError, LakeError, SchemaError
 from pg2delta.job import Job
 from pg2delta.lake.applied_log import LOG_TABLE
@@ -532,7 +533,7 @@ class TableToVerify:
 
 
 def _columns(
-    conn: psycopg.Connection[Any], table: PublishedTable, lake_types: dict[str, str], result: TableResult
+    conn: psycopg.Connection[Any], config: Config, table: PublishedTable, lake_types: dict[str, str], result: TableResult
 ) -> list[ColumnType]:
     """The columns both sides have (name order), noting the others in ``result``."""
     from pg2delta.decode.changes import META_FIELDS
@@ -540,13 +541,14 @@ def _columns(
     meta = {f.name for f in META_FIELDS}
     base = {str(n): str(t) for n, t in conn.execute(_BASE_TYPES, (table.relation.oid,)).fetchall()}
     published = {c.name for c in table.relation.columns}
+    excluded = set(config.table(table.relation.namespace, table.relation.name).exclude)
     out: list[ColumnType] = []
     for name in sorted(published | (set(lake_types) - meta)):
         delta = lake_types.get(name)
         if name not in published:
             result.columns_not_compared.append(f"{name} (in the lake only)")
         elif delta is None:
-            result.columns_not_compared.append(f"{name} (not in the lake)")
+            result.columns_not_compared.append(f"{name} ({'excluded' if name in excluded else 'not in the lake'})")
         elif not comparable(delta):
             result.columns_not_compared.append(f"{name} ({delta}: no shared canonical form)")
         else:
@@ -566,14 +568,15 @@ def verify_table(
     if LSN_COL in lake_types:
         result.skipped = "no key (rows are appended, keyed by their commit position): not compared"
         return result
-    columns = _columns(conn, published, lake_types, result)
+    columns = _columns(conn, config, published, lake_types, result)
     key_names = _key_columns(conn, config, published, t.logged_key)
     by_name = {c.name: c for c in columns}
     if not key_names or any(k not in by_name for k in key_names):
         raise SchemaError(f"table {result.name}: no key both sides can compare (key {key_names or 'none'})")
     key = [by_name[k] for k in key_names]
-    src = SourceSide(conn, published, key, columns)
-    with engine.version_view(t.uri, t.version) as view:
+    # Hashed or excluded columns: the source side is a copy the lake's way, hashed here (pg2delta.copy.governed).
+    with governed_source(engine, conn, config, published) as staged, engine.version_view(t.uri, t.version) as view:
+        src = SourceSide(conn, published, key, columns) if staged is None else LakeSide(engine, staged, key, columns)
         lake = LakeSide(engine, view, key, columns)
         result.source_rows, result.lake_rows = both(src.count, lake.count)
         with Progress(f"verify {result.name}", total=result.source_rows, unit="rows", logger=log,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pg2delta.apply.added_columns import added_column_values
+from pg2delta.apply.column_forms import ColumnForms
 from pg2delta.apply.schema import Plan, plan
 from pg2delta.apply.targets import Target, TargetResolver, live
 from pg2delta.config import Config
@@ -70,6 +71,7 @@ class TablePlanner:
         self.bootstrapped = bootstrapped
         self.planned_types = planned_types
         self.attnums: dict[int, str] = {} if attnums is None else attnums
+        self.forms = ColumnForms(lake)  # the form each Delta table's columns were landed in (hash, exclude)
 
     def plan_or_refusal(self, tgt: Target, applied: Applied | None, start: int, end: int) -> Plan | SchemaError | None:
         """:meth:`plan`, or the refusal itself for a table whose config says ``on_unfollowable = "resync"``."""
@@ -144,10 +146,12 @@ class TablePlanner:
         # The table as the last logged window left it: a replay after a crash plans the same
         # changes the crashed run did (they are idempotent), whatever of them it committed.
         planned = self.planned_types
+        types = (planned[uri] if planned is not None and uri in planned
+                 else self.engine().table_types(uri, version=applied.delta_version if applied else None))
+        self.forms.check(tgt, exists=types is not None, source_name=self.targets.source_name(tgt))
         pl = plan(
             f"{tgt.schema}.{tgt.table}",
-            planned[uri] if planned is not None and uri in planned
-            else self.engine().table_types(uri, version=applied.delta_version if applied else None),
+            types,
             shapes,
             where=where,
             narrowing=self.config.table(tgt.schema, tgt.table).narrowing,

@@ -33,11 +33,12 @@ from pg2delta.errors import (
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import KIND_BOOTSTRAP, LoggedTable, log_row, log_rows
 from pg2delta.lake.applied_log import append as append_log
+from pg2delta.lake.column_records import write_record
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.copy import CopyPlan
-from pg2delta.source.keys import key_resolver
+from pg2delta.source.keys import column_rules, key_resolver
 from pg2delta.source.publication import PublishedTable, copied_tables
 from pg2delta.source.slot import SlotSource, connect
 from pg2delta.source.snapshot import ExportedSnapshot, Snapshot, open_snapshot
@@ -158,7 +159,8 @@ class Copier:
 
     def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
         catalog = PgTypeCatalog(catalog_conn)
-        decoder = WindowDecoder(catalog, key_resolver(self.job.config, catalog_conn))
+        config = self.job.config
+        decoder = WindowDecoder(catalog, key_resolver(config, catalog_conn), columns=column_rules(config, catalog_conn))
         return [CopyPlan.make(t.usable(), decoder.relation_version(t.relation)) for t in tables]
 
     def _stage_rel(self, table: PublishedTable) -> str:
@@ -279,6 +281,9 @@ class Copier:
         version = lake.delta_version(uri)
         # The history (history = "scd2") ends its current versions and opens the copy's rows.
         self.job.history.copied(self.job.engine, rel.namespace, rel.name, lake.table_uri(stage_rel), self.snapshot.consistent_lsn)
+        # The form its columns were landed in (hash, exclude), once the copy is the table's latest version.
+        governance = plan.version.governance
+        write_record(lake, rel.namespace, rel.name, governance.rules.record() if governance is not None else None)
         fault_point("copy_after_replace")  # the copy is the table's latest version, the log does not say so yet
         append_log_row(
             self.job, self.run_id, self.snapshot.consistent_lsn, table, rows, version, key=plan.version.key_names

@@ -33,7 +33,7 @@ from pg2delta.lake.engine_session import EMBEDDED_FILE_BYTES
 from pg2delta.lake.engine_writes import copy_file_options
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.copy import CopyPlan, CopyRows
-from pg2delta.source.keys import key_resolver
+from pg2delta.source.keys import column_rules, key_resolver
 from pg2delta.source.publication import PublishedTable
 from pg2delta.source.slot import connect, copy_blocks
 from pg2delta.source.snapshot import Snapshot, open_snapshot
@@ -241,7 +241,8 @@ def stage_in_worker(task: StageTask) -> _Staged:
         catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
         try:
             open_snapshot(conn, task.snapshot)
-            decoder = WindowDecoder(PgTypeCatalog(catalog_conn), key_resolver(cfg, catalog_conn))
+            decoder = WindowDecoder(PgTypeCatalog(catalog_conn), key_resolver(cfg, catalog_conn),
+                                    columns=column_rules(cfg, catalog_conn))
             plan = CopyPlan.make(task.table, decoder.relation_version(task.table.relation))
 
             def report(rows: int, new: int) -> None:

@@ -51,6 +51,7 @@ from pg2delta.decode.events import (
     RowChunk,
     TruncateEvent,
 )
+from pg2delta.decode.governance import ColumnRuler, Governance
 from pg2delta.decode.relations import RelationTimeline
 from pg2delta.decode.rowbatch import OrderedRows, build_batch
 from pg2delta.decode.transactions import CHANGE_TAGS, CommitOrder, TransactionScan, quiescent_cut
@@ -87,9 +88,11 @@ class WindowDecoder:
         *,
         keep_old: bool = False,
         split_rows: int | None = None,
+        columns: ColumnRuler | None = None,
     ) -> None:
         self._catalog = catalog
         self._key_resolver = key_resolver
+        self._columns = columns  # [tables."s.t"] hash and exclude (pg2delta.decode.governance)
         self._keep_old = keep_old
         self._split_rows = split_rows
         # The last commit LSN, and the transaction given out in parts so far.
@@ -244,8 +247,17 @@ class WindowDecoder:
         clash = META_NAMES & set(names)
         if clash:
             raise DecodeError(f"column name(s) {sorted(clash)} are reserved by pg2delta", tag="R", offset=0)
+        rules = self._columns(rel) if self._columns else None
+        governance = None
+        if rules:
+            governance = Governance.resolve(
+                f"{rel.namespace}.{rel.name}", names, [f.type for f in fields], [names[i] for i in key_indexes], rules
+            )
+            fields = governance.fields(fields)
         self._versions += 1
-        version = RelationVersion(self._versions, rel, codecs, key_indexes, pa.schema([*fields, *META_FIELDS]))
+        version = RelationVersion(
+            self._versions, rel, codecs, key_indexes, pa.schema([*fields, *META_FIELDS]), governance
+        )
         self._relations[rel.oid] = version
         return version
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pg2delta.decode import pgoutput as po
+from pg2delta.decode.governance import Governance
 from pg2delta.decode.typemap import ColumnCodec
 
 I64 = npt.NDArray[np.int64]
@@ -47,7 +48,9 @@ class RelationVersion:
     relation: po.Relation
     codecs: tuple[ColumnCodec, ...]
     key_indexes: tuple[int, ...]  # columns identifying a row (see KeyResolver)
-    schema: pa.Schema  # data columns then META_FIELDS
+    schema: pa.Schema  # the landed data columns (hashed ones as strings, excluded ones left out) then META_FIELDS
+    # [tables."s.t"] hash and exclude resolved against the columns (pg2delta.decode.governance); None: every column as it is.
+    governance: Governance | None = None
 
     @property
     def oid(self) -> int:

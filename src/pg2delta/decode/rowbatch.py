@@ -196,6 +196,16 @@ def _data_columns(
                 f"column {version.relation.columns[c].name!r} of {'.'.join(version.qualified_name)}: {exc.reason}",
                 tag=None, offset=None, lsn=int(rows.lsns[sel[0]]),
             ) from exc
+    governance = version.governance
+    if governance is not None:
+        # Hashed and excluded columns (pg2delta.decode.governance): nothing downstream sees a raw value.
+        arrays = governance.apply(arrays)
+        toast_any = np.zeros(n_out, dtype=bool)
+        for c, is_toast in enumerate(toast_cols):
+            if governance.kept(c):
+                toast_any |= is_toast
+            else:
+                toast_cols[c] = np.zeros(n_out, dtype=bool)
     if toast_any.any():
         names = version.column_names
         lists: list[list[str] | None] = [None] * n_out

@@ -139,6 +139,22 @@ class DeltaReads(EngineSession):
             except Exception:
                 log.debug("could not drop temp view %s", view)
 
+    @contextmanager
+    def files_view(self, files: Sequence[str]) -> Iterator[str]:
+        """A temporary view of the Parquet ``files`` (URIs of the lake's staging area), dropped afterwards."""
+        view = f"pg2delta_files_{uuid.uuid4().hex[:12]}"
+        try:
+            self.spark.read.parquet(*files).createOrReplaceTempView(view)
+        except Exception as exc:
+            raise LakeError(f"cannot read the staged files {files[0]}...: {' '.join(str(exc).split())[:500]}") from exc
+        try:
+            yield view
+        finally:
+            try:
+                self.spark.catalog.dropTempView(view)
+            except Exception:
+                log.debug("could not drop temp view %s", view)
+
     def read_version(self, uri: str, version: int | None) -> Any:
         """The Delta table at ``uri`` as of ``version`` (None: the latest) as a DataFrame."""
         return self._read_version(uri, version)

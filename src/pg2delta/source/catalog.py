@@ -102,6 +102,11 @@ class PgTypeCatalog:
         self._cache: dict[int, TypeInfo | None] = {}
         self._render_ready = False
 
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        """The catalog connection (the key and column rules read the catalog over it too)."""
+        return self._conn
+
     def _query(self, query: str, params: tuple[object, ...] | dict[str, object]) -> list[Any]:
         try:
             return self._conn.execute(query, params).fetchall()

@@ -18,7 +18,7 @@ import numpy.typing as npt
 import pyarrow as pa
 from psycopg import sql
 
-from pg2delta.decode.changes import LSN_COL, META_FIELDS, POS_COL, RelationVersion
+from pg2delta.decode.changes import LSN_COL, META_FIELDS, META_NAMES, POS_COL, RelationVersion
 from pg2delta.decode.typemap import KIND_BINARY, KIND_TEXT
 from pg2delta.errors import (
     DecodeError,
@@ -50,7 +50,8 @@ class CopyPlan:
     @classmethod
     def make(cls, table: PublishedTable, version: RelationVersion) -> CopyPlan:
         keyless = not version.key_indexes
-        fields = [version.schema.field(c.name) for c in table.relation.columns]
+        # The landed columns (hashed ones as strings, excluded ones left out: pg2delta.decode.governance).
+        fields = [f for f in version.schema if f.name not in META_NAMES]
         if keyless:
             meta = {f.name: f for f in META_FIELDS}
             fields += [meta[LSN_COL], meta[POS_COL]]
@@ -94,6 +95,8 @@ class CopyPlan:
                 raise DecodeError(
                     f"column {rel.columns[c].name!r} of {self.table.qualified}, copy row {first_row}+: {exc.reason}"
                 ) from exc
+        if self.version.governance is not None:
+            arrays = self.version.governance.apply(arrays)
         n = kinds.shape[1]
         if self.keyless:
             arrays.append(pa.array(np.zeros(n, dtype=np.int64)))

@@ -14,6 +14,7 @@ from typing import Any
 from pg2delta.config import Config
 from pg2delta.decode import pgoutput as po
 from pg2delta.decode.changes import KeyResolver
+from pg2delta.decode.governance import ColumnRuler, ColumnRules
 from pg2delta.errors import SchemaError
 
 
@@ -42,4 +43,31 @@ def key_resolver(config: Config, conn: Any) -> KeyResolver:
     return resolve
 
 
-__all__ = ["KeyResolver", "key_resolver"]
+def column_rules(config: Config, conn: Any) -> ColumnRuler | None:
+    """``[tables."s.t"] hash`` and ``exclude`` of a relation: its own table's and those of its
+    partition ancestors (a partitioned table's rules hold for each of its partitions, whatever
+    ``partitions`` says and however the publication sends them). None when no table has any."""
+    if not config.governed():
+        return None
+
+    def rules(rel: po.Relation) -> ColumnRules | None:
+        names = [(rel.namespace or "pg_catalog", rel.name)]
+        names += [(str(s), str(t)) for s, t in conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_partition_ancestors(%s::regclass) a JOIN pg_class c ON c.oid = a.relid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE a.relid <> %s::regclass",
+            (rel.oid, rel.oid),
+        ).fetchall()]
+        hashed: set[str] = set()
+        excluded: set[str] = set()
+        for schema, name in names:
+            table = config.table(schema, name)
+            hashed.update(table.hash)
+            excluded.update(table.exclude)
+        if not hashed and not excluded:
+            return None
+        return ColumnRules(frozenset(hashed), frozenset(excluded), config.hash_key)
+
+    return rules
+
+
+__all__ = ["ColumnRuler", "KeyResolver", "column_rules", "key_resolver"]

@@ -31,6 +31,7 @@ from pg2delta.faults import fault_point
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
+from pg2delta.source.keys import column_rules
 from pg2delta.source.slot import SlotSource, WindowRead
 from pg2delta.window.shapes import shape_cut
 from pg2delta.window.spill import Batch, Spiller
@@ -137,7 +138,8 @@ def read_window(
     progress and the LSN it counts from (None: log lines for this window alone)."""
     # Old rows of updates are kept (as 'B' rows) only for changelogs; the apply drops them.
     keep_old = config.changelog or any(t.changelog for t in config.tables.values())
-    decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old, split_rows=config.window.split_rows)
+    decoder = WindowDecoder(catalog, key_resolver, keep_old=keep_old, split_rows=config.window.split_rows,
+                            columns=column_rules(config, catalog.conn))
     bar, base = progress if progress is not None else (run_progress(start, upper, bar=False), start)
     rows_before = bar.rows
     rows_read = 0
