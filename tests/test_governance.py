@@ -51,6 +51,8 @@ def test_hash_values_is_hmac_sha256_and_keeps_nulls() -> None:
     assert hash_values(pa.array([7, None], pa.int64()), key).to_pylist() == [h("7"), None]  # PostgreSQL's text of an int
     assert hash_values(pa.array([b"\x00\xff"]), key).to_pylist() == [hmac.new(key, b"\x00\xff", hashlib.sha256).hexdigest()]
     assert hash_values(pa.array(["a"]), b"another key of 16+ bytes").to_pylist() != [h("a")]
+    long_key = bytes(range(100))  # longer than SHA-256's block: hashed first, as HMAC says
+    assert hash_values(pa.array(["a"]), long_key).to_pylist() == [hmac.new(long_key, b"a", hashlib.sha256).hexdigest()]
 
 
 def test_governance_refuses_what_it_cannot_do() -> None:
@@ -287,3 +289,42 @@ def test_an_excluded_key_column_is_refused(pgdb: str, tmp_path: Path) -> None:
     refused = cli("bootstrap", "--config", str(config), env={KEY_ENV: KEY})
     assert refused.returncode == 78, refused.stderr[-3000:]
     assert "exclude names key column(s) ['id']" in refused.stderr
+
+
+@pytest.mark.e2e
+def test_a_partitioned_tables_settings_hold_for_its_partitions(pgdb: str, tmp_path: Path) -> None:
+    """Set on the root, hashed in every leaf's Delta table (published without publish_via_partition_root,
+    each partition lands as its own table), in the copy and in the changes."""
+    lake = tmp_path / "lake"
+    tag = uuid.uuid4().hex[:8]
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA gov")
+        conn.execute("CREATE TABLE gov.events (id int, part int, email text, note text, PRIMARY KEY (id, part)) PARTITION BY LIST (part)")
+        conn.execute("CREATE TABLE gov.events_1 PARTITION OF gov.events FOR VALUES IN (1)")
+        conn.execute("CREATE TABLE gov.events_2 PARTITION OF gov.events FOR VALUES IN (2)")
+        conn.execute(f"CREATE PUBLICATION gov_{tag} FOR TABLE gov.events")
+        conn.execute("INSERT INTO gov.events SELECT g, 1 + g % 2, 'rawmail' || g || '@example.org', 'clearnote' || g "
+                     "FROM generate_series(1, 20) g")
+    config = tmp_path / "p.toml"
+    config.write_text("\n".join([
+        "[source]", f"dsn = {json.dumps(pgdb)}", f'slot = "gov_{tag}"', f'publication = "gov_{tag}"',
+        "[lake]", f'root = "{lake}"', f'hash_key_env = "{KEY_ENV}"',
+        '[tables."gov.events"]', 'hash = ["email"]', 'exclude = ["note"]',
+    ]) + "\n")
+    env = {KEY_ENV: KEY}
+    outputs = []
+    for step in ("bootstrap", "run"):
+        done = cli(step, "--config", str(config), "-v", env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs += [done.stdout, done.stderr]
+        with psycopg.connect(pgdb, autocommit=True) as conn:
+            conn.execute(f"UPDATE gov.events SET email = 'rawmail-{step}' || id || '@example.org' WHERE id % 3 = 0")
+            conn.execute(f"INSERT INTO gov.events VALUES ({len(step)}00, 2, 'rawmail{step}@example.org', 'clearnote')")
+    done = cli("run", "--config", str(config), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for leaf in ("events_1", "events_2"):
+        got = sorted((r["id"], r["email"]) for r in read_delta(lake / "gov" / leaf).to_pylist())
+        want = sorted((i, h(e)) for i, e in _pg(pgdb, f"SELECT id, email FROM gov.{leaf}"))
+        assert got == want and got
+        assert "note" not in read_delta(lake / "gov" / leaf).column_names
+    _assert_no_raw([lake], [*outputs, done.stdout, done.stderr], "partitions", control=False)

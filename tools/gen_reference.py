@@ -233,7 +233,8 @@ def _describe(cls: type, section: str, names: dict[str, str] | None = None) -> l
 
 def settings() -> list[Setting]:
     """Every setting of the configuration file, section by section."""
-    lake = {"lake_root": "root", "changelog": "changelog", "history": "history", "deletion_vectors": "deletion_vectors"}
+    lake = {"lake_root": "root", "changelog": "changelog", "history": "history", "deletion_vectors": "deletion_vectors",
+            "hash_key_env": "hash_key_env", "hash_key_file": "hash_key_file"}
     engine = config.Config().engine.__class__
     # EngineConfig.deletion_vectors is set from [lake] deletion_vectors, listed there.
     engine_keys = {f.name: f.name for f in dataclasses.fields(engine) if f.name != "deletion_vectors"}

@@ -224,9 +224,12 @@ class Config:
     deletion_vectors: bool = True
     # [lake] endpoint, region, path_style: the object store's (last, so that positional use of the fields above holds).
     storage: StorageConfig = field(default_factory=StorageConfig)
-    # The key of [tables."s.t"] hash, read at load from the environment variable [lake] hash_key_env
-    # names (PG2DELTA_HASH_KEY by default) or the file [lake] hash_key_file names; never in the
-    # config file itself, never printed. Empty when no table hashes a column.
+    # The environment variable holding the key of [tables."s.t"] hash (HMAC-SHA-256), at least 16
+    # bytes; read when a table hashes a column. The key itself never goes in this file.
+    hash_key_env: str = "PG2DELTA_HASH_KEY"
+    # A file holding that key instead (its bytes, one trailing newline dropped), e.g. a mounted secret; wins over hash_key_env.
+    hash_key_file: str = ""
+    # The key itself, read at load from one of the two (empty when no table hashes a column); never printed.
     hash_key: bytes = field(default=b"", repr=False)
 
 
@@ -349,7 +352,8 @@ def load(
     config = Config(
         source=source, lake_root=lake_root, storage=storage, engine=engine, window=window, tables=tables, changelog=changelog_default,
         maintain=maintain, history=history_default, database=database, table_name=table_name,
-        deletion_vectors=deletion_vectors, hash_key=hash_key(key_env, key_file, environ) if hashing else b"",
+        deletion_vectors=deletion_vectors, hash_key_env=key_env, hash_key_file=key_file,
+        hash_key=hash_key(key_env, key_file, environ) if hashing else b"",
     )
     validate(config, need_source=need_source)
     return config
