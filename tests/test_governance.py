@@ -268,18 +268,29 @@ def test_changed_settings_are_refused_until_a_resync(pgdb: str, tmp_path: Path) 
     hashed = _write_config(tmp_path, pgdb, slot, pub)  # people: email hashed, ssn excluded now
     refused = cli("run", "--config", str(hashed), env=env)
     assert refused.returncode == 78, refused.stderr[-3000:]
-    assert "pg2delta resync --table gov.people" in refused.stderr and "every column as it is" in refused.stderr
+    assert "pg2delta resync --table gov.people" in refused.stderr
+    assert "email: in clear in the lake, hashed now" in refused.stderr and "ssn: in the lake, excluded now" in refused.stderr
     assert [r["email"] for r in read_delta(lake / "gov" / "people").to_pylist()] == ["rawmail1@example.org"]
-    # Another key is another form too.
     resynced = cli("resync", "--config", str(hashed), "--table", "gov.people", env=env)
     assert resynced.returncode == 0, resynced.stderr[-3000:]
     assert cli("run", "--config", str(hashed), env=env).returncode == 0
     rows = read_delta(lake / "gov" / "people").to_pylist()
     assert [(r["email"], r["note"]) for r in rows] == [(h("rawmail1@example.org"), "clearnote2")]
+    assert "ssn" not in rows[0], "the resync's copy leaves the excluded column out of the table"
+    # A column added with a default and hashed from its start: the rows before it hold the default's hash.
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("ALTER TABLE gov.people ADD COLUMN alt text DEFAULT 'rawmail-default@example.org'")
+        conn.execute("INSERT INTO gov.people (id, email, alt) VALUES (2, 'rawmail2@example.org', 'rawmail-alt@example.org')")
+    with_alt = _write_config(tmp_path, pgdb, slot, pub, people='hash = ["email", "alt"]\nexclude = ["ssn"]')
+    added = cli("run", "--config", str(with_alt), env=env)
+    assert added.returncode == 0, added.stderr[-3000:]
+    rows = sorted(read_delta(lake / "gov" / "people").to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["alt"]) for r in rows] == [(1, h("rawmail-default@example.org")), (2, h("rawmail-alt@example.org"))]
+    # Another key is another form too.
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("UPDATE gov.people SET note = 'clearnote3'")
-    other = cli("run", "--config", str(hashed), env={KEY_ENV: "a different key, 16 bytes or more"})
-    assert other.returncode == 78 and "key fingerprint" in other.stderr, other.stderr[-3000:]
+    other = cli("run", "--config", str(with_alt), env={KEY_ENV: "a different key, 16 bytes or more"})
+    assert other.returncode == 78 and "another hash key" in other.stderr, other.stderr[-3000:]
 
 
 @pytest.mark.e2e

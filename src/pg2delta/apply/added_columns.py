@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from pg2delta.apply.schema import Plan
 from pg2delta.apply.targets import Target
 from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL
+from pg2delta.decode.governance import hash_values
 from pg2delta.decode.typemap import ColumnCodec, value_of_text_array
 from pg2delta.errors import DataError, DecodeError, SchemaError
 from pg2delta.lake.applied_log import Applied
@@ -77,7 +78,7 @@ def added_column_values(
     applied_lsn = applied.end_lsn if applied is not None else 0
     truncates = [(t.commit_lsn, t.pos) for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
     last_truncate = max(truncates) if truncates else None
-    early, codecs = _early_rows(tgt, candidates, applied_lsn, last_truncate)
+    early, codecs, keys = _early_rows(tgt, candidates, applied_lsn, last_truncate)
     lake_rows = bool(before) and last_truncate is None and has_rows(uri, applied.delta_version if applied is not None else None)
     needed = [c for c in candidates if lake_rows or early[c]]
     if not needed:
@@ -99,7 +100,7 @@ def added_column_values(
         missing = {e.missing for e in entries}
         if len(missing) != 1 or None in missing:
             raise SchemaError(_unknown_values_message(c, source, entries, where))
-        fills.append((c, _missing_value(source, c, entries[0], codecs[c], types[c])))
+        fills.append((c, _missing_value(source, c, entries[0], codecs[c], types[c], keys.get(c))))
         log.info(
             "column %s of %s was added with a default: the rows written before hold PostgreSQL's "
             "attmissingval (%s in the lake, %d in this window)",
@@ -111,13 +112,16 @@ def added_column_values(
 
 
 def _missing_value(
-    source: str, column: str, entry: AddedColumn, codec: ColumnCodec, arrow_type: pa.DataType
+    source: str, column: str, entry: AddedColumn, codec: ColumnCodec, arrow_type: pa.DataType, key: bytes | None
 ) -> pa.Scalar:
-    """``attmissingval`` of ``column`` as the decoder would give its text form, in the plan's type."""
+    """``attmissingval`` of ``column`` as the decoder would give its text form, in the plan's type
+    (hashed under ``key`` for a hashed column, as the decoder lands its values)."""
     assert entry.missing is not None
     notes: collections.Counter[str] = collections.Counter()
     try:
         value = value_of_text_array(codec, entry.missing, delim=entry.delim, notes=notes)
+        if key is not None:
+            value = hash_values(pa.array([value.as_py()], type=value.type), key)[0]
         value = value.cast(arrow_type)
     except (DecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise DataError(
@@ -131,25 +135,30 @@ def _missing_value(
 
 def _early_rows(
     tgt: Target, candidates: Sequence[str], applied_lsn: int, last_truncate: tuple[int, int] | None
-) -> tuple[dict[str, int], dict[str, ColumnCodec]]:
+) -> tuple[dict[str, int], dict[str, ColumnCodec], dict[str, bytes]]:
     """Per column of ``candidates``, the rows the window wrote to ``tgt`` in a shape from before the
-    column appeared (inserts and updates it applies), and the codec of the column where it appears."""
+    column appeared (inserts and updates it applies), the codec of the column where it appears, and
+    the hash key of the hashed ones (``[tables."s.t"] hash``)."""
     early: dict[str, int] = defaultdict(int)
     codecs: dict[str, ColumnCodec] = {}
+    keys: dict[str, bytes] = {}
     for tw in tgt.parts:
         appeared: set[str] = set()
         for b in tw.batches:
             names = b.relation.column_names
+            rules = b.relation.governance.rules if b.relation.governance is not None else None
             for c in candidates:
                 if c in names:
                     codecs.setdefault(c, b.relation.codecs[names.index(c)])
+                    if rules is not None and c in rules.hashed:
+                        keys[c] = rules.key
             lacking = [c for c in candidates if c not in names and c not in appeared]
             if lacking:
                 rows = _rows_written(b.load(), applied_lsn, last_truncate)
                 for c in lacking:
                     early[c] += rows
             appeared.update(names)
-    return early, codecs
+    return early, codecs, keys
 
 
 def _rows_written(batch: pa.RecordBatch, applied_lsn: int, last_truncate: tuple[int, int] | None) -> int:

@@ -8,6 +8,7 @@ creates (their record is written before the window is applied). Nothing here wri
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 
 from pg2delta.apply.targets import Target
 from pg2delta.errors import SchemaError
@@ -35,27 +36,30 @@ class ColumnForms:
         with self._lock:
             self._records = None
 
-    def check(self, tgt: Target, *, exists: bool, source_name: str) -> None:
-        """Refuse (exit 78, or a resync with ``on_unfollowable = "resync"``) a window whose columns
-        would land in another form than the Delta table's; a table the window creates gets its
-        record due."""
+    def check(self, tgt: Target, lake_columns: Collection[str] | None, *, source_name: str) -> None:
+        """Refuse (exit 78, or a resync with ``on_unfollowable = "resync"``) a window that would land
+        a column the Delta table has (``lake_columns``; None: no table yet) in another form than the
+        table holds it; the record of a table the window creates or whose record changes (a new
+        column hashed, say) becomes due."""
         versions = [b.relation for tw in tgt.parts for b in tw.batches]
-        governance = versions[-1].governance if versions else None
+        if not versions:
+            return
+        governance = versions[-1].governance
         expected = governance.rules.record() if governance is not None else None
         name = (tgt.schema, tgt.table)
         found = self.records().get(name)
-        if not exists:
-            if expected is not None or found is not None:
-                with self._lock:
-                    self.due[name] = expected
-            return
-        if found != expected:
-            raise SchemaError(
-                f"{tgt.schema}.{tgt.table} was landed with {describe(found)}, and the config now says {describe(expected)}: "
-                f"a run would mix both forms in it; copy it again in the new form with pg2delta resync --table {source_name} "
-                "(or set on_unfollowable = \"resync\"); its changelog and history keep their rows in the old form (docs: "
-                "Column governance). Nothing of this window was applied"
-            )
+        if lake_columns is not None:
+            conflicts = _conflicts(found or {}, expected or {}, set(lake_columns), set(versions[-1].column_names))
+            if conflicts:
+                raise SchemaError(
+                    f"{tgt.schema}.{tgt.table} would mix forms: {'; '.join(conflicts)} (the lake: {describe(found)}; the "
+                    f"config: {describe(expected)}); copy it again in the new form with pg2delta resync --table {source_name} "
+                    "(or set on_unfollowable = \"resync\"); its changelog and history keep their rows in the old form "
+                    "(docs: Hashed and excluded columns). Nothing of this window was applied"
+                )
+        if expected != found:
+            with self._lock:
+                self.due[name] = expected
 
     def take_due(self) -> list[tuple[tuple[str, str], Record | None]]:
         """The records of the tables the window creates (for the run to write before it applies the
@@ -70,6 +74,24 @@ class ColumnForms:
                 else:
                     records[name] = record
         return due
+
+
+def _conflicts(found: Record, expected: Record, lake: set[str], published: set[str]) -> list[str]:
+    """How landing as ``expected`` says would differ from what the lake holds as ``found`` says:
+    a column of the lake hashed then and not now (or the reverse), excluded now, excluded then but
+    published now, or hashed under another key."""
+    fh, fe = set(found.get("hash") or ()), set(found.get("exclude") or ())
+    eh, ee = set(expected.get("hash") or ()), set(expected.get("exclude") or ())
+    out = []
+    for c in sorted(lake):
+        if c in ee:
+            out.append(f"{c}: in the lake, excluded now")
+        elif (c in fh) != (c in eh):
+            out.append(f"{c}: {'hashed' if c in fh else 'in clear'} in the lake, {'hashed' if c in eh else 'in clear'} now")
+    out += [f"{c}: excluded from the lake, landed now" for c in sorted((fe - ee) & published)]
+    if found.get("key") and expected.get("key") and found["key"] != expected["key"] and fh & eh & lake:
+        out.append(f"another hash key (fingerprint {found['key']} in the lake, {expected['key']} now)")
+    return out
 
 
 __all__ = ["ColumnForms"]

@@ -148,7 +148,7 @@ class TablePlanner:
         planned = self.planned_types
         types = (planned[uri] if planned is not None and uri in planned
                  else self.engine().table_types(uri, version=applied.delta_version if applied else None))
-        self.forms.check(tgt, exists=types is not None, source_name=self.targets.source_name(tgt))
+        self.forms.check(tgt, types, source_name=self.targets.source_name(tgt))
         pl = plan(
             f"{tgt.schema}.{tgt.table}",
             types,

@@ -116,7 +116,8 @@ class Governance:
         if unknown:
             raise ConfigError(
                 f"[tables.\"{table}\"] hash/exclude name(s) {unknown} that are not published columns of {table} "
-                f"(columns: {', '.join(names)}); fix the names: a misspelt one would land its column in clear"
+                f"(columns: {', '.join(names)}); fix a misspelt name (it would land its column in clear), or add the "
+                "column to the table (its first values are then hashed or left out)"
             )
         excluded_key = sorted(rules.excluded & set(key_names))
         if excluded_key:
