@@ -11,6 +11,9 @@ one, through a workload and runs; the standby is promoted and the runs go on aga
 * the plain slot has no copy there: its run stops with exit 78 and one line, with
   ``--create-slot`` too, and creates nothing.
 
+A second pair, the primary not waiting for its standby, lets the lake take changes the standby never
+receives; after its promotion the run finds the lake past the timeline's start and stops (78).
+
 ``status --standby-dsn`` says ready (0) once the copy is sync-ready, not ready (14) before it and
 after the standby stopped synchronizing, and 14 against a promoted server. Embedded engine only: no
 part of this depends on the engine (the run's reread of windows the lake holds is the path a
@@ -204,6 +207,42 @@ def test_promotion(pair: Pair, tmp_path: Path) -> None:
         lines = [line for line in lost.stderr.splitlines() if line.startswith("pg2delta: ")]
         assert len(lines) == 1 and "does not exist on this server, but the lake" in lines[0], lost.stderr[-2000:]
     assert _sql(new, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (plain,)) == (0,)
+
+
+def test_promotion_of_a_standby_the_primary_did_not_wait_for(pair: Pair, tmp_path: Path) -> None:
+    """Without ``synchronized_standby_slots`` the lake can take changes the standby never received:
+    after its promotion, the run finds the lake past the promotion's switch point and stops (78)."""
+    p = pair
+    tag = uuid.uuid4().hex[:8]
+    dsn, slot, pub = p.primary.dsn, f"fo_{tag}", f"pub_{tag}"
+    _sql(dsn, "ALTER SYSTEM SET synchronized_standby_slots = ''")
+    _sql(dsn, "SELECT pg_reload_conf()")
+    config = _config(tmp_path, "lake", dsn, slot, pub, failover=True, standby=p.standby_dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE t")
+        conn.execute("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 20) g")
+    assert cli("bootstrap", "--config", str(config)).returncode == 0
+
+    def advance() -> None:
+        _sql(dsn, "INSERT INTO t VALUES ((SELECT max(id) + 1 FROM t), 'b')")
+        _sql(dsn, "SELECT pg_log_standby_snapshot()")
+        assert cli("run", "--config", str(config)).returncode == 0
+        _sql(p.standby_dsn, "SELECT pg_reload_conf()")
+
+    _until("the standby's copy to be sync-ready", lambda: bool((row := _copy(p, slot)) and row[0]), advance)
+    code, _, err = _status(config)
+    assert code == EXIT_STATUS_FAILOVER and "synchronized_standby_slots does not name" in err, err
+    p.pg_ctl("-w", "-m", "fast", "stop")  # the standby falls behind: the lake takes what it never receives
+    _sql(dsn, "UPDATE t SET v = 'c' WHERE id <= 5")
+    assert cli("run", "--config", str(config)).returncode == 0
+    p.primary._run([str(p.primary.bindir / "pg_ctl"), "-D", str(p.primary.datadir), "-w", "-m", "immediate", "stop"])
+    p.pg_ctl("-l", str(p.root / "server.log"), "-w", "-t", "60", "start")
+    p.pg_ctl("-w", "-t", "60", "promote")
+    done = cli("run", "--config", str(config), "--dsn", p.standby_dsn)
+    assert done.returncode == EXIT_NEEDS_HUMAN, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("pg2delta: ")]
+    assert len(lines) == 1 and "where this server's timeline begins" in lines[0], done.stderr[-2000:]
 
 
 def test_failover_refused_before_17(pg_server: ThrowawayPostgres, pgdb: str, tmp_path: Path) -> None:

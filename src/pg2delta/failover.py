@@ -6,7 +6,8 @@ The slot lives on the primary. With ``[source] failover = true`` it is a failove
 from the copy. The copy follows the primary's slot with a delay, so it can start behind what the
 lake holds: the run reads those windows again and the applied log skips, table by table, what is
 applied already (the same path as a rerun after a crash between a window's log row and the slot's
-advance), and says so. Nothing is skipped by position.
+advance), and says so. Nothing is skipped by position. A lake past the promotion's switch point (the
+primary did not wait for the standby) holds changes the server never had: the run stops (78).
 
 Without a copy (not a failover slot, not yet sync-ready, a standby that does not synchronize), the
 promoted server has no slot: a run stops with exit 78 and says so, whatever ``create_slot`` says. A
@@ -36,6 +37,7 @@ from pg2delta.source.failover import (
     make_failover,
     read_standby,
     synchronized_standby_slots,
+    timeline_start,
 )
 from pg2delta.source.slot import SlotInfo, SlotSource, connect
 from pg2delta.source.snapshot import FAILOVER_VERSION, refuse_failover
@@ -63,7 +65,7 @@ def run_bounds(src: SlotSource, config: Config, lake: Lake, until_lsn: int | Non
         make_failover(cfg.dsn, cfg.slot, connect_timeout=cfg.connect_timeout)
     info = src.check()
     if info.synced and info.confirmed_flush_lsn is not None:
-        behind_the_lake(cfg.slot, info.confirmed_flush_lsn, applied_through(log_rows(lake), cfg.slot))
+        behind_the_lake(config, info.confirmed_flush_lsn, applied_through(log_rows(lake), cfg.slot))
     return src.bounds(info, until_lsn)
 
 
@@ -81,11 +83,22 @@ def lost(lake: Lake, config: Config) -> None:
     )
 
 
-def behind_the_lake(slot: str, start: int, through: int | None) -> None:
-    """Say so when a synchronized slot starts before what the lake holds (its copy lagged the
-    primary's slot when the standby was promoted)."""
+def behind_the_lake(config: Config, start: int, through: int | None) -> None:
+    """A synchronized slot starting before what the lake holds (its copy lagged the primary's slot
+    when the standby was promoted): say so, after checking that the lake holds nothing past the
+    promotion's switch point. WAL past it is the promoted server's own, so the lake would hold
+    changes this server never had, and would take its new changes at those positions for applied."""
+    slot = config.source.slot
     if through is None or start >= through:
         return
+    switch = timeline_start(config.source.dsn, connect_timeout=config.source.connect_timeout)
+    if switch is not None and through > switch:
+        raise SourceStateError(
+            f"the lake at {config.lake_root} holds changes of slot {slot!r} up to {format_lsn(through)}, past "
+            f"{format_lsn(switch)}, where this server's timeline begins (its promotion): it holds changes this server "
+            "never received (the former primary did not wait for this standby: synchronized_standby_slots), and "
+            f"runs from here would miss changes: bootstrap a new lake ({FAULTS_PAGE})"
+        )
     log.warning(
         "slot %s (synchronized from the former primary) starts at %s, behind the lake, which holds every change "
         "up to %s: the windows in between are read again, and the changes each table's applied log shows "

@@ -60,6 +60,38 @@ def make_failover(dsn: str, slot: str, *, connect_timeout: int) -> None:
     log.warning("slot %s is a failover slot now ([source] failover = true): standbys that synchronize slots copy it", slot)
 
 
+def timeline_start(dsn: str, *, connect_timeout: int) -> int | None:
+    """Where the server's current timeline began (its last promotion's switch point, from
+    ``TIMELINE_HISTORY``); None on timeline 1, a server never promoted. WAL positions up to it are
+    the former primary's, past it the promoted server's own."""
+    conn = replication_connect(dsn, "pg2delta", connect_timeout)
+    try:
+        timeline = int(_replication_row(conn, "IDENTIFY_SYSTEM")["timeline"] or 1)
+        if timeline == 1:
+            return None
+        content = _replication_row(conn, f"TIMELINE_HISTORY {timeline}")["content"] or ""
+    finally:
+        conn.close()
+    # One line per earlier timeline: "parent TLI <tab> switch point <tab> reason"; the last is ours.
+    lines = [line.split() for line in content.splitlines() if line.strip() and not line.startswith("#")]
+    return _lsn_value(lines[-1][1]) if lines else None
+
+
+def _replication_row(conn: psycopg.Connection[Any], command: str) -> dict[str, str | None]:
+    """The one row a replication command answers, by column name."""
+    try:
+        res = conn.pgconn.exec_(command.encode())
+    except psycopg.OperationalError as exc:
+        raise ConnectionFailed(f"lost the replication connection ({command}): {exc}") from exc
+    if res.status != libpq.ExecStatus.TUPLES_OK or res.ntuples != 1:
+        err = psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+        raise SourceStateError(f"{command} failed: {' '.join(str(err).split())}") from err
+    return {
+        bytes(res.fname(i) or b"").decode(): None if (v := res.get_value(0, i)) is None else bytes(v).decode()
+        for i in range(res.nfields)
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class StandbyCopy:
     """What a physical standby holds of the slot, and its settings that keep the copy synchronized."""
