@@ -138,7 +138,7 @@ def test_promotion(pair: Pair, tmp_path: Path) -> None:
     with wl:
         wl.phase(15)
         for c in (config, plain_config):
-            done = cli("bootstrap", "--config", str(c))
+            done = cli("bootstrap", "--config", str(c), "--parallel", "1")
             assert done.returncode == 0, done.stderr[-2000:]
         assert _sql(dsn, "SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == (True,)
         assert _sql(dsn, "SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (plain,)) == (False,)
@@ -163,6 +163,9 @@ def test_promotion(pair: Pair, tmp_path: Path) -> None:
         standby = report["standby"]
         assert standby["ready"] is True and standby["slot_synced"] is True, standby  # type: ignore[index]
         assert standby["primary_waits_for_it"] is True  # type: ignore[index]
+        text = cli("status", "--config", str(config))  # the summary's lines
+        assert "failover slot: yes" in text.stdout and "sync-ready" in text.stdout, text.stdout
+        assert "; ready for a promotion" in text.stdout, text.stdout
 
         # The standby stops synchronizing: its copy stays behind what the next runs confirm.
         _sql(p.standby_dsn, "ALTER SYSTEM SET sync_replication_slots = off")
@@ -200,9 +203,10 @@ def test_promotion(pair: Pair, tmp_path: Path) -> None:
     assert code == EXIT_STATUS_FAILOVER and "not in recovery" in err, err  # the promoted server is no standby
     assert report["slot"]["synced"] is True  # type: ignore[index]
 
-    # The plain slot has no copy on the promoted server: one line, 78, nothing created.
-    for extra in ((), ("--create-slot",)):
-        lost = cli("run", "--config", str(plain_config), "--dsn", new, *extra)
+    # The plain slot has no copy on the promoted server: one line, 78, nothing created; plan says so too.
+    for extra in ((), ("--create-slot",), ("plan",)):
+        command = ("plan",) if extra == ("plan",) else ("run", *extra)
+        lost = cli(*command, "--config", str(plain_config), "--dsn", new)
         assert lost.returncode == EXIT_NEEDS_HUMAN, lost.stderr[-2000:]
         lines = [line for line in lost.stderr.splitlines() if line.startswith("pg2delta: ")]
         assert len(lines) == 1 and "does not exist on this server, but the lake" in lines[0], lost.stderr[-2000:]
@@ -222,7 +226,7 @@ def test_promotion_of_a_standby_the_primary_did_not_wait_for(pair: Pair, tmp_pat
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
         conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE t")
         conn.execute("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 20) g")
-    assert cli("bootstrap", "--config", str(config)).returncode == 0
+    assert cli("bootstrap", "--config", str(config), "--parallel", "1").returncode == 0
 
     def advance() -> None:
         _sql(dsn, "INSERT INTO t VALUES ((SELECT max(id) + 1 FROM t), 'b')")
@@ -272,7 +276,7 @@ def test_run_makes_the_slot_a_failover_slot(pg_server: ThrowawayPostgres, pgdb: 
         conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE t")
         conn.execute("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 10) g")
     plain = _config(tmp_path, "lake", pgdb, slot, pub, failover=False, standby="")
-    assert cli("bootstrap", "--config", str(plain)).returncode == 0
+    assert cli("bootstrap", "--config", str(plain), "--parallel", "1").returncode == 0
     config = _config(tmp_path, "lake", pgdb, slot, pub, failover=True, standby="")
     code, report, err = _status(config)  # the config asks for a failover slot, the slot is none
     assert code == EXIT_STATUS_FAILOVER and "not a failover slot yet" in err, err

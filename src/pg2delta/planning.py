@@ -47,6 +47,7 @@ from pg2delta.apply.targets import (
 )
 from pg2delta.copy.copier import tables_to_copy
 from pg2delta.errors import DataError, SchemaError
+from pg2delta.failover import lost
 from pg2delta.lake.applied_log import Applied, applied_lsns
 from pg2delta.lake.engine import Lake
 from pg2delta.lake.types import spark_type
@@ -122,6 +123,8 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
     """Plan the windows a run of ``side``'s configuration would apply now (see the module's docstring)."""
     cfg = side.config
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
+        if src.slot_info() is None:
+            lost(side.lake, cfg)  # gone while the lake holds its changes: say so, as a run would
         start, upper = src.locked_bounds(until_lsn)
         report = PlanReport(cfg.source.slot, start, upper, start)
         if start >= upper:
