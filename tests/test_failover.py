@@ -34,7 +34,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pg2delta.errors import EXIT_NEEDS_HUMAN, EXIT_STATUS_FAILOVER
+from pg2delta.errors import EXIT_NEEDS_HUMAN, EXIT_RETRYABLE, EXIT_STATUS_FAILOVER
 from pg2delta.source.throwaway import ThrowawayPostgres, _free_port, find_bindir
 from workload import TABLES, TableSpec, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema
 
@@ -167,6 +167,8 @@ def test_promotion(pair: Pair, tmp_path: Path) -> None:
         assert "failover slot: yes" in text.stdout and "sync-ready" in text.stdout, text.stdout
         assert "; ready for a promotion" in text.stdout, text.stdout
 
+        early = cli("run", "--config", str(config), "--dsn", p.standby_dsn)  # pointed at the standby too early
+        assert early.returncode == EXIT_RETRYABLE and "standby in recovery" in early.stderr, early.stderr[-2000:]
         # The standby stops synchronizing: its copy stays behind what the next runs confirm.
         _sql(p.standby_dsn, "ALTER SYSTEM SET sync_replication_slots = off")
         _sql(p.standby_dsn, "SELECT pg_reload_conf()")

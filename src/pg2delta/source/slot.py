@@ -262,7 +262,13 @@ class SlotSource:
         return info
 
     def flush_lsn(self) -> int:
-        (value,) = self._query("SELECT pg_current_wal_flush_lsn()")[0]
+        """The server's flushed WAL; a standby (the DSN pointed at it before its promotion) is refused, 75."""
+        recovery, value = self._query(
+            "SELECT pg_is_in_recovery(), CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_flush_lsn() END"
+        )[0]
+        if recovery:
+            raise SourceStateError("this server is a standby in recovery: pg2delta reads its slot on the primary "
+                                   "(retry once it is promoted, or point the DSN at the primary)", retryable=True)
         lsn = _lsn_value(value)
         assert lsn is not None
         return lsn
