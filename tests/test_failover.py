@@ -11,8 +11,9 @@ one, through a workload and runs; the standby is promoted and the runs go on aga
 * the plain slot has no copy there: its run stops with exit 78 and one line, with
   ``--create-slot`` too, and creates nothing.
 
-A second pair, the primary not waiting for its standby, lets the lake take changes the standby never
-receives; after its promotion the run finds the lake past the timeline's start and stops (78).
+A second pair: with the standby down, a run does not wait for it without end (75); the primary no
+longer waiting for it, the lake takes changes the standby never receives, and after its promotion the
+run finds the lake past the timeline's start and stops (78).
 
 ``status --standby-dsn`` says ready (0) once the copy is sync-ready, not ready (14) before it and
 after the standby stopped synchronizing, and 14 against a promoted server. Embedded engine only: no
@@ -216,13 +217,13 @@ def test_promotion(pair: Pair, tmp_path: Path) -> None:
 
 
 def test_promotion_of_a_standby_the_primary_did_not_wait_for(pair: Pair, tmp_path: Path) -> None:
-    """Without ``synchronized_standby_slots`` the lake can take changes the standby never received:
-    after its promotion, the run finds the lake past the promotion's switch point and stops (78)."""
+    """With its standby down, a primary that waits for it would hold a run's read for good: the run
+    stops at once (75). Without ``synchronized_standby_slots`` the lake can take changes the standby
+    never received: after its promotion, the run finds the lake past the promotion's switch point and
+    stops (78)."""
     p = pair
     tag = uuid.uuid4().hex[:8]
     dsn, slot, pub = p.primary.dsn, f"fo_{tag}", f"pub_{tag}"
-    _sql(dsn, "ALTER SYSTEM SET synchronized_standby_slots = ''")
-    _sql(dsn, "SELECT pg_reload_conf()")
     config = _config(tmp_path, "lake", dsn, slot, pub, failover=True, standby=p.standby_dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -236,11 +237,22 @@ def test_promotion_of_a_standby_the_primary_did_not_wait_for(pair: Pair, tmp_pat
         assert cli("run", "--config", str(config)).returncode == 0
         _sql(p.standby_dsn, "SELECT pg_reload_conf()")
 
+    def waits_for(names: str) -> None:
+        _sql(dsn, f"ALTER SYSTEM SET synchronized_standby_slots = '{names}'")
+        _sql(dsn, "SELECT pg_reload_conf()")
+
     _until("the standby's copy to be sync-ready", lambda: bool((row := _copy(p, slot)) and row[0]), advance)
+    waits_for("")
     code, _, err = _status(config)
     assert code == EXIT_STATUS_FAILOVER and "synchronized_standby_slots does not name" in err, err
-    p.pg_ctl("-w", "-m", "fast", "stop")  # the standby falls behind: the lake takes what it never receives
+    waits_for("standby1")
+    p.pg_ctl("-w", "-m", "fast", "stop")  # the standby is down
     _sql(dsn, "UPDATE t SET v = 'c' WHERE id <= 5")
+    t0 = time.monotonic()
+    held = cli("run", "--config", str(config))
+    assert held.returncode == EXIT_RETRYABLE and "would wait for standby1 (inactive" in held.stderr, held.stderr[-2000:]
+    assert time.monotonic() - t0 < 30
+    waits_for("")  # the lake takes what the standby never receives
     assert cli("run", "--config", str(config)).returncode == 0
     p.primary._run([str(p.primary.bindir / "pg_ctl"), "-D", str(p.primary.datadir), "-w", "-m", "immediate", "stop"])
     p.pg_ctl("-l", str(p.root / "server.log"), "-w", "-t", "60", "start")

@@ -36,6 +36,7 @@ from pg2delta.source.failover import (
     create_slot,
     make_failover,
     read_standby,
+    standbys_in_the_way,
     synchronized_standby_slots,
     timeline_start,
 )
@@ -66,7 +67,15 @@ def run_bounds(src: SlotSource, config: Config, lake: Lake, until_lsn: int | Non
     info = src.check()
     if info.synced and info.confirmed_flush_lsn is not None:
         behind_the_lake(config, info.confirmed_flush_lsn, applied_through(log_rows(lake), cfg.slot))
-    return src.bounds(info, until_lsn)
+    start, upper = src.bounds(info, until_lsn)
+    if info.failover and start < upper and (stuck := standbys_in_the_way(src, upper)):
+        raise SourceStateError(
+            f"the primary gives out failover slot {cfg.slot!r}'s changes only once the standbys of "
+            f"synchronized_standby_slots have received them, and would wait for {', '.join(stuck)}: this run "
+            "read nothing (retry once the standby is back, or take it out of synchronized_standby_slots and "
+            f"reload; {FAULTS_PAGE})", retryable=True,
+        )
+    return start, upper
 
 
 def lost(lake: Lake, config: Config) -> None:

@@ -21,6 +21,7 @@ from psycopg import pq as libpq
 from psycopg import sql
 
 from pg2delta.errors import ConnectionFailed, SourceStateError
+from pg2delta.lsn import format_lsn
 from pg2delta.source.slot import SlotSource, _lsn_value, connect
 from pg2delta.source.snapshot import FAILOVER_VERSION, refuse_failover, replication_connect
 
@@ -58,6 +59,33 @@ def make_failover(dsn: str, slot: str, *, connect_timeout: int) -> None:
     finally:
         conn.close()
     log.warning("slot %s is a failover slot now ([source] failover = true): standbys that synchronize slots copy it", slot)
+
+
+_WAITED_FOR = """
+SELECT btrim(n, ' "'), s.slot_type, s.active, s.restart_lsn::text, s.wal_status
+FROM unnest(string_to_array(current_setting('synchronized_standby_slots', true), ',')) AS n
+LEFT JOIN pg_replication_slots s ON s.slot_name = btrim(n, ' "')
+WHERE btrim(n, ' "') <> ''
+"""
+
+
+def standbys_in_the_way(src: SlotSource, upper: int) -> list[str]:
+    """The standbys a read of the (failover) slot up to ``upper`` would wait for without end: the
+    primary gives out a failover slot's changes only once every physical slot of its
+    ``synchronized_standby_slots`` has received their WAL, and waits for one that is gone, invalidated,
+    or inactive (its standby down) and behind. An active standby that is behind is a short wait."""
+    if src.server_version < FAILOVER_VERSION:
+        return []
+    stuck = []
+    for name, kind, active, restart, wal_status in src._query(_WAITED_FOR):
+        lsn = _lsn_value(restart)
+        if kind is None:
+            stuck.append(f"{name} (no such slot)")
+        elif lsn is None or wal_status == "lost":
+            stuck.append(f"{name} (invalidated)")
+        elif not active and lsn < upper:
+            stuck.append(f"{name} (inactive: its standby is down or disconnected, at {format_lsn(lsn)})")
+    return stuck
 
 
 def timeline_start(dsn: str, *, connect_timeout: int) -> int | None:
