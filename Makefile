@@ -22,7 +22,7 @@ SPARK35_CONF := $(SPARK35_CACHE)/conf
 # commit); each reads the lake back with delta-rs. A classic
 # MERGE costs about a second in a warm JVM and five in a new one (a CLI run in a child process), so
 # this is a cut across every feature rather than the whole suite again.
-SPARK_TESTS ?= -m classic
+SPARK_TESTS ?= -m "$(SPARK_MARKS)"
 # The Spark 4 line: the full pyspark 4.0 with delta-spark 4.0 (Scala 2.13 jars), numpy 2, the newest pyarrow.
 SPARK4_VENV ?= .venv-spark4
 SPARK4_PY := $(SPARK4_VENV)/bin/python
@@ -54,6 +54,30 @@ WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
 # (tests/engines.py).
 TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 XDIST ?= -n 2
+# Which tests `make test` runs. all (the default, what .ci/run runs): everything. core: lint, the
+# docs, the embedded tier and the Spark 3.5 tier without the tests marked `deploy`. deploy: those
+# tests (Airflow, the wheel, object storage on both engines, the Hive catalog, a standalone cluster,
+# a failover), the Spark 4.0 and compat tiers and the dashboard. core and deploy are the two CI jobs
+# that each fit the 25-minute budget (`.ci/run core`, `.ci/run deploy`; docs/development.md).
+TIER ?= all
+ifeq ($(TIER),core)
+EMBEDDED_MARKS := not monitoring and not deploy
+SPARK_MARKS := classic and not deploy
+LATER_TIERS := test-spark
+SIDE_INSTALLS := docs $(SPARK35_STAMP)
+else ifeq ($(TIER),deploy)
+EMBEDDED_MARKS := deploy and not monitoring
+SPARK_MARKS := classic and deploy
+LATER_TIERS := test-spark test-spark4 test-compat test-monitoring
+SIDE_INSTALLS := install-spark monitoring
+else ifeq ($(TIER),all)
+EMBEDDED_MARKS := not monitoring
+SPARK_MARKS := classic
+LATER_TIERS := test-spark test-spark4 test-compat test-monitoring
+SIDE_INSTALLS := docs install-spark monitoring
+else
+$(error TIER must be all, core or deploy, not $(TIER))
+endif
 # Each tier ends with its slowest tests: what to look at when make test's time grows.
 DURATIONS ?= --durations=15
 # MkDocs for the docs site (make docs), in a venv of its own.
@@ -118,11 +142,11 @@ demo: install postgres
 # Java and PostgreSQL 15 come first, so that no two package installs run at once.
 test: lint postgres java s3proxy
 	$(MAKE) -j2 --output-sync=line test-embedded install-side
-	$(MAKE) test-spark test-spark4 test-compat test-monitoring
+	$(MAKE) $(LATER_TIERS)
 
 # What the later tiers need, installed one after the other beside the embedded tier; first the docs
 # site, built with --strict (seconds), so that a broken link fails early.
-install-side: docs install-spark monitoring
+install-side: $(SIDE_INSTALLS)
 
 # A Java 17, found or installed (tools/java_home.sh).
 java:
@@ -133,8 +157,8 @@ $(S3PROXY_JAR):
 
 s3proxy: $(S3PROXY_JAR)
 
-test-embedded: install $(AIRFLOW_STAMP) postgres $(S3PROXY_JAR)
-	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m "not monitoring"
+test-embedded: install $(if $(filter core,$(TIER)),,$(AIRFLOW_STAMP)) postgres $(S3PROXY_JAR)
+	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m "$(EMBEDDED_MARKS)"
 
 # Prometheus from Debian, if this machine does not have it yet: the Grafana dashboard's test runs
 # every query of examples/grafana/pg2delta.json against a real one (tests/test_grafana_dashboard.py).

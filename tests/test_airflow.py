@@ -41,6 +41,7 @@ PG2DELTA = Path(sys.executable).parent / "pg2delta"
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.deploy,
     pytest.mark.skipif(not AIRFLOW.exists(), reason=f"no Airflow venv at {AIRFLOW_VENV}: run make install-airflow"),
     pytest.mark.skipif(TEST_ENGINE != "embedded", reason="the DAGs under test run the embedded engine"),
     pytest.mark.skipif(not PG2DELTA.exists(), reason="the pg2delta command is not installed next to this Python"),

@@ -19,8 +19,11 @@ import pytest
 
 from conftest import PG_VERSIONS
 from pg2delta.source.throwaway import ThrowawayPostgres
-from test_spark_submit import pytestmark, spark_submit  # noqa: F401 (spark-submit's tier and markers)
+from test_spark_submit import pytestmark as spark_submit_marks
+from test_spark_submit import spark_submit
 from workload import ACCT, EVENTS, TABLES, Workload, assert_lake_matches, cli, create_schema
+
+pytestmark = [*spark_submit_marks, pytest.mark.deploy]  # spark-submit's tier and markers
 
 READER = '''
 import json, sys

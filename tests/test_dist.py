@@ -20,7 +20,7 @@ from workload import Workload, assert_lake_matches, create_schema
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.deploy]
 
 
 def _run(argv: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -39,7 +39,7 @@ from pg2delta.errors import EXIT_NEEDS_HUMAN, EXIT_RETRYABLE, EXIT_STATUS_FAILOV
 from pg2delta.source.throwaway import ThrowawayPostgres, _free_port, find_bindir
 from workload import TABLES, TableSpec, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema
 
-pytestmark = [pytest.mark.e2e, pytest.mark.failover]
+pytestmark = [pytest.mark.e2e, pytest.mark.failover, pytest.mark.deploy]
 
 
 @dataclass

@@ -105,6 +105,7 @@ def test_credentials_in_the_config_file_are_refused(tmp_path: Any) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.deploy
 def test_the_server_honours_conditional_put(s3_server: S3Server, s3_lake: str) -> None:
     """delta-rs 1.x commits a version on S3 with a PUT of ``If-None-Match: *`` (no lock): the server
     must refuse the second PUT of a key, and a writer holding a stale version must not overwrite a
@@ -124,6 +125,7 @@ def test_the_server_honours_conditional_put(s3_server: S3Server, s3_lake: str) -
 
 
 @pytest.mark.e2e
+@pytest.mark.deploy
 def test_runs_backfill_maintain_verify_versions_status_on_s3(
     pg_server: Any, pgdb: str, s3_server: S3Server, s3_lake: str, tmp_path: Any
 ) -> None:
@@ -175,6 +177,7 @@ def test_runs_backfill_maintain_verify_versions_status_on_s3(
 
 
 @pytest.mark.e2e
+@pytest.mark.deploy
 def test_bootstrap_and_resync_on_s3(pg_server: Any, pgdb: str, s3_server: S3Server, s3_lake: str, tmp_path: Any) -> None:
     newest_server_only(pg_server, "the lake's store does not depend on the server")
     tag = uuid.uuid4().hex[:8]

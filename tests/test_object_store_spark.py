@@ -32,6 +32,7 @@ SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.classic,
+    pytest.mark.deploy,
     pytest.mark.skipif(
         TEST_ENGINE != "spark" or not SPARK_SUBMIT.exists() or not os.environ.get("SPARK_CONF_DIR"),
         reason="spark-submit with hadoop-aws comes with make install-spark (make test-spark)",
