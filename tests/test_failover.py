@@ -252,6 +252,8 @@ def test_promotion_of_a_standby_the_primary_did_not_wait_for(pair: Pair, tmp_pat
     held = cli("run", "--config", str(config))
     assert held.returncode == EXIT_RETRYABLE and "would wait for standby1 (inactive" in held.stderr, held.stderr[-2000:]
     assert time.monotonic() - t0 < 30
+    planned = cli("plan", "--config", str(config))  # the plan's read too
+    assert planned.returncode == EXIT_RETRYABLE and "would wait for standby1" in planned.stderr, planned.stderr[-2000:]
     waits_for("")  # the lake takes what the standby never receives
     assert cli("run", "--config", str(config)).returncode == 0
     p.primary._run([str(p.primary.bindir / "pg_ctl"), "-D", str(p.primary.datadir), "-w", "-m", "immediate", "stop"])

@@ -68,14 +68,20 @@ def run_bounds(src: SlotSource, config: Config, lake: Lake, until_lsn: int | Non
     if info.synced and info.confirmed_flush_lsn is not None:
         behind_the_lake(config, info.confirmed_flush_lsn, applied_through(log_rows(lake), cfg.slot))
     start, upper = src.bounds(info, until_lsn)
+    not_held(src, info, start, upper)
+    return start, upper
+
+
+def not_held(src: SlotSource, info: SlotInfo, start: int, upper: int) -> None:
+    """Stop (75) before a read of a failover slot the primary would hold for good: a standby of its
+    ``synchronized_standby_slots`` down (or gone, or invalidated) and behind ``upper``."""
     if info.failover and start < upper and (stuck := standbys_in_the_way(src, upper)):
         raise SourceStateError(
-            f"the primary gives out failover slot {cfg.slot!r}'s changes only once the standbys of "
+            f"the primary gives out failover slot {info.name!r}'s changes only once the standbys of "
             f"synchronized_standby_slots have received them, and would wait for {', '.join(stuck)}: this run "
             "read nothing (retry once the standby is back, or take it out of synchronized_standby_slots and "
             f"reload; {FAULTS_PAGE})", retryable=True,
         )
-    return start, upper
 
 
 def lost(lake: Lake, config: Config) -> None:

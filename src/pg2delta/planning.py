@@ -47,7 +47,7 @@ from pg2delta.apply.targets import (
 )
 from pg2delta.copy.copier import tables_to_copy
 from pg2delta.errors import DataError, SchemaError
-from pg2delta.failover import lost
+from pg2delta.failover import lost, not_held
 from pg2delta.lake.applied_log import Applied, applied_lsns
 from pg2delta.lake.engine import Lake
 from pg2delta.lake.types import spark_type
@@ -126,6 +126,8 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
         if src.slot_info() is None:
             lost(side.lake, cfg)  # gone while the lake holds its changes: say so, as a run would
         start, upper = src.locked_bounds(until_lsn)
+        if (info := src.slot_info()) is not None:
+            not_held(src, info, start, upper)  # a read the primary would hold for its standby
         report = PlanReport(cfg.source.slot, start, upper, start)
         if start >= upper:
             return report  # a run would stop here too, before copying anything
