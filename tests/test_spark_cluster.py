@@ -1,0 +1,125 @@
+"""Apache Spark on a standalone cluster: ``spark-submit --master spark://127.0.0.1:<port> --deploy-mode
+client`` of the jobs, with the lake at ``s3a://`` on the S3-compatible server.
+
+One master and one worker from this venv's pyspark install (tests/spark_cluster.py), the worker in
+a folder of its own with the store's credentials (a node's role) and nothing of the driver's
+settings. The driver submits as a user would: Delta's and hadoop-aws's jars named by
+``spark.jars`` (the ``SPARK_CONF_DIR`` of ``make install-spark``), which the executors fetch from
+the driver; the lake root only ``s3a://``; ``PYSPARK_PYTHON`` names no Python at all (pg2delta runs
+no Python on the executors). Where the test may create a mount namespace (root), the worker and its
+executors run with the driver's folders (its config, working and temporary directories) covered by
+empty ones, so nothing they read can come from the driver's disk.
+
+A bootstrap, a run SIGKILLed between its tables' commits, the run again; the lake read back by
+delta-rs with the store's options equals PostgreSQL, and every application ran its tasks on the
+worker's executor with the jars it fetched from the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engines import TEST_ENGINE
+from pg2delta.faults import FAULT_ENV
+from s3server import S3Server
+from spark_cluster import SparkCluster, spark_home
+from test_object_store import assert_s3_lake_matches
+from workload import Workload, confirmed_lsn, create_schema
+
+REPO = Path(__file__).resolve().parents[1]
+SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.cluster,
+    pytest.mark.skipif(
+        TEST_ENGINE != "spark" or spark_home() is None or not os.environ.get("SPARK_CONF_DIR"),
+        reason="a standalone cluster from the pyspark install, with hadoop-aws: make install-spark (PG2DELTA_TEST_ENGINE=spark)",
+    ),
+]
+
+
+@pytest.fixture
+def driver_dir(tmp_path: Path) -> Path:
+    """The driver's working folder (its config, its temporary files, Spark's local dir)."""
+    (tmp_path / "driver" / "tmp").mkdir(parents=True)
+    return tmp_path / "driver"
+
+
+@pytest.fixture
+def cluster(s3_server: S3Server, driver_dir: Path) -> Iterator[SparkCluster]:
+    node_env = {
+        "PATH": os.environ["PATH"],
+        "JAVA_HOME": os.environ.get("JAVA_HOME") or subprocess.run(
+            [str(REPO / "tools" / "java_home.sh")], capture_output=True, text=True, check=True).stdout.strip(),
+        # the node's credentials for the store; its endpoint comes with the application's settings
+        "AWS_ACCESS_KEY_ID": s3_server.env["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": s3_server.env["AWS_SECRET_ACCESS_KEY"],
+    }
+    started = SparkCluster.start(node_env, hidden=[driver_dir])
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def _submit(cluster: SparkCluster, cwd: Path, job: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``spark-submit --master spark://... --deploy-mode client jobs/<job> ...`` from ``cwd``."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
+    full.update({
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYSPARK_PYTHON": "/nonexistent/python",  # an executor that started Python would fail
+        "TMPDIR": str(cwd / "tmp"),
+        **(env or {}),
+    })
+    argv = [str(SPARK_SUBMIT), *cluster.submit_args(**{"spark.local.dir": str(cwd / "tmp")})]
+    return subprocess.run([*argv, str(REPO / "jobs" / job), *args], capture_output=True, text=True, env=full, cwd=cwd, timeout=600)
+
+
+def _ok(done: subprocess.CompletedProcess[str], what: str) -> None:
+    assert done.returncode == 0, f"{what}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def test_bootstrap_killed_run_and_rerun_on_a_standalone_cluster(
+    pgdb: str, s3_server: S3Server, s3_lake: str, cluster: SparkCluster, driver_dir: Path
+) -> None:
+    root = "s3a://" + s3_lake.removeprefix("s3://")
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    create_schema(pgdb, pub)
+    config = driver_dir / "spark.toml"
+    config.write_text(
+        f'[source]\ndsn = "{pgdb}"\nslot = "{slot}"\npublication = "{pub}"\n'
+        f'[lake]\nroot = "{root}"\n[engine]\nkind = "spark"\n'
+    )
+    with Workload(pgdb, 91) as wl:
+        wl.phase(40, truncate=False)
+        _ok(_submit(cluster, driver_dir, "pg2delta_bootstrap.py", "--config", str(config)), "bootstrap on the cluster")
+        wl.phase(40)
+        before = confirmed_lsn(pgdb, slot)
+        killed = _submit(cluster, driver_dir, "pg2delta_run.py", "--config", str(config), env={FAULT_ENV: "between_tables"})
+        assert killed.returncode != 0 and "fault injection: killing the process at between_tables" in killed.stdout + killed.stderr, (
+            killed.stdout[-2000:] + killed.stderr[-2000:])
+        assert confirmed_lsn(pgdb, slot) == before, "the slot moved past a killed run"
+        _ok(_submit(cluster, driver_dir, "pg2delta_run.py", "--config", str(config)), "the run again on the cluster")
+    assert_s3_lake_matches(pgdb, s3_server, s3_lake, "standalone cluster: bootstrap, a run killed, the run again")
+
+    # every application (bootstrap, killed run, run) ran tasks on the worker's executor, with
+    # Delta's and hadoop-aws's jars fetched from the driver (spark.jars), not from a shared disk
+    executors = cluster.executor_logs()
+    apps = {name.split("/")[0] for name in executors}
+    assert len(apps) == 3, sorted(executors)
+    for app in apps:
+        text = "".join(log for name, log in executors.items() if name.startswith(app + "/"))
+        assert "Running task" in text, f"{app}: no task ran on the executor\n{text[-2000:]}"
+        fetched = [line for line in text.splitlines() if "Fetching spark://127.0.0.1:" in line]
+        for jar in ("delta-spark_", "hadoop-aws-", "aws-java-sdk-bundle-"):
+            assert any(jar in line for line in fetched), f"{app}: {jar} not fetched from the driver: {fetched}"
+
