@@ -272,8 +272,9 @@ bench-verify: install postgres
 bench-scale: install $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(PY) bench/bench_scale.py --spark-submit $(SPARK35_VENV)/bin/spark-submit
 
-# The job on Apache Spark + Delta (spark_e2e_vs_server) and one window of 50 tables on both engines.
-bench-spark: $(SPARK35_STAMP) postgres
+# The job on Apache Spark + Delta (spark_e2e_vs_server), one window of 50 tables on both engines, and a
+# small run with the lake on the S3-compatible server in local[2] and on a standalone cluster.
+bench-spark: $(SPARK35_STAMP) postgres $(S3PROXY_JAR)
 	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(SPARK35_PY) bench/bench_spark.py
 
 # The sdist and a wheel (with the C extension built for this Python) in dist/.

@@ -18,11 +18,16 @@ jars named by ``SPARK_CONF_DIR`` (``make install-spark``):
    stops it (the floor, ``spark_session_seconds``), and ``jobs/pg2delta_run.py`` on a slot whose
    window holds only WAL of a table outside the publication (``idle_run_seconds_spark``: the run
    reads the window, moves the slot, and needs no session), alternated, ``--fixed-rounds`` of each
-   (the median counts; the machine is noisy, so they are compared within one run).
+   (the median counts; the machine is noisy, so they are compared within one run);
+4. **a standalone cluster** (bench_cluster.py): with the lake on the S3-compatible server of the
+   tests (``make s3proxy``), a run of 10 updates into a 10,000-row table through ``spark-submit``
+   in ``local[2]`` and with ``--master spark://...`` to a master and one worker started from the
+   pyspark install, alternated, ``--cluster-rounds`` of each (medians).
 
 The last lines are ``spark_e2e_vs_server=``, ``spark_session_seconds=``,
 ``idle_run_seconds_spark=``, then ``tables50_seconds_embedded=`` and ``tables50_seconds_spark=``:
-the second window (tables in place), concurrent apply.
+the second window (tables in place), concurrent apply; then ``small_run_seconds_spark_s3=``
+(local[2]) and ``cluster_small_run_seconds=`` (the cluster), each a new spark-submit process.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import time
 import warnings
 from pathlib import Path
 
+import bench_cluster
 import psycopg
 import pyarrow as pa
 from bench_e2e import add_e2e_args, measure
@@ -186,12 +192,13 @@ def _many_tables_one_engine(kind: str, n: int, rows: int, pg_version: int) -> di
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _submit(script: Path, *args: str) -> float:
-    """Seconds of ``spark-submit script args`` in a new process (exit 0 or 3, else SystemExit)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
-    env["PYSPARK_PYTHON"] = sys.executable
+def _submit(script: Path, *args: str, spark_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> float:
+    """Seconds of ``spark-submit [spark_args] script args`` in a new process (exit 0 or 3, else SystemExit)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
+    full["PYSPARK_PYTHON"] = sys.executable
+    full.update(env or {})
     t0 = time.perf_counter()
-    done = subprocess.run([str(SPARK_SUBMIT), str(script), *args], env=env, capture_output=True, text=True)
+    done = subprocess.run([str(SPARK_SUBMIT), *spark_args, str(script), *args], env=full, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if done.returncode not in (0, 3):
         raise SystemExit(f"spark-submit {script.name} exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
@@ -245,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", type=int, default=50, help="tables in the many-tables window (default 50)")
     ap.add_argument("--rows", type=int, default=200, help="rows inserted per table (default 200)")
     ap.add_argument("--fixed-rounds", type=int, default=3, help="spark-submits of each fixed cost (default 3)")
-    ap.add_argument("--only", choices=("fixed", "tables", "e2e"), help="one part of the benchmark only")
+    ap.add_argument("--cluster-rounds", type=int, default=3, help="small runs of each setting in the cluster part (default 3)")
+    ap.add_argument("--only", choices=("fixed", "tables", "e2e", "cluster"), help="one part of the benchmark only")
     ap.add_argument("--one-engine", choices=("embedded", "spark"), help=argparse.SUPPRESS)
     ap.set_defaults(engine="spark")
     args = ap.parse_args(argv)
@@ -266,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     times = many_tables(["embedded", "spark"], args.tables, args.rows, args.pg) if args.only in (None, "tables") else {}
     if times is None:
         return 1
+    small = bench_cluster.small_runs(args.pg, args.cluster_rounds, _submit) if args.only in (None, "cluster") else None
     n = args.tables
     if times:
         for kind in ("embedded", "spark"):
@@ -280,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     if times:
         for kind in ("embedded", "spark"):
             print(f"tables{n}_seconds_{kind}={times[(kind, 'next', 4)]:.1f}")
+    if small is not None:
+        print(f"small_run_seconds_spark_s3={small[0]:.1f}  (local[2], 10 updates, lake on the object store)")
+        print(f"cluster_small_run_seconds={small[1]:.1f}  (standalone cluster / local[2] = {small[1] / small[0]:.2f})")
     return 0
 
 
