@@ -38,6 +38,8 @@ SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.classic,  # the Spark 3.5 tier's settings (PG2DELTA_TEST_ENGINE=spark, SPARK_CONF_DIR)
+    pytest.mark.deploy,  # make test TIER=deploy
     pytest.mark.cluster,
     pytest.mark.skipif(
         TEST_ENGINE != "spark" or spark_home() is None or not os.environ.get("SPARK_CONF_DIR"),
