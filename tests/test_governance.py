@@ -10,6 +10,7 @@ compared with PostgreSQL's rows hashed by the test itself (:mod:`hmac`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -23,12 +24,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import newest_server_only
 from lake_read import read_delta
 from pg2delta import config as config_module
 from pg2delta.apply.history import HISTORY_SUFFIX
 from pg2delta.decode.governance import ColumnRules, Governance, hash_values
 from pg2delta.errors import ConfigError
 from pg2delta.faults import FAULT_ENV
+from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import cli
 
 KEY = "governance-test-key-0123456789abcdef"
@@ -138,7 +141,8 @@ def _leaks(paths: list[Path], needles: tuple[bytes, ...]) -> dict[bytes, list[st
         data = p.read_bytes()
         texts = [data]
         if p.suffix == ".parquet" or data[:4] == b"PAR1":
-            texts.append(repr(pq.read_table(p).to_pylist()).encode())
+            with contextlib.suppress(pa.ArrowInvalid):  # a file the kill cut short: its bytes only
+                texts.append(repr(pq.read_table(p).to_pylist()).encode())
         for n in needles:
             if any(n in t for t in texts):
                 found[n].append(str(p))
@@ -177,7 +181,8 @@ def _assert_lake_equals_source(dsn: str, lake: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_hashed_and_excluded_columns_never_land_raw(pgdb: str, tmp_path: Path) -> None:
+def test_hashed_and_excluded_columns_never_land_raw(pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path) -> None:
+    newest_server_only(pg_server, "what lands in the lake does not depend on the server (the partition test covers both)")
     lake = tmp_path / "lake"
     slot, pub = _source(pgdb)
     env = {KEY_ENV: KEY}
@@ -192,8 +197,8 @@ def test_hashed_and_excluded_columns_never_land_raw(pgdb: str, tmp_path: Path) -
         conn.execute("INSERT INTO gov.by_email SELECT 'rawmail' || g || '@example.org', 'n' || g FROM generate_series(1, 20) g")
     config = _write_config(tmp_path, pgdb, slot, pub)
     common = ["--config", str(config), "-v"]
-    # The bootstrap killed once its first copy's files are in the table's folder, before its commit:
-    # the copy's staged files are hashed already.
+    # The bootstrap killed once its first copy's files are in the table's folder, before its commit
+    # (the embedded engine takes a new table's staged files as they are): they are hashed already.
     killed = cli("bootstrap", *common, "--parallel", "1", env={**env, FAULT_ENV: "copy_adopt_moved"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     _assert_no_raw([lake], [killed.stdout, killed.stderr], "a killed bootstrap's staged copy")
@@ -268,7 +273,8 @@ def test_hashed_and_excluded_columns_never_land_raw(pgdb: str, tmp_path: Path) -
 
 
 @pytest.mark.e2e
-def test_changed_settings_are_refused_until_a_resync(pgdb: str, tmp_path: Path) -> None:
+def test_changed_settings_are_refused_until_a_resync(pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path) -> None:
+    newest_server_only(pg_server, "the lake's record of its columns does not depend on the server")
     lake = tmp_path / "lake"
     slot, pub = _source(pgdb)
     env = {KEY_ENV: KEY}
