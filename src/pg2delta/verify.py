@@ -453,6 +453,8 @@ def _batches(prefixes: Sequence[str], sizes: dict[str, int]) -> Iterator[list[st
 def both(source: Callable[[], Any], lake: Callable[[], Any]) -> tuple[Any, Any]:
     """``source()`` in a worker thread while ``lake()`` runs here: PostgreSQL and the engine hash at
     the same time. The engine stays on this thread (a classic session's views belong to it)."""
+    if isinstance(getattr(getattr(source, "func", source), "__self__", None), LakeSide):  # pg2delta.copy.governed's copy: here too
+        return source(), lake()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg2delta-verify") as pool:
         pending = pool.submit(source)
         try:
@@ -574,7 +576,6 @@ def verify_table(
     if not key_names or any(k not in by_name for k in key_names):
         raise SchemaError(f"table {result.name}: no key both sides can compare (key {key_names or 'none'})")
     key = [by_name[k] for k in key_names]
-    # Hashed or excluded columns: the source side is a copy the lake's way, hashed here (pg2delta.copy.governed).
     with governed_source(engine, conn, config, published) as staged, engine.version_view(t.uri, t.version) as view:
         src = SourceSide(conn, published, key, columns) if staged is None else LakeSide(engine, staged, key, columns)
         lake = LakeSide(engine, view, key, columns)
