@@ -73,8 +73,10 @@ def quiet_pgdb() -> Iterator[str]:
     """A server of this test's own: with no other test writing to it, the server stops logging
     records of its own (a running-transactions snapshot every 15 s while WAL is written) soon after
     the workload, so that a run finds nothing to do; on a shared server it seldom does when a
-    spark-submit takes longer than that."""
-    pg = ThrowawayPostgres.start(PG_VERSIONS[-1])
+    spark-submit takes longer than that. No autovacuum: its ANALYZE of the workload's tables writes
+    WAL, and the server logs a snapshot after it (seen in CI: three runs in a row each passed over
+    one, when each spark-submit took over a minute on a loaded machine)."""
+    pg = ThrowawayPostgres.start(PG_VERSIONS[-1], settings={"autovacuum": "off"})
     try:
         yield pg.dsn
     finally:
