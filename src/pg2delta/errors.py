@@ -192,6 +192,36 @@ def no_space_left(exc: BaseException) -> bool:
     return False
 
 
+class StoreUnavailable(Pg2DeltaError):
+    """The object store throttled or failed past its client's retries (S3 503 SlowDown, 500, a
+    timeout): transient, so exit 75; the slot did not move past what the lake holds."""
+
+    kind = ErrorKind.LAKE
+    retryable = True
+
+
+# What the object store's clients say of a store that throttles, fails or cannot be reached, past
+# their own retries: pyarrow (the AWS SDK), delta-rs and pysail (object_store), Hadoop's s3a.
+_STORE_TRANSIENT = (
+    "SLOW_DOWN", "SlowDown", "Slow Down", "INTERNAL_FAILURE", "Service Unavailable", "ServiceUnavailable", "InternalError",
+    "Internal Server Error", "NETWORK_CONNECTION", "Timeout was reached", "Status Code: 503",
+    "Status Code: 500", "status: 503", "status: 500", "503 Service", "500 Internal",
+)
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it came from, is the object store throttling or failing for a
+    while (not a refusal: a missing bucket or a denied key stays an error for a human)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if any(marker in str(cur) for marker in _STORE_TRANSIENT):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 class LakeChanged(Pg2DeltaError):
     """A table of the lake was changed by another writer since pg2delta's last commit."""
 

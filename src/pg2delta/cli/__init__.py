@@ -51,8 +51,10 @@ from pg2delta.errors import (
     ConfigError,
     Pg2DeltaError,
     StorageFull,
+    StoreUnavailable,
     Terminated,
     no_space_left,
+    store_unavailable,
 )
 
 log = logging.getLogger("pg2delta")
@@ -189,6 +191,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _terminated(args, exc)
         if no_space_left(exc) and not isinstance(exc, StorageFull):
             return _storage_full(args, exc)
+        if not exc.retryable and store_unavailable(exc):
+            return _store_unavailable(args, exc)
         args.error_line = exc.one_line()
         print(exc.one_line(), file=sys.stderr)
         log.debug("details", exc_info=True)
@@ -201,6 +205,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _terminated(args, exc)
         if no_space_left(exc):
             return _storage_full(args, exc)
+        if store_unavailable(exc):
+            return _store_unavailable(args, exc)
         args.error_line = f"pg2delta: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         print(args.error_line, file=sys.stderr)
         log.debug("traceback", exc_info=True)
@@ -219,6 +225,13 @@ def _storage_full(args: argparse.Namespace, exc: BaseException) -> int:
     return _failed(args, StorageFull(
         "no space left on a device pg2delta writes (free space or move the staging area, then run again; the "
         f"slot did not move past the lake): {' '.join(str(exc).split())[:300]}"))
+
+
+def _store_unavailable(args: argparse.Namespace, exc: BaseException) -> int:
+    """Exit 75 for an error that comes from the object store throttling or failing (S3 503, 500)."""
+    return _failed(args, StoreUnavailable(
+        "the object store throttled or failed past its retries (run again later; the slot did not move past "
+        f"the lake): {' '.join(str(exc).split())[:300]}"))
 
 
 def _terminated(args: argparse.Namespace, exc: BaseException) -> int:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pg2delta.errors import LakeError
+from pg2delta.errors import LakeError, store_unavailable
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -44,6 +45,11 @@ def s3_filesystem(env: Mapping[str, str] | None = None) -> pafs.S3FileSystem:
         kwargs["region"] = region
     if env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() == "true":
         kwargs["force_virtual_addressing"] = True  # pyarrow 16+; path style is its default
+    # As many retries as delta-rs's and pysail's object_store make (10, with backoff), in the AWS
+    # SDK's default mode: its standard mode stops retrying once its retry quota is spent, and a
+    # throttling store (503 SlowDown on one request in four) then failed the listings and staging
+    # writes of a run whose commits, through object_store, rode it out (tests/test_object_store_faults.py).
+    kwargs["retry_strategy"] = pafs.AwsDefaultS3RetryStrategy(max_attempts=10)
     try:
         return pafs.S3FileSystem(**kwargs)
     except TypeError as exc:
@@ -64,6 +70,7 @@ def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 STAGING_ROOT = "_pg2delta/staging"
+STAGE_ATTEMPTS = 5  # writes of one staging file, 0.5, 1, 2 and 4 s apart, while the store throttles
 
 
 def _float_bounds(metadata: pq.FileMetaData) -> bool:
@@ -252,14 +259,22 @@ class Lake:
         """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""
         rel = f"{self.staging_rel}/{name}.parquet"
         local = f"{self.path}/{rel}"
-        try:
-            self.fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
-            with self.fs.open_output_stream(local) as out:
-                # Read once, whole, by the engine: no dictionaries and no statistics (they took
-                # about half of the write; zstd alone keeps the file as small).
-                pq.write_table(table, out, compression="zstd", use_dictionary=False, write_statistics=False)
-        except (OSError, pa.ArrowException) as exc:
-            raise LakeError(f"cannot write staging file {local}: {exc}") from exc
+        # A staging file is pg2delta's own and written whole: written again when the object store
+        # throttled or failed it past the SDK's retries (pyarrow's multipart completion is not
+        # retried by it), with backoff, before the run gives up with 75.
+        for attempt in range(STAGE_ATTEMPTS):
+            try:
+                self.fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
+                with self.fs.open_output_stream(local) as out:
+                    # Read once, whole, by the engine: no dictionaries and no statistics (they took
+                    # about half of the write; zstd alone keeps the file as small).
+                    pq.write_table(table, out, compression="zstd", use_dictionary=False, write_statistics=False)
+                break
+            except (OSError, pa.ArrowException) as exc:
+                if attempt + 1 < STAGE_ATTEMPTS and store_unavailable(exc):
+                    time.sleep(0.5 * 2**attempt)
+                    continue
+                raise LakeError(f"cannot write staging file {local}: {exc}") from exc
         return self.table_uri(rel)
 
     def without_float_bounds(self, files: Sequence[str], name: str) -> list[str]:

@@ -1,0 +1,80 @@
+"""The object store throttling and failing under a run (the embedded engine, the lake at ``s3://``
+on S3Proxy behind tests/s3fault.py's proxy): requests answered ``503 SlowDown`` or ``500
+InternalError`` as S3 answers under load.
+
+A store that throttles some requests costs retries, not data: the run ends 0 and the lake equals
+PostgreSQL. A store that keeps failing stops the run with 75 (retry later) and one line naming the
+object store; the slot stays where it was, and the next run, the store back, lands everything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from changelog_support import setup_source
+from conftest import newest_server_only
+from s3fault import FaultProxy
+from s3server import S3Server
+from test_object_store import _ok, assert_s3_lake_matches, write_config
+from workload import Workload, cli, confirmed_lsn
+
+pytestmark = [pytest.mark.e2e, pytest.mark.deploy]
+
+
+@pytest.fixture
+def proxy(s3_server: S3Server, s3_lake: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """The proxy in front of the test process's S3 server, its endpoint in AWS_ENDPOINT_URL."""
+    p = FaultProxy(s3_server).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def test_a_throttling_store_costs_retries_not_rows(
+    pg_server: Any, pgdb: str, s3_server: S3Server, s3_lake: str, proxy: FaultProxy, tmp_path: Any
+) -> None:
+    newest_server_only(pg_server, "the lake's store does not depend on the server")
+    slot, pub = setup_source(pgdb)
+    config = write_config(tmp_path / "c.toml", pgdb, slot, pub, s3_lake)
+    with Workload(pgdb, 83) as wl:
+        wl.phase(40)
+        _ok(cli("run", "--config", config), "first run, store healthy")
+        wl.phase(40)
+        # every sixth request refused, writes and reads alike, as a throttled prefix is
+        proxy.policy = lambda method, path, n: 503 if n % 6 == 0 else None
+        before = proxy.faults
+        _ok(cli("run", "--config", config), "run against a throttling store")
+        assert proxy.faults > before, "the store was never throttled: the test proved nothing"
+    proxy.policy = lambda method, path, n: None
+    assert_s3_lake_matches(pgdb, s3_server, s3_lake, "after a throttled run")
+
+
+def test_a_failing_store_stops_the_run_with_75_and_loses_nothing(
+    pg_server: Any, pgdb: str, s3_server: S3Server, s3_lake: str, proxy: FaultProxy, tmp_path: Any
+) -> None:
+    newest_server_only(pg_server, "the lake's store does not depend on the server")
+    slot, pub = setup_source(pgdb)
+    config = write_config(tmp_path / "c.toml", pgdb, slot, pub, s3_lake)
+    with Workload(pgdb, 84) as wl:
+        wl.phase(40)
+        _ok(cli("run", "--config", config), "first run, store healthy")
+        wl.phase(40)
+        before = confirmed_lsn(pgdb, slot)
+        # every write fails from now on
+        proxy.policy = lambda method, path, n: 500 if method in ("PUT", "POST", "DELETE") else None
+        started = time.monotonic()
+        failed = cli("run", "--config", config)
+        took = time.monotonic() - started
+        assert failed.returncode == 75, (failed.returncode, took, failed.stderr[-3000:])
+        lines = [line for line in failed.stderr.splitlines() if line.startswith("pg2delta")]
+        assert len(lines) == 1 and "object store" in lines[0], failed.stderr[-3000:]
+        assert confirmed_lsn(pgdb, slot) == before, "the slot moved past a window the store refused"
+        proxy.policy = lambda method, path, n: None
+        _ok(cli("run", "--config", config), "run with the store back")
+    assert_s3_lake_matches(pgdb, s3_server, s3_lake, "after a failed run and its rerun")
