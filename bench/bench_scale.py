@@ -145,10 +145,18 @@ def rewritten(before: dict[str, int], after: dict[str, int]) -> float:
     return sum(size for path, size in before.items() if path not in after) / max(1, sum(before.values()))
 
 
+def read_rows(path: Path, columns: list[str]) -> pa.Table:
+    """The table's rows through delta-rs's scan, which reads deletion vectors (the tables Apache
+    Spark creates have them; ``to_pyarrow_table`` refuses those), its view types cast back."""
+    data = pa.table(DeltaTable(str(path)).scan(columns=columns).read_all())
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    return data.cast(pa.schema([pa.field(f.name, plain.get(f.type, f.type)) for f in data.schema]))
+
+
 def matches(dsn: str, lake: Path, rows: int) -> bool:
     """The lake's table equals PostgreSQL's: rows, sums of the key and of n (every update changes
     it), sum of key * n, and the rows whose text an update set (per tag)."""
-    data = DeltaTable(str(lake / "public" / f"scale_{rows}")).to_pyarrow_table(columns=["id", "n", "v"])
+    data = read_rows(lake / "public" / f"scale_{rows}", ["id", "n", "v"])
     ids, ns = data.column("id").cast(pa.int64()), data.column("n").cast(pa.int64())
     tags = pc.value_counts(pc.utf8_slice_codeunits(pc.if_else(pc.match_substring(data.column("v"), "-"), data.column("v"),
                                                               pa.scalar("none")), 0, 2))
