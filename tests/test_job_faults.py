@@ -85,6 +85,10 @@ def test_crash_at_point_then_rerun(pgdb: str, tmp_path: Path, point: str) -> Non
     if point == "before_advance":
         # The applied log already names the window: the rerun skips every table.
         assert _versions(lake) == versions
+    # Its append carries no idempotent-write id: a replay logs no table twice at one window's end.
+    logged = [(r["relation_oid"], r["window_end"]) for r in read_delta(str(lake / LOG_TABLE)).to_pylist()
+              if r["slot"] == slot and r["kind"] == "window"]
+    assert len(logged) == len(set(logged)), f"a table logged twice at a window's end after a crash at {point}"
 
 
 def test_crash_between_tables_with_small_windows(pgdb: str, tmp_path: Path) -> None:

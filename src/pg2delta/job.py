@@ -272,6 +272,8 @@ class Job(Lakeside):
         window = WindowReport(start, end, rd.read.rows, rd.read.bytes, rd.transactions, spilled_rows=rd.spilled_rows)
         fault_point("after_read")
         ordered = sorted(run.planner.targets.group(rd.tables, run.applied), key=lambda t: (t.schema, t.table))
+        if ordered:  # Apache Spark's session starts while the window is planned, reduced and staged
+            self.start_engine_early(work_known=True)
         plans = self._plan_window(run, ordered, start, end)
         _refuse_foreign(self, run, ordered)
         for (schema, table), record in run.planner.forms.take_due():  # tables the window creates
@@ -318,7 +320,11 @@ class Job(Lakeside):
             self.changelog.log(self.engine, changelog_log)
         if logged:
             rows = window_rows(self.config.source.slot, run.run_id, start, end, logged)
-            applied_log.append(self.engine, self.lake, rows, txn=run.applier.txn(end))
+            # Without Delta's idempotent-write id: on Apache Spark an append carrying one reads the
+            # log's whole state first (three Spark jobs more, every window). A replay cannot log a
+            # window twice: a table the log holds at the window's end is skipped (TableApplier.apply),
+            # and only the tables a window applied are logged.
+            applied_log.append(self.engine, self.lake, rows)
         fault_point("before_advance")
         if end > start:
             run.src.advance(end)

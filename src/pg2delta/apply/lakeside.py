@@ -41,7 +41,11 @@ class Lakeside:
                 if self._engine is None:
                     starting, self._starting = self._starting, None
                     t0 = time.monotonic()
-                    self._engine = starting.result() if starting is not None else self._engine_factory(self.lake)
+                    if starting is not None:
+                        self._engine = starting.result()
+                        self._engine.adopt()  # started in another thread: this one's now
+                    else:
+                        self._engine = self._engine_factory(self.lake)
                     # What an idle run must never log (it decides from the slot alone).
                     log.info("engine %s started (%.1f s)", self.config.engine.kind, time.monotonic() - t0)
         return self._engine
@@ -51,13 +55,17 @@ class Lakeside:
         """Whether this operation started its engine (a run with nothing to do never does)."""
         return self._engine is not None or self._starting is not None
 
-    def start_engine_early(self) -> None:
+    def start_engine_early(self, *, work_known: bool = False) -> None:
         """Start the engine in a background thread now, for a run that will need it: it then starts
         while the source is checked and the server prepares the first window (the peek sends its
         first row only once it has decoded the whole window). :attr:`engine` waits for it, and
-        raises what the start raised. Not for the classic engine, whose session belongs to the
-        thread that made it (:class:`pg2delta.lake.engine.Engine`)."""
-        if self._engine is not None or self._starting is not None or self.config.engine.kind == "spark":
+        raises what the start raised. On Apache Spark, whose session takes seconds, only once the
+        run knows it has something to write (``work_known``: a window with changes of a published
+        table), so that a run with nothing to do starts no session; the session then starts while
+        the window's tables are planned, reduced and staged."""
+        if self._engine is not None or self._starting is not None:
+            return
+        if self.config.engine.kind == "spark" and not work_known:
             return
         future: Future[Engine] = Future()
 

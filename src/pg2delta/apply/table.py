@@ -355,10 +355,10 @@ class TableApplier:
 
     def txn(self, version: int) -> Txn | None:
         """Delta's idempotent-write id of a commit (the engine uses it where Delta has it): a table's
-        MERGE carries the commit LSN of its newest change in the window, the applied log's append
-        the window's end. Versions only grow from window to window, so a replayed window's MERGE
-        into a table that committed it before a crash is skipped by Delta itself (no second
-        commit), and the applied-log rule stays the guarantee on every engine."""
+        MERGE carries the commit LSN of its newest change in the window. Versions only grow from
+        window to window, so a replayed window's MERGE into a table that committed it before a crash
+        is skipped by Delta itself (no second commit), and the applied-log rule stays the guarantee
+        on every engine."""
         return Txn(self.app_id, version) if self.app_id else None
 
     # --- which Delta table, in which shape ---------------------------------------------------

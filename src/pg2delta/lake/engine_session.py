@@ -58,6 +58,9 @@ _CLASSIC_SQL_CONF = {
 # Delta's idempotent-write identifiers as session settings: a MERGE, DELETE or append made with
 # them is skipped by Delta itself when the table already recorded a transaction of that app id
 # with a version at least as high (delta-io/delta#1555, Delta 2.3 and later).
+# When Delta's MERGE copies its source before reading it (auto: a source that is not a Delta table).
+MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
@@ -234,6 +237,12 @@ class EngineSession:
         self._version_copies: dict[tuple[str, int], list[str]] = {}
         self._copies_folder = f"versions-{uuid.uuid4().hex}"
 
+    def adopt(self) -> None:
+        """The calling thread uses the main session from now on (an engine started in a background
+        thread, :meth:`pg2delta.apply.lakeside.Lakeside.start_engine_early`, is handed to the thread
+        that asks for it first)."""
+        self._owner = threading.get_ident()
+
     @property
     def spark(self) -> Any:
         """This thread's session: the main one, or for a classic engine in another thread its own."""
@@ -267,6 +276,23 @@ class EngineSession:
         finally:
             conf.unset(TXN_APP_ID)
             conf.unset(TXN_VERSION)
+
+    @contextmanager
+    def _source_as_is(self) -> Iterator[None]:
+        """A ``MERGE`` in this block reads its source as it is (Apache Spark; unless the session
+        sets :data:`MATERIALIZE_SOURCE` itself): Delta would otherwise copy a source that is not a
+        Delta table into the executors' storage first, a Spark job of its own, to guard against a
+        source that changes between the ``MERGE``'s two reads of it. pg2delta's sources are staged
+        Parquet files nothing rewrites while the ``MERGE`` runs."""
+        conf = self.spark.conf if self.classic else None
+        if conf is None or conf.get(MATERIALIZE_SOURCE, None) is not None:
+            yield
+            return
+        conf.set(MATERIALIZE_SOURCE, "none")
+        try:
+            yield
+        finally:
+            conf.unset(MATERIALIZE_SOURCE)
 
     def stop(self) -> None:
         try:

@@ -257,7 +257,8 @@ class DeltaWrites(Commits):
         except Exception as exc:
             raise LakeError(f"cannot read staged changes {staged}: {' '.join(str(exc).split())[:500]}") from exc
         try:
-            self._commit(uri, view, statement_for(self.target(uri), view), f"MERGE into {uri}", txn, rows=rows)
+            with self._source_as_is():
+                self._commit(uri, view, statement_for(self.target(uri), view), f"MERGE into {uri}", txn, rows=rows)
         finally:
             try:
                 self.spark.catalog.dropTempView(view)
@@ -343,7 +344,8 @@ class DeltaWrites(Commits):
     def append_staged(self, uri: str, staged: str, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
         """:meth:`append` of the staged Parquet file or directory ``staged`` (its files' schemas merged)."""
         try:
-            df = self.spark.read.option("mergeSchema", "true").parquet(staged)
+            # One staged file: its schema from its footer (on Apache Spark, inferring it is a Spark job).
+            df = self.read_staged(staged) if staged.endswith(".parquet") else self.spark.read.option("mergeSchema", "true").parquet(staged)
             exists = self.lake.delta_version(uri) is not None
             if fill_missing and exists:
                 from pyspark.sql import functions as F
