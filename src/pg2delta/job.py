@@ -320,10 +320,8 @@ class Job(Lakeside):
             self.changelog.log(self.engine, changelog_log)
         if logged:
             rows = window_rows(self.config.source.slot, run.run_id, start, end, logged)
-            # Without Delta's idempotent-write id: on Apache Spark an append carrying one reads the
-            # log's whole state first (three Spark jobs more, every window). A replay cannot log a
-            # window twice: a table the log holds at the window's end is skipped (TableApplier.apply),
-            # and only the tables a window applied are logged.
+            # No idempotent-write id (Delta 3.3 would first rebuild the log's state: three Spark jobs); a replay
+            # logs no table twice: one the log holds at the window's end is skipped (TableApplier.apply).
             applied_log.append(self.engine, self.lake, rows)
         fault_point("before_advance")
         if end > start:

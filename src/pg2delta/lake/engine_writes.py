@@ -342,9 +342,8 @@ class DeltaWrites(Commits):
             self.lake.unstage(staged)
 
     def append_staged(self, uri: str, staged: str, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
-        """:meth:`append` of the staged Parquet file or directory ``staged`` (its files' schemas merged)."""
+        """:meth:`append` of the staged Parquet file (:meth:`read_staged`) or directory ``staged`` (its files' schemas merged)."""
         try:
-            # One staged file: its schema from its footer (on Apache Spark, inferring it is a Spark job).
             df = self.read_staged(staged) if staged.endswith(".parquet") else self.spark.read.option("mergeSchema", "true").parquet(staged)
             exists = self.lake.delta_version(uri) is not None
             if fill_missing and exists:
