@@ -631,3 +631,20 @@ def test_bootstrap_writes_key_ranges_in_files_and_a_run_rewrites_one(
     after = {a["path"] for a in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()}
     assert [f[2] for f in files if f[2] not in after] == [f[2] for f in files if f[0] <= 2500 <= f[1]]
     assert_lake_matches(pgdb, lake, (TableSpec("public", "ordered", ("id",)),))
+
+
+def test_bootstrap_under_a_long_tmpdir(pg_server: ThrowawayPostgres, pgdb: str, tmp_path: Path) -> None:
+    """A TMPDIR as long as a YARN container's (or a spark-submit driver's in a test's folder): the
+    copy workers' forkserver listens on a Unix socket, whose path holds at most 107 bytes; the
+    bootstrap stopped with 70, "AF_UNIX path too long" (CI, the standalone-cluster test)."""
+    newest_server_only(pg_server, "where the copy's workers listen does not depend on the server")
+    slot, pub = f"slot_{uuid.uuid4().hex[:8]}", f"pub_{uuid.uuid4().hex[:8]}"
+    create_schema(pgdb, pub)
+    _preload(pgdb, 500)
+    long_tmp = tmp_path / ("t" * 60) / ("u" * 60)
+    long_tmp.mkdir(parents=True)
+    lake = tmp_path / "lake"
+    done = cli("bootstrap", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake),
+               "--parallel", "2", env={"TMPDIR": str(long_tmp)}, child=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_lake_matches(pgdb, lake, TABLES, context="bootstrap under a long TMPDIR")

@@ -11,6 +11,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -171,10 +172,31 @@ _progress_queue: Any = None
 _abort: Any = None
 
 
+# The forkserver listens on a Unix socket in multiprocessing's temporary folder, made under TMPDIR
+# on its first use, and a socket's path holds at most 107 bytes: under a long TMPDIR (a YARN
+# container's, a spark-submit driver's in a test's folder) the bootstrap stopped with "AF_UNIX path
+# too long". Past this length that one folder is made under /tmp instead.
+_SOCKET_DIR_MAX = 60
+
+
+def _short_socket_dir() -> None:
+    if len(tempfile.gettempdir()) <= _SOCKET_DIR_MAX or not os.access("/tmp", os.W_OK):
+        return
+    import multiprocessing.util
+
+    saved = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()  # made now, under /tmp; kept (and removed) by multiprocessing
+    finally:
+        tempfile.tempdir = saved
+
+
 def _worker_context() -> Any:
     """Workers are forked from a forkserver that has imported this module once (a fresh process,
     never this one: it may run the engine's threads), so each worker starts without importing
     pyarrow, psycopg and the decoder again (0.4 s of CPU each)."""
+    _short_socket_dir()
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     return ctx
