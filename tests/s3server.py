@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from pg2delta.source.throwaway import _free_port
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "lake"
@@ -45,12 +46,6 @@ def _java() -> str:
         return os.path.join(home, "bin", "java")
     out = subprocess.run([str(REPO / "tools" / "java_home.sh")], capture_output=True, text=True, check=True)
     return os.path.join(out.stdout.strip(), "bin", "java")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

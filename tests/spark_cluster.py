@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pg2delta.source.throwaway import _free_port
+
 SPARK_CLASS = Path(sys.executable).parent / "spark-class"
 # Small JVMs on a shared 2-core machine: the daemons only schedule; one executor does the work.
 DAEMON_MEMORY = "256m"
@@ -44,12 +46,6 @@ def spark_home() -> Path | None:
         return None
     home = Path(spec.origin).parent
     return home if (home / "jars").is_dir() and SPARK_CLASS.exists() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def can_hide() -> bool:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -29,7 +28,7 @@ import psycopg
 import pytest
 
 from conftest import PG_VERSIONS
-from pg2delta.source.throwaway import ThrowawayPostgres
+from pg2delta.source.throwaway import ThrowawayPostgres, _free_port
 from workload import ACCT, TABLES, Workload, assert_lake_matches, cli, create_schema
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "examples" / "grafana" / "pg2delta.json"
@@ -69,12 +68,6 @@ def test_dashboard_shape() -> None:
         for t in p["targets"]:
             assert METRIC.search(t["expr"]), (p["title"], t["expr"])
             assert 'slot="$slot"' in t["expr"], f"{p['title']}: not filtered by the slot variable"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Textfiles(http.server.BaseHTTPRequestHandler):

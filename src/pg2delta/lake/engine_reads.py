@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -121,32 +121,29 @@ class DeltaReads(EngineSession):
                     log.debug("could not drop temp view %s", view)
             self.lake.unstage(staged)
 
-    @contextmanager
-    def version_view(self, uri: str, version: int) -> Iterator[str]:
+    def version_view(self, uri: str, version: int) -> AbstractContextManager[str]:
         """A temporary view of the Delta table at ``uri`` as of ``version``, dropped afterwards."""
-        view = f"pg2delta_version_{uuid.uuid4().hex[:12]}"
+        return self._temp_view(
+            "pg2delta_version", lambda: self._read_version(uri, version), f"cannot read {uri} at version {version}"
+        )
+
+    def files_view(self, files: Sequence[str]) -> AbstractContextManager[str]:
+        """A temporary view of the Parquet ``files`` (URIs of the lake's staging area), dropped afterwards."""
+        return self._temp_view(
+            "pg2delta_files", lambda: self.spark.read.parquet(*files), f"cannot read the staged files {files[0]}..."
+        )
+
+    @contextmanager
+    def _temp_view(self, prefix: str, frame: Callable[[], Any], failure: str) -> Iterator[str]:
+        """A temporary view of what ``frame`` reads, under a name of its own, dropped afterwards; a
+        read that fails is a LakeError saying ``failure``."""
+        view = f"{prefix}_{uuid.uuid4().hex[:12]}"
         try:
-            self._read_version(uri, version).createOrReplaceTempView(view)
+            frame().createOrReplaceTempView(view)
         except LakeError:
             raise
         except Exception as exc:
-            raise LakeError(f"cannot read {uri} at version {version}: {' '.join(str(exc).split())[:500]}") from exc
-        try:
-            yield view
-        finally:
-            try:
-                self.spark.catalog.dropTempView(view)
-            except Exception:
-                log.debug("could not drop temp view %s", view)
-
-    @contextmanager
-    def files_view(self, files: Sequence[str]) -> Iterator[str]:
-        """A temporary view of the Parquet ``files`` (URIs of the lake's staging area), dropped afterwards."""
-        view = f"pg2delta_files_{uuid.uuid4().hex[:12]}"
-        try:
-            self.spark.read.parquet(*files).createOrReplaceTempView(view)
-        except Exception as exc:
-            raise LakeError(f"cannot read the staged files {files[0]}...: {' '.join(str(exc).split())[:500]}") from exc
+            raise LakeError(f"{failure}: {' '.join(str(exc).split())[:500]}") from exc
         try:
             yield view
         finally:
