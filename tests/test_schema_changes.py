@@ -24,6 +24,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
+from conftest import newest_server_only
 from lake_read import read_delta
 from pg2delta.config import load
 from pg2delta.errors import SchemaError
@@ -419,6 +420,31 @@ def test_column_added_without_a_default_stays_null(pgdb: str, tmp_path: Path) ->
     assert_lake_equals(pgdb, lake, "public.dv", ["id"])
     _, got = _lake(lake, "public", "dv", ["id"])
     assert got[(1,)]["c"] == 5 and got[(50,)]["c"] is None and got[(50,)]["d"] is None
+
+
+def test_columns_added_to_a_table_without_a_key(pg_server: Any, pgdb: str, tmp_path: Path) -> None:
+    """A table without a key is appended by commit position (``_pg2delta_lsn``, ``_pg2delta_pos``,
+    NOT NULL in its Delta table): pysail 0.7.2's ``mergeSchema`` append added no column to such a
+    table, so the MERGE failed, and every run after it (exit 78; found by ``make soak``, a column
+    added to ``pgbench_history``). Columns added with and without a default, rows before and after."""
+    newest_server_only(pg_server, "the lake's side does not depend on the server")
+    slot, pub = _names()
+    lake = tmp_path / "lake"
+    _sql(pgdb, "CREATE TABLE hist (tid int, delta int, at timestamp)",
+         "INSERT INTO hist SELECT g, g, '2026-01-01' FROM generate_series(1, 20) g", f"CREATE PUBLICATION {pub} FOR TABLE hist")
+    boot = cli("bootstrap", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake))
+    assert boot.returncode == 0, boot.stderr[-2000:]
+    _sql(pgdb, "INSERT INTO hist VALUES (21, 1, now())", "ALTER TABLE hist ADD COLUMN note text",
+         "INSERT INTO hist VALUES (22, 2, now(), 'n')", "ALTER TABLE hist ADD COLUMN c int DEFAULT 7",
+         "INSERT INTO hist VALUES (23, 3, now(), 'm', 8)")
+    done = _cli_run(pgdb, slot, pub, lake)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = ["tid", "delta", "at", "note", "c"]
+    with psycopg.connect(pgdb) as conn:
+        pg = sorted(conn.execute("SELECT tid, delta, at, note, c FROM hist").fetchall())
+    table = _lake_table(lake, "public", "hist")
+    assert sorted(zip(*(table.column(n).to_pylist() for n in names), strict=True)) == pg
+    assert pg[21] == (22, 2, pg[21][2], "n", 7) and pg[19][3:] == (None, 7)
 
 
 @pytest.mark.parametrize(

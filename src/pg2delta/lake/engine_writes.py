@@ -22,7 +22,7 @@ from pg2delta.faults import fault_point
 from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_session import Txn
-from pg2delta.lake.foreign import TRUNCATE_PREDICATE
+from pg2delta.lake.foreign import MARK, TRUNCATE_PREDICATE
 from pg2delta.lake.sql import quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
@@ -127,6 +127,29 @@ def _save_file_per_task(writer: Any, uri: str, spark: Any) -> None:
                 spark.conf.set(k, v)
 
 
+def _add_columns(writes: DeltaWrites, uri: str, df: Any, added: Sequence[str]) -> None:
+    """Add the columns ``added`` of ``df`` (no rows) to the existing Delta table at ``uri``: a
+    ``mergeSchema`` append. pysail 0.7.2 commits nothing there when the table has a NOT NULL column
+    (a keyless table's position columns, ``_pg2delta_lsn`` and ``_pg2delta_pos``): the next MERGE
+    then failed, every run after it too (found by ``make soak``: a column added to pgbench_history).
+    So on the embedded engine the columns still missing after it are added by delta-rs, in one
+    metadata-only commit marked as pg2delta's."""
+    df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+    if not writes.classic:
+        from deltalake import CommitProperties, Schema
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        table = writes._delta_rs(uri)
+        have = {f.name for f in table.schema().fields}
+        missing = [f.with_nullable(True) for f in to_arrow_schema(df.schema) if f.name in added and f.name not in have]
+        if missing:
+            table.alter.add_columns(
+                list(Schema.from_arrow(pa.schema(missing)).fields),
+                commit_properties=CommitProperties(custom_metadata={"userMetadata": MARK}),
+            )
+    log.info("added columns %s to %s", list(added), uri)
+
+
 class DeltaWrites(Commits):
     """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
 
@@ -146,8 +169,7 @@ class DeltaWrites(Commits):
                 _creating(df.write.format("delta").mode("append"), df.schema, deletion_vectors=self.deletion_vectors).save(uri)
                 log.info("created delta table %s", uri)
                 return True
-            df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
-            log.info("added columns %s to %s", sorted(set(columns) - set(current or ())), uri)
+            _add_columns(self, uri, df, sorted(set(columns) - set(current or ())))
             return True
         except LakeError:
             raise
