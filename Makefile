@@ -48,11 +48,15 @@ S3PROXY_VERSION := 4.1.0
 S3PROXY_JAR := .cache/s3proxy/s3proxy-$(S3PROXY_VERSION)-jar-with-dependencies.jar
 # A Java 17 (Spark 3.5 and 4.x run on it), found or installed at run time: nobody sets JAVA_HOME.
 WITH_JAVA = JAVA_HOME="$$(tools/java_home.sh)"
-# The tests start a driver JVM per CLI run for jobs of seconds: the client compiler alone and the
-# serial collector start faster (measured: 10-30% off a crash-and-rerun fault test). Tests only;
-# each test process's shared session, which lives for all its tests, keeps the full compiler
-# (tests/engines.py).
-TEST_JVM = SPARK_SUBMIT_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# The tests and the benchmarks start a driver JVM per CLI run for jobs of seconds, and start it fast
+# (docs/engines/spark-submit.md, "Faster starts"): the class-data archive tools/spark_setup.py
+# trained (it needs an empty SPARK_CONF_DIR, so the settings come as a properties file), the client
+# compiler alone and the serial collector. Measured: a bare spark-submit of one small MERGE 19 s
+# without any of it, 8.5 s with all of it. The tests' own long-lived session keeps the full
+# compiler (tests/engines.py). $(call FAST_JVM,<cache dir>)
+FAST_JVM = SPARK_CONF_DIR=$(CURDIR)/$(1)/empty-conf \
+  PYSPARK_SUBMIT_ARGS="--properties-file $(CURDIR)/$(1)/conf/spark-defaults.conf pyspark-shell" \
+  SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=$(CURDIR)/$(1)/spark.jsa -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xlog:disable -Xlog:all=warning:stderr"
 XDIST ?= -n 2
 # Which tests `make test` runs. all (the default, what .ci/run runs): everything. core: lint, the
 # docs, the embedded tier and the Spark 3.5 tier without the tests marked `deploy`. deploy: those
@@ -179,12 +183,12 @@ test-airflow: install $(AIRFLOW_STAMP) postgres
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_airflow.py
 
 test-spark: $(SPARK35_STAMP) postgres $(S3PROXY_JAR)
-	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) PG2DELTA_TEST_ENGINE=spark \
+	$(WITH_JAVA) $(call FAST_JVM,$(SPARK35_CACHE)) PG2DELTA_TEST_ENGINE=spark \
 	  $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) $(SPARK_TESTS)
 
 # The job end to end and the crashes between and after the tables' commits on Spark 4.0 + Delta 4.0.
 test-spark4: $(SPARK4_STAMP) postgres
-	$(WITH_JAVA) $(TEST_JVM) SPARK_CONF_DIR=$(CURDIR)/$(SPARK4_CACHE)/conf PG2DELTA_TEST_ENGINE=spark \
+	$(WITH_JAVA) $(call FAST_JVM,$(SPARK4_CACHE)) PG2DELTA_TEST_ENGINE=spark \
 	  $(SPARK4_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) $(SPARK4_TESTS)
 
 # The unit and integration tiers (decoding against real servers) and the engine-facing end-to-end
@@ -270,7 +274,7 @@ bench-verify: install postgres
 # 20 M rows on both engines, each command a new process (spark-submit for Apache Spark):
 # run_seconds_*, scale_growth_*, rewritten_fraction_*; PG2DELTA_BENCH_SCALE_MAX_ROWS=2000000 for a quick run.
 bench-scale: install $(SPARK35_STAMP) postgres
-	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(PY) bench/bench_scale.py --spark-submit $(SPARK35_VENV)/bin/spark-submit
+	$(WITH_JAVA) $(PY) bench/bench_scale.py --spark-submit $(SPARK35_VENV)/bin/spark-submit --spark-cache $(SPARK35_CACHE)
 
 # The job on Apache Spark + Delta (spark_e2e_vs_server), one window of 50 tables on both engines, and a
 # small run with the lake on the S3-compatible server in local[2] and on a standalone cluster.

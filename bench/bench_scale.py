@@ -4,8 +4,10 @@ On a throwaway PostgreSQL 15, one table per size (``--rows``: 200,000, 2,000,000
 rows; ``PG2DELTA_BENCH_SCALE_MAX_ROWS`` leaves out the larger ones for a quick run) of a bigint
 key and four columns, loaded in key order. Per engine, every command runs as a scheduler starts
 it, in a new process: ``pg2delta bootstrap`` / ``pg2delta run`` for the embedded engine,
-``spark-submit jobs/pg2delta_bootstrap.py`` / ``jobs/pg2delta_run.py`` for Apache Spark (the
-config dir ``SPARK_CONF_DIR`` names Delta's jars, ``local[2]``). Per table:
+``spark-submit jobs/pg2delta_bootstrap.py`` / ``jobs/pg2delta_run.py`` for Apache Spark
+(``local[2]``, Delta's jars from ``make install-spark``'s cache, ``--spark-cache``). Apache Spark's
+commands start fast, as docs/engines/spark-submit.md recommends for scheduled runs: the class-data
+archive that set-up trained, the client compiler, the settings as ``--properties-file``. Per table:
 
 1. the bootstrap (the copy through COPY), timed: ``bootstrap_seconds_<engine>_<rows>=``;
 2. a window of 1,000 updates to keys of the newest 1 %: ``rewritten_fraction_recent_<engine>=``
@@ -23,8 +25,11 @@ Then, on Apache Spark: ``spark_floor_seconds=`` (a bare spark-submit of a script
 session and MERGEs 10 rows into a 1,000-row Delta table), ``idle_run_seconds_spark=`` and
 ``small_run_seconds_spark=`` (10 updates) on the smallest table, and ``jdbc_overwrite_seconds_spark=``
 (a spark-submit of a JDBC read of the 2,000,000-row table and a Delta overwrite: what a Spark user
-does without CDC; the PostgreSQL JDBC driver comes from Maven Central through ``--packages``).
-Last, ``scale_growth_<engine>=`` (largest table's run seconds / smallest's; target <= 1.5).
+does without CDC; the PostgreSQL JDBC driver comes from Maven Central, resolved once before).
+The same fast start for all three. Then the three again as a plain ``spark-submit`` starts them
+(``SPARK_CONF_DIR`` with ``spark-defaults.conf``, no JVM options): ``spark_floor_seconds_plain=``,
+``jdbc_overwrite_seconds_spark_plain=`` and ``run_seconds_spark_<largest>_plain=`` (another
+window like step 3). Last, ``scale_growth_<engine>=`` (largest table's run seconds / smallest's; target <= 1.5).
 The machine is shared: compare figures of one run with each other.
 """
 
@@ -41,6 +46,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,34 +64,62 @@ JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
 PG_SETTINGS = {"max_wal_size": "8GB", "checkpoint_timeout": "30min", "maintenance_work_mem": "512MB"}
 
 
-def spark_env(spark_submit: str) -> dict[str, str]:
-    """The environment of a spark-submit: the Python beside it (where pyspark and pg2delta are)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
-    env["PYSPARK_PYTHON"] = str(Path(spark_submit).parent / "python")
-    return env
+@dataclass(frozen=True)
+class SparkStart:
+    """How a spark-submit starts: ``fast`` (docs/engines/spark-submit.md, "Faster starts") or ``plain``."""
+
+    name: str
+    cache: Path  # make install-spark's: conf/spark-defaults.conf, empty-conf/, spark.jsa
+
+    @property
+    def properties(self) -> Path:
+        return self.cache / "conf" / "spark-defaults.conf"
+
+    def env(self, spark_submit: str) -> dict[str, str]:
+        """The environment of a spark-submit: the Python beside it (where pyspark and pg2delta are)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_"))}
+        env["PYSPARK_PYTHON"] = str(Path(spark_submit).parent / "python")
+        if self.name == "fast":
+            env["SPARK_CONF_DIR"] = str(self.cache / "empty-conf")
+            env["SPARK_SUBMIT_OPTS"] = (f"-XX:SharedArchiveFile={self.cache / 'spark.jsa'} -XX:TieredStopAtLevel=1 "
+                                        "-XX:+UseSerialGC -Xlog:disable -Xlog:all=warning:stderr")
+        else:
+            env["SPARK_CONF_DIR"] = str(self.cache / "conf")
+        return env
+
+    def flags(self, jars: tuple[str, ...] = ()) -> list[str]:
+        """spark-submit's flags: the settings file (fast), and ``jars`` added to Delta's."""
+        flags = ["--properties-file", str(self.properties)] if self.name == "fast" else []
+        if jars:  # --jars replaces spark.jars: name Delta's too
+            delta = next(line.split(None, 1)[1].strip() for line in self.properties.read_text().splitlines()
+                         if line.startswith("spark.jars "))
+            flags += ["--jars", ",".join((delta, *jars))]
+        return flags
 
 
 class Runner:
     """Starts pg2delta's commands in new processes, per engine, and times them."""
 
-    def __init__(self, dsn: str, root: Path, spark_submit: str | None) -> None:
-        self.dsn, self.root, self.spark_submit = dsn, root, spark_submit
+    def __init__(self, dsn: str, root: Path, spark_submit: str | None, start: SparkStart | None) -> None:
+        self.dsn, self.root, self.spark_submit, self.start = dsn, root, spark_submit, start
         self.peak_mb = 0
 
     def lake(self, engine: str, rows: int) -> Path:
         return self.root / f"lake-{engine}-{rows}"
 
-    def command(self, engine: str, what: str, rows: int) -> float:
-        """``pg2delta <what>`` (bootstrap or run) of the table of ``rows`` on ``engine``: seconds."""
+    def command(self, engine: str, what: str, rows: int, start: SparkStart | None = None) -> float:
+        """``pg2delta <what>`` (bootstrap or run) of the table of ``rows`` on ``engine``: seconds
+        (``start``: how Apache Spark starts, else the runner's)."""
         common = ["--dsn", self.dsn, "--slot", f"slot_{engine}_{rows}", "--publication", f"pub_{rows}",
                   "--lake", str(self.lake(engine, rows)), "--json"]
         if engine == "embedded":
             argv = [sys.executable, "-m", "pg2delta.cli", what, *common, "--engine", "embedded"]
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_CONF_DIR"))}
         else:
-            assert self.spark_submit is not None
-            argv = [self.spark_submit, str(REPO / "jobs" / f"pg2delta_{what}.py"), *common]
-            env = spark_env(self.spark_submit)
+            start = start or self.start
+            assert self.spark_submit is not None and start is not None
+            argv = [self.spark_submit, *start.flags(), str(REPO / "jobs" / f"pg2delta_{what}.py"), *common]
+            env = start.env(self.spark_submit)
         with tempfile.TemporaryFile("w+") as err:
             t0 = time.perf_counter()
             child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
@@ -176,9 +210,9 @@ def matches(dsn: str, lake: Path, rows: int) -> bool:
     return got == want
 
 
-def spark_floor(spark_submit: str, root: Path) -> float:
+def spark_floor(spark_submit: str, root: Path, start: SparkStart) -> float:
     """A spark-submit of a script that starts a session and MERGEs 10 rows into a 1,000-row table."""
-    table = root / "floor"
+    table = root / f"floor-{start.name}"
     write_deltalake(str(table), pa.table({"id": pa.array(range(1000), pa.int64()), "v": [f"v{i}" for i in range(1000)]}))
     script = root / "floor.py"
     script.write_text(textwrap.dedent(f"""
@@ -189,11 +223,25 @@ def spark_floor(spark_submit: str, root: Path) -> float:
         spark.stop()
     """))
     t0 = time.perf_counter()
-    subprocess.run([spark_submit, str(script)], check=True, capture_output=True, env=spark_env(spark_submit))
+    subprocess.run([spark_submit, *start.flags(), str(script)], check=True, capture_output=True, env=start.env(spark_submit))
     return time.perf_counter() - t0
 
 
-def jdbc_overwrite(spark_submit: str, root: Path, dsn_parts: dict[str, Any], rows: int) -> float:
+def jdbc_jars(spark_submit: str, root: Path, start: SparkStart) -> tuple[str, ...]:
+    """The PostgreSQL JDBC driver (and its one dependency) in the Ivy cache of ``make install-spark``,
+    resolved from Maven Central by an untimed spark-submit with ``--packages`` if not there yet."""
+    jars = start.cache / "ivy" / "jars"
+    (root / "nothing.py").write_text("")
+    subprocess.run([spark_submit, *start.flags(), "--packages", JDBC_PACKAGE, "--conf", f"spark.jars.ivy={start.cache / 'ivy'}",
+                    str(root / "nothing.py")], capture_output=True, text=True, check=False, env=start.env(spark_submit))
+    found = tuple(str(p) for pattern in ("org.postgresql_postgresql-*.jar", "org.checkerframework_checker-qual-*.jar")
+                  for p in sorted(jars.glob(pattern))[-1:])
+    if not found:
+        raise RuntimeError(f"no PostgreSQL JDBC driver in {jars}")
+    return found
+
+
+def jdbc_overwrite(spark_submit: str, root: Path, dsn_parts: dict[str, Any], rows: int, start: SparkStart) -> float:
     """A spark-submit of a JDBC read of the table of ``rows`` (2 partitions on the key) and a Delta overwrite."""
     script = root / "jdbc.py"
     url = f"jdbc:postgresql://{dsn_parts['host']}:{dsn_parts['port']}/{dsn_parts['dbname']}"
@@ -207,14 +255,9 @@ def jdbc_overwrite(spark_submit: str, root: Path, dsn_parts: dict[str, Any], row
         df.write.format("delta").mode("overwrite").save({str(root / "jdbc-lake")!r})
         spark.stop()
     """))
-    ivy = Path(os.environ["SPARK_CONF_DIR"]).parent / "ivy" if os.environ.get("SPARK_CONF_DIR") else None
-    argv = [spark_submit, "--packages", JDBC_PACKAGE, *(["--conf", f"spark.jars.ivy={ivy}"] if ivy else []), str(script)]
-    # The driver is resolved (downloaded once into the Ivy cache) by an untimed spark-submit first.
-    (root / "nothing.py").write_text("")
-    env = spark_env(spark_submit)
-    subprocess.run([*argv[:-1], str(root / "nothing.py")], capture_output=True, text=True, check=False, env=env)
+    argv = [spark_submit, *start.flags(jdbc_jars(spark_submit, root, start)), str(script)]
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=start.env(spark_submit))
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip()[-1500:])
     return time.perf_counter() - t0
@@ -248,8 +291,9 @@ def measure_size(runner: Runner, engines: list[str], rows: int, out: dict[str, f
 
 
 def spark_extras(runner: Runner, sizes: list[int], out: dict[str, float]) -> None:
-    assert runner.spark_submit is not None
-    out["spark_floor_seconds"] = spark_floor(runner.spark_submit, runner.root)
+    assert runner.spark_submit is not None and runner.start is not None
+    fast, plain = runner.start, SparkStart("plain", runner.start.cache)
+    out["spark_floor_seconds"] = spark_floor(runner.spark_submit, runner.root, fast)
     small = sizes[0]
     out["idle_run_seconds_spark"] = runner.command("spark", "run", small)
     with psycopg.connect(runner.dsn, autocommit=True) as conn:
@@ -258,18 +302,31 @@ def spark_extras(runner: Runner, sizes: list[int], out: dict[str, float]) -> Non
     if not matches(runner.dsn, runner.lake("spark", small), small):
         raise SystemExit(1)
     jdbc_rows = 2_000_000 if 2_000_000 in sizes else sizes[-1]
+    suffix = "" if jdbc_rows == 2_000_000 else f"_{jdbc_rows}"
+    parts = conninfo_to_dict(runner.dsn)
     try:
-        parts = conninfo_to_dict(runner.dsn)
-        out[f"jdbc_overwrite_seconds_spark{'' if jdbc_rows == 2_000_000 else f'_{jdbc_rows}'}"] = jdbc_overwrite(
-            runner.spark_submit, runner.root, parts, jdbc_rows)
+        out[f"jdbc_overwrite_seconds_spark{suffix}"] = jdbc_overwrite(runner.spark_submit, runner.root, parts, jdbc_rows, fast)
     except (RuntimeError, subprocess.SubprocessError) as exc:
         print(f"jdbc overwrite not measured: {exc}", file=sys.stderr)
+    # The same three as a plain spark-submit starts them, in the same run.
+    largest = sizes[-1]
+    change(runner.dsn, largest, "s2", recent=False, seed=largest + 3)
+    out[f"run_seconds_spark_{largest}_plain"] = runner.command("spark", "run", largest, start=plain)
+    if not matches(runner.dsn, runner.lake("spark", largest), largest):
+        raise SystemExit(1)
+    out["spark_floor_seconds_plain"] = spark_floor(runner.spark_submit, runner.root, plain)
+    try:
+        out[f"jdbc_overwrite_seconds_spark{suffix}_plain"] = jdbc_overwrite(runner.spark_submit, runner.root, parts, jdbc_rows, plain)
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        print(f"jdbc overwrite (plain) not measured: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", default="embedded,spark", help="comma-separated (default embedded,spark)")
     ap.add_argument("--spark-submit", default=str(Path(sys.executable).parent / "spark-submit"))
+    ap.add_argument("--spark-cache", default=str(REPO / ".cache" / "spark35"),
+                    help="make install-spark's folder of Delta's jars, settings and class-data archive")
     ap.add_argument("--pg", type=int, default=15)
     args = ap.parse_args(argv)
     top = int(os.environ.get("PG2DELTA_BENCH_SCALE_MAX_ROWS", SIZES[-1]))
@@ -277,13 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     engines = args.engines.split(",")
     if "spark" in engines and not Path(args.spark_submit).exists():
         raise SystemExit(f"no spark-submit at {args.spark_submit} (make install-spark)")
+    if "spark" in engines and not (Path(args.spark_cache) / "spark.jsa").is_file():
+        raise SystemExit(f"no class-data archive in {args.spark_cache} (make install-spark)")
     # Stopped (a timeout, a kill): the server and the lakes still go.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     pg = ThrowawayPostgres.start(args.pg, settings=PG_SETTINGS)
     root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-scale-"))
     out: dict[str, float] = {}
     try:
-        runner = Runner(pg.dsn, root, args.spark_submit if "spark" in engines else None)
+        start = SparkStart("fast", Path(args.spark_cache).resolve()) if "spark" in engines else None
+        runner = Runner(pg.dsn, root, args.spark_submit if "spark" in engines else None, start)
         for rows in sizes:
             if not measure_size(runner, engines, rows, out, largest=rows == sizes[-1]):
                 return 1

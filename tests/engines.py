@@ -10,8 +10,10 @@ to start. Runs in child processes (the CLI, ``spark-submit``) get the same engin
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from pg2delta.lake.engine import Engine, EngineConfig, Lake
@@ -67,3 +69,29 @@ def _long_lived_jvm() -> Iterator[None]:
 def child_env() -> dict[str, str]:
     """Environment entries that make a child process run on the engine under test."""
     return {"PG2DELTA_ENGINE": TEST_ENGINE} if TEST_ENGINE != "embedded" else {}
+
+
+def spark_properties(s3a: bool = False) -> Path | None:
+    """The Spark properties file of the Spark tiers' JVMs, for a ``spark-submit`` a test starts.
+
+    ``make test-spark`` gives its JVMs a fast start (tools/spark_setup.py): an empty
+    ``SPARK_CONF_DIR`` and the settings as ``--properties-file`` in ``PYSPARK_SUBMIT_ARGS``, which
+    only a session pyspark starts itself reads. ``s3a``: ``spark-s3a.conf`` beside it (hadoop-aws
+    and the AWS SDK too). ``None``: no such file (``SPARK_CONF_DIR``'s ``spark-defaults.conf``, if
+    any, applies by itself)."""
+    args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    if "--properties-file" in args[:-1]:
+        found = Path(args[args.index("--properties-file") + 1])
+    elif os.environ.get("SPARK_CONF_DIR"):
+        found = Path(os.environ["SPARK_CONF_DIR"]) / "spark-defaults.conf"
+    else:
+        return None
+    if s3a:
+        found = found.with_name("spark-s3a.conf")
+    return found if found.is_file() else None
+
+
+def spark_submit_flags(s3a: bool = False) -> list[str]:
+    """``--properties-file <file>`` for a test's ``spark-submit`` (see :func:`spark_properties`)."""
+    found = spark_properties(s3a)
+    return ["--properties-file", str(found)] if found is not None else []

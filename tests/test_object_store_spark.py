@@ -1,7 +1,7 @@
 """Apache Spark with the lake at ``s3a://`` on the S3-compatible server, through ``spark-submit``.
 
 hadoop-aws (and the AWS SDK bundle it was built with) comes from Maven Central with Delta's jars
-(``tools/spark_setup.py --s3a``, in ``SPARK_CONF_DIR``); the store's endpoint and credentials only
+(``tools/spark_setup.py --s3a``, in ``spark-s3a.conf`` beside ``spark-defaults.conf``); the store's endpoint and credentials only
 as the standard ``AWS_*`` variables: pg2delta gives s3a the endpoint, path-style access and TLS
 settings (pg2delta.config.s3a_settings), s3a takes the credentials from the environment itself.
 A run killed between its tables' commits and run again, then ``verify``; the lake read back by
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from changelog_support import setup_source
-from engines import TEST_ENGINE
+from engines import TEST_ENGINE, spark_properties, spark_submit_flags
 from pg2delta.faults import FAULT_ENV
 from s3server import S3Server
 from test_object_store import assert_s3_lake_matches
@@ -34,19 +34,19 @@ pytestmark = [
     pytest.mark.classic,
     pytest.mark.deploy,
     pytest.mark.skipif(
-        TEST_ENGINE != "spark" or not SPARK_SUBMIT.exists() or not os.environ.get("SPARK_CONF_DIR"),
+        TEST_ENGINE != "spark" or not SPARK_SUBMIT.exists() or spark_properties(s3a=True) is None,
         reason="spark-submit with hadoop-aws comes with make install-spark (make test-spark)",
     ),
 ]
 
 
 def _submit(job: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``spark-submit jobs/<job> ...`` with the jars of ``SPARK_CONF_DIR`` (Delta, hadoop-aws)."""
+    """``spark-submit jobs/<job> ...`` with the jars of ``make install-spark``'s ``spark-s3a.conf`` (Delta, hadoop-aws)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
     full["PYSPARK_PYTHON"] = sys.executable
     full.update(env or {})
     return subprocess.run(
-        [str(SPARK_SUBMIT), "--master", "local[2]", str(REPO / "jobs" / job), *args],
+        [str(SPARK_SUBMIT), *spark_submit_flags(s3a=True), "--master", "local[2]", str(REPO / "jobs" / job), *args],
         capture_output=True, text=True, env=full, timeout=600,
     )
 

@@ -4,7 +4,7 @@ client`` of the jobs, with the lake at ``s3a://`` on the S3-compatible server.
 One master and one worker from this venv's pyspark install (tests/spark_cluster.py), the worker in
 a folder of its own with the store's credentials (a node's role) and nothing of the driver's
 settings. The driver submits as a user would: Delta's and hadoop-aws's jars named by
-``spark.jars`` (the ``SPARK_CONF_DIR`` of ``make install-spark``), which the executors fetch from
+``spark.jars`` (``spark-s3a.conf`` of ``make install-spark``), which the executors fetch from
 the driver; the lake root only ``s3a://``; ``PYSPARK_PYTHON`` names no Python at all (pg2delta runs
 no Python on the executors). Where the test may create a mount namespace (root), the worker and its
 executors run with the driver's folders (its config, working and temporary directories) covered by
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from engines import TEST_ENGINE
+from engines import TEST_ENGINE, spark_properties, spark_submit_flags
 from pg2delta.faults import FAULT_ENV
 from s3server import S3Server
 from spark_cluster import SparkCluster, spark_home
@@ -38,11 +38,11 @@ SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.classic,  # the Spark 3.5 tier's settings (PG2DELTA_TEST_ENGINE=spark, SPARK_CONF_DIR)
+    pytest.mark.classic,  # the Spark 3.5 tier's settings (PG2DELTA_TEST_ENGINE=spark, its properties file)
     pytest.mark.deploy,  # make test TIER=deploy
     pytest.mark.cluster,
     pytest.mark.skipif(
-        TEST_ENGINE != "spark" or spark_home() is None or not os.environ.get("SPARK_CONF_DIR"),
+        TEST_ENGINE != "spark" or spark_home() is None or spark_properties(s3a=True) is None,
         reason="a standalone cluster from the pyspark install, with hadoop-aws: make install-spark (PG2DELTA_TEST_ENGINE=spark)",
     ),
 ]
@@ -81,7 +81,7 @@ def _submit(cluster: SparkCluster, cwd: Path, job: str, *args: str, env: dict[st
         "TMPDIR": str(cwd / "tmp"),
         **(env or {}),
     })
-    argv = [str(SPARK_SUBMIT), *cluster.submit_args(**{"spark.local.dir": str(cwd / "tmp")})]
+    argv = [str(SPARK_SUBMIT), *spark_submit_flags(s3a=True), *cluster.submit_args(**{"spark.local.dir": str(cwd / "tmp")})]
     return subprocess.run([*argv, str(REPO / "jobs" / job), *args], capture_output=True, text=True, env=full, cwd=cwd, timeout=600)
 
 

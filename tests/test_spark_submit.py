@@ -51,6 +51,10 @@ def spark_submit(job: str, *args: str, conf: dict[str, str] | None = None) -> su
     """The documented command line, run the way a scheduler runs it (``conf``: more ``--conf`` settings;
     ``job``: a script of jobs/, or a path)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_CONF_DIR"))}
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if conf_dir and Path(conf_dir).is_dir() and not any(Path(conf_dir).iterdir()):
+        # no settings, as a user without any; and the JVM may use make install-spark's class-data archive
+        env["SPARK_CONF_DIR"] = conf_dir
     env["PYSPARK_PYTHON"] = sys.executable  # the Python pg2delta is installed in (docs/engines/spark-submit.md)
     flags = [
         "--master", "local[2]",

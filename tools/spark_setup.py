@@ -1,15 +1,34 @@
-"""`make install-spark`: Delta's jars for this venv's pyspark, and a Spark config dir that loads them.
+"""`make install-spark`: Delta's jars for this venv's pyspark, a Spark config that loads them, and a
+class-data archive that starts Spark's JVM in half the time.
 
 Resolves ``io.delta:delta-spark_<scala>:<delta-spark's version>`` (and what it depends on) from
 Maven Central with Spark's own ``--packages`` resolution (Ivy) into a cache inside the checkout,
-proves them with a Delta round trip, then writes ``<dir>/conf/spark-defaults.conf`` naming those
-jars (``spark.jars``) and the two Delta session configs. Any Spark started with ``SPARK_CONF_DIR=<dir>/conf`` (``spark-submit``, the
-tests, the benchmarks) then has Delta without further flags, and without the network once the
-jars are cached. The local-mode settings below keep a test session light; a cluster has its own.
+proves them with a Delta round trip, then writes into ``<dir>``:
+
+* ``conf/spark-defaults.conf``: those jars (``spark.jars``), the two Delta session configs and the
+  local-mode settings below. Any Spark started with ``SPARK_CONF_DIR=<dir>/conf`` (``spark-submit``,
+  the tests, the benchmarks) has Delta without further flags, and without the network once the jars
+  are cached. A cluster has its own settings.
+* with ``--s3a``, ``conf/spark-s3a.conf``: the same plus hadoop-aws and the AWS SDK bundle it was
+  built with (``s3a://`` lakes). They stay out of ``spark-defaults.conf``: the bundle alone is
+  280 MB, which every JVM that names it copies to its executor (measured: 1.5-2 s of a 19 s run).
+* ``spark.jsa``, a dynamic class-data-sharing archive of the JVM's classes after a training
+  ``spark-submit jobs/pg2delta_cds_training.py`` (a session, a Delta write, a ``MERGE`` with
+  deletion vectors, a read), and
+  ``empty-conf/``. The JVM maps the archive instead of loading and verifying some 20,000 classes
+  from jars, but only with the class path it was built with, and refuses a non-empty directory on
+  it, such as a ``SPARK_CONF_DIR`` holding ``spark-defaults.conf``. So a fast start reads its
+  settings from a properties file instead::
+
+      SPARK_CONF_DIR=<dir>/empty-conf \
+      SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=<dir>/spark.jsa -XX:TieredStopAtLevel=1 -Xlog:disable -Xlog:all=warning:stderr" \
+      spark-submit --properties-file <dir>/conf/spark-defaults.conf jobs/pg2delta_run.py ...
+
+  (``PYSPARK_SUBMIT_ARGS="--properties-file <dir>/conf/spark-defaults.conf pyspark-shell"`` for a
+  session pyspark starts itself). An archive that does not match (another JDK, other jars) is
+  ignored with a warning and the JVM starts as usual. See docs/engines/spark-submit.md.
 
     python tools/spark_setup.py [--s3a] .cache/spark35
-
-``--s3a`` adds hadoop-aws (``s3a://`` lakes) to the jars, for the object-store tests.
 """
 
 from __future__ import annotations
@@ -52,45 +71,109 @@ def packages(s3a: bool = False) -> str:
     return ",".join(coords)
 
 
-def main(argv: list[str]) -> int:
-    s3a = "--s3a" in argv
-    argv = [a for a in argv if a != "--s3a"]
-    if len(argv) != 1:
-        print(__doc__.strip().splitlines()[-3], file=sys.stderr)
-        return 2
-    root = Path(argv[0]).resolve()
-    conf_dir = root / "conf"
+def probe(root: Path, coords: str) -> list[str]:
+    """Resolves ``coords`` into ``<root>/ivy``, proves them with a Delta round trip in a new JVM,
+    and returns the jar files that JVM was given (``sc.listJars()``), in ``<root>/ivy/jars``."""
+    import os
+
+    conf_dir = root / "probe-conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
     settings = {
-        "spark.jars.packages": packages(s3a),
+        "spark.jars.packages": coords,
         "spark.jars.ivy": str(root / "ivy"),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         **LOCAL,
     }
     (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
-    import os
-
     os.environ["SPARK_CONF_DIR"] = str(conf_dir)
     from pyspark.sql import SparkSession
 
-    t0 = time.monotonic()
     spark = SparkSession.builder.appName("pg2delta-setup").getOrCreate()
     try:  # a Delta round trip proves the jars load
         path = root / "probe"
         spark.range(3).write.format("delta").mode("overwrite").save(str(path))
         n = spark.read.format("delta").load(str(path)).count()
+        names = spark.sparkContext._jsc.sc().listJars().mkString("\n").split("\n")
     finally:
         spark.stop()
-    # From now on the cached jars themselves: no resolution (nor network) when a JVM starts.
-    jars = sorted(str(p) for p in (root / "ivy" / "jars").glob("*.jar"))
-    if n != 3 or not jars:
-        print(f"spark {version('pyspark')} with {packages(s3a)}: the probe failed ({n} rows, jars {jars})", file=sys.stderr)
-        return 1
-    del settings["spark.jars.packages"], settings["spark.jars.ivy"]
-    settings["spark.jars"] = ",".join(jars)
-    (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
-    print(f"spark {version('pyspark')} with {packages(s3a)}: ok ({time.monotonic() - t0:.1f} s); SPARK_CONF_DIR={conf_dir}")
+    jars = sorted(str(root / "ivy" / "jars" / name.rsplit("/", 1)[-1]) for name in names if name)
+    if n != 3 or not jars or not all(Path(j).is_file() for j in jars):
+        raise SystemExit(f"spark {version('pyspark')} with {coords}: the probe failed ({n} rows, jars {jars})")
+    return jars
+
+
+def write_properties(path: Path, jars: list[str]) -> None:
+    settings = {
+        "spark.jars": ",".join(jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        **LOCAL,
+    }
+    path.write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
+
+
+def train_archive(root: Path) -> Path:
+    """``<root>/spark.jsa``: the classes of a training spark-submit (see the module's docstring)."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    archive, empty = root / "spark.jsa", root / "empty-conf"
+    empty.mkdir(exist_ok=True)
+    archive.unlink(missing_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="pg2delta-cds-"))
+    try:
+        env = {
+            **os.environ,
+            "SPARK_CONF_DIR": str(empty),
+            "SPARK_SUBMIT_OPTS": f"-XX:ArchiveClassesAtExit={archive} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "PYSPARK_PYTHON": sys.executable,
+        }
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "spark-submit"), "--properties-file", str(root / "conf" / "spark-defaults.conf"),
+             str(Path(__file__).resolve().parents[1] / "jobs" / "pg2delta_cds_training.py"), str(work)],
+            capture_output=True, text=True, env=env, cwd=work, check=False,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if done.returncode != 0 or not archive.is_file():
+        raise SystemExit(f"the class-data archive was not written (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return archive
+
+
+def main(argv: list[str]) -> int:
+    import json
+    import shutil
+    import subprocess
+
+    if argv[:1] == ["--probe"] and len(argv) == 3:  # in a process of its own: one JVM per set of packages
+        print(json.dumps(probe(Path(argv[1]), argv[2])))
+        return 0
+    s3a = "--s3a" in argv
+    argv = [a for a in argv if a != "--s3a"]
+    if len(argv) != 1:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    root = Path(argv[0]).resolve()
+    (root / "conf").mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+
+    def jars_of(coords: str) -> list[str]:
+        done = subprocess.run([sys.executable, __file__, "--probe", str(root), coords], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"resolving {coords} failed:\n{done.stderr[-3000:]}")
+        return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    write_properties(root / "conf" / "spark-defaults.conf", jars_of(packages()))
+    if s3a:
+        write_properties(root / "conf" / "spark-s3a.conf", jars_of(packages(s3a=True)))
+    archive = train_archive(root)
+    shutil.rmtree(root / "probe", ignore_errors=True)
+    shutil.rmtree(root / "probe-conf", ignore_errors=True)
+    print(f"spark {version('pyspark')} with {packages(s3a)}: ok ({time.monotonic() - t0:.1f} s); "
+          f"SPARK_CONF_DIR={root / 'conf'}; class-data archive {archive} ({archive.stat().st_size >> 20} MB)")
     return 0
 
 

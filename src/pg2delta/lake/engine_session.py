@@ -9,6 +9,7 @@ with delta-spark, a Spark Connect server) and :class:`EngineSession`, the base e
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 import uuid
 import warnings
@@ -104,17 +105,27 @@ class MergeRows:
 
 def _delta_jars_named(conf: dict[str, str]) -> bool:
     """Whether Spark will have jars it was told about: under ``spark-submit`` (the JVM is up, with
-    its ``--packages``/``--jars``), or ``spark.jars``/``spark.jars.packages`` in the config or in
-    Spark's own ``spark-defaults.conf`` (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``)."""
+    its ``--packages``/``--jars``), ``spark.jars``/``spark.jars.packages`` in the config, pyspark's
+    ``PYSPARK_SUBMIT_ARGS`` (``--jars``, ``--packages``, or a ``--properties-file`` naming them,
+    which replaces ``spark-defaults.conf``), else Spark's own ``spark-defaults.conf``
+    (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``)."""
     if "PYSPARK_GATEWAY_PORT" in os.environ or {"spark.jars", "spark.jars.packages"} & set(conf):
         return True
+    submit_args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    if {"--jars", "--packages"} & set(submit_args):
+        return True
+    if "--properties-file" in submit_args[:-1]:  # replaces spark-defaults.conf (spark-submit's rule)
+        return _names_jars(submit_args[submit_args.index("--properties-file") + 1])
     conf_dir = os.environ.get("SPARK_CONF_DIR") or (
         os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
     )
-    if conf_dir is None:
-        return False
+    return conf_dir is not None and _names_jars(os.path.join(conf_dir, "spark-defaults.conf"))
+
+
+def _names_jars(properties_file: str) -> bool:
+    """Whether a Spark properties file sets ``spark.jars`` or ``spark.jars.packages``."""
     try:
-        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as f:
+        with open(properties_file, encoding="utf-8") as f:
             keys = {line.split(None, 1)[0] for line in f if line.strip() and not line.lstrip().startswith("#")}
     except OSError:
         return False
