@@ -58,7 +58,9 @@ def small_runs(pg_version: int, rounds: int, submit: Callable[..., float]) -> tu
         cluster = SparkCluster.start(node)
         print(f"standalone cluster (one master, one worker) up in {cluster.started_in:.1f} s", flush=True)
         configs = _source(pg.dsn, root)
-        spark_args = {"local": (), "cluster": tuple(cluster.submit_args())}
+        # hadoop-aws and the AWS SDK: make install-spark's spark-s3a.conf beside spark-defaults.conf
+        s3a = ("--properties-file", str(Path(os.environ.get("SPARK_CONF_DIR", REPO / ".cache" / "spark35" / "conf")) / "spark-s3a.conf"))
+        spark_args = {"local": s3a, "cluster": (*s3a, *cluster.submit_args())}
         job = REPO / "jobs" / "pg2delta_run.py"
         for where in SETTINGS:
             first = submit(job, "--config", str(configs[where]), spark_args=spark_args[where], env=store.env)
