@@ -430,7 +430,7 @@ def test_columns_added_to_a_table_without_a_key(pg_server: Any, pgdb: str, tmp_p
     newest_server_only(pg_server, "the lake's side does not depend on the server")
     slot, pub = _names()
     lake = tmp_path / "lake"
-    _sql(pgdb, "CREATE TABLE hist (tid int, delta int, at timestamp)",
+    _sql(pgdb, "CREATE TABLE hist (tid int, delta int, at timestamptz)",
          "INSERT INTO hist SELECT g, g, '2026-01-01' FROM generate_series(1, 20) g", f"CREATE PUBLICATION {pub} FOR TABLE hist")
     boot = cli("bootstrap", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake))
     assert boot.returncode == 0, boot.stderr[-2000:]

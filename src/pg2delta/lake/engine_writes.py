@@ -127,21 +127,22 @@ def _save_file_per_task(writer: Any, uri: str, spark: Any) -> None:
                 spark.conf.set(k, v)
 
 
-def _add_columns(writes: DeltaWrites, uri: str, df: Any, added: Sequence[str]) -> None:
-    """Add the columns ``added`` of ``df`` (no rows) to the existing Delta table at ``uri``: a
-    ``mergeSchema`` append. pysail 0.7.2 commits nothing there when the table has a NOT NULL column
+def _add_columns(writes: DeltaWrites, uri: str, df: Any, staged: str, added: Sequence[str]) -> None:
+    """Add the columns ``added`` of ``df`` (no rows of ``staged``) to the existing Delta table at
+    ``uri``: a ``mergeSchema`` append. pysail 0.7.2 commits nothing there when the table has a NOT NULL column
     (a keyless table's position columns, ``_pg2delta_lsn`` and ``_pg2delta_pos``): the next MERGE
     then failed, every run after it too (found by ``make soak``: a column added to pgbench_history).
     So on the embedded engine the columns still missing after it are added by delta-rs, in one
     metadata-only commit marked as pg2delta's."""
     df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
     if not writes.classic:
+        import pyarrow.dataset as ds
         from deltalake import CommitProperties, Schema
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         table = writes._delta_rs(uri)
         have = {f.name for f in table.schema().fields}
-        missing = [f.with_nullable(True) for f in to_arrow_schema(df.schema) if f.name in added and f.name not in have]
+        arrow = ds.dataset(writes.lake.fs_path(staged), filesystem=writes.lake.fs, format="parquet").schema
+        missing = [f.with_nullable(True) for f in arrow if f.name in added and f.name not in have]
         if missing:
             table.alter.add_columns(
                 list(Schema.from_arrow(pa.schema(missing)).fields),
@@ -169,12 +170,12 @@ class DeltaWrites(Commits):
                 _creating(df.write.format("delta").mode("append"), df.schema, deletion_vectors=self.deletion_vectors).save(uri)
                 log.info("created delta table %s", uri)
                 return True
-            _add_columns(self, uri, df, sorted(set(columns) - set(current or ())))
+            _add_columns(self, uri, df, staged, sorted(set(columns) - set(current or ())))
             return True
         except LakeError:
             raise
         except Exception as exc:
-            raise LakeError(f"cannot create or widen delta table {uri}: {' '.join(str(exc).split())[:500]}") from exc
+            raise LakeError(f"cannot create or widen delta table {uri}: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}") from exc
 
     def table_properties(self, uri: str) -> dict[str, str]:
         """The Delta table's properties (its metadata's configuration)."""
