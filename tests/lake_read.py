@@ -1,4 +1,4 @@
-"""Delta tables read back with delta-rs, deletion vectors included.
+"""Delta tables read back with delta-rs, deletion vectors and column mapping included.
 
 delta-rs's ``to_pyarrow_table`` refuses a table whose protocol names the ``deletionVectors`` reader
 feature (deltalake 1.6), which the tables pg2delta creates on Apache Spark have. Its DataFusion
@@ -6,7 +6,9 @@ feature (deltalake 1.6), which the tables pg2delta creates on Apache Spark have.
 tests run on, cannot cast back. So a table with deletion vectors is read as delta-rs describes it:
 its data files as of the version (``file_uris``), each less the rows its deletion vector removes
 (``deletion_vectors``, decoded by delta-rs), in the table's Arrow schema. Tables without them are
-read by ``to_pyarrow_table``, as before.
+read by ``to_pyarrow_table``, as before. ``to_pyarrow_table`` refuses column mapping too: such a
+table's files are read the same way, their columns renamed from their physical names, partition
+values taken from the table's add actions.
 """
 
 from __future__ import annotations
@@ -27,23 +29,33 @@ def read_delta(
     """The rows of the Delta table at ``path`` (as of ``version``; only ``columns``; on an S3 server
     with delta-rs's ``storage_options``)."""
     table = DeltaTable(str(path), version=version, storage_options=storage_options)
-    if "deletionVectors" not in (table.protocol().reader_features or []):
+    readers = table.protocol().reader_features or []
+    if not {"deletionVectors", "columnMapping"} & set(readers):
         return table.to_pyarrow_table(columns=columns)
-    schema = pa.schema(table.schema().to_arrow())
-    if columns is not None:
-        schema = pa.schema([schema.field(c) for c in columns])
-    vectors = pa.table(table.deletion_vectors().read_all()).to_pylist()
-    keep = {_local(str(r["filepath"])) if not str(path).startswith("s3://") else str(r["filepath"]).removeprefix("s3://"):
-            r["selection_vector"] for r in vectors}
-    fs = _s3(storage_options) if str(path).startswith("s3://") else None
+    fields = [f for f in table.schema().fields if columns is None or f.name in columns]
+    schema = pa.schema([pa.schema(table.schema().to_arrow()).field(f.name) for f in fields])
+    physical = {f.name: str(f.metadata.get("delta.columnMapping.physicalName", f.name)) for f in fields}
+    vectors = pa.table(table.deletion_vectors().read_all()).to_pylist() if "deletionVectors" in readers else []
+    s3 = str(path).startswith("s3://")
+    keep = {_local(str(r["filepath"])) if not s3 else str(r["filepath"]).removeprefix("s3://"): r["selection_vector"] for r in vectors}
+    fs = _s3(storage_options) if s3 else None
+    root = str(path).removeprefix("s3://").rstrip("/") if s3 else _local(str(path)).rstrip("/")
     parts = []
-    for uri in table.file_uris():
-        local = _local(uri) if fs is None else uri.removeprefix("s3://")
+    for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        rel = unquote(str(add["path"]))
+        local = rel if rel.startswith("/") else f"{root}/{rel}"
         data = pq.read_table(local, filesystem=fs)
-        part = pa.table(
-            [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(data.num_rows, f.type) for f in schema],
-            schema=schema,
-        )
+        cols = []
+        for f in schema:
+            name = physical[f.name]
+            if name in data.column_names:
+                cols.append(data.column(name).cast(f.type))
+            elif f"partition.{f.name}" in add or f"partition.{name}" in add:
+                value = add.get(f"partition.{f.name}", add.get(f"partition.{name}"))
+                cols.append(pa.array([value] * data.num_rows).cast(f.type))
+            else:
+                cols.append(pa.nulls(data.num_rows, f.type))
+        part = pa.table(cols, schema=schema)
         mask = keep.get(local)
         if mask is not None:  # True: the row is kept; rows past the vector's end are
             part = part.filter(pa.array(list(mask) + [True] * (part.num_rows - len(mask))))

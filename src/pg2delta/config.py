@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pg2delta import delta_features as features
 from pg2delta.errors import ConfigError
 
 ENGINES = ("embedded", "spark", "connect")
@@ -105,6 +106,8 @@ class TableConfig:
     # Columns never landed (nor in the changelog, the history or any staged file). A key column
     # cannot be excluded. Where you can, leave them out of the publication instead (a column list).
     exclude: tuple[str, ...] = ()
+    # properties, change_data_feed, column_mapping, partition_by, cluster_by: pg2delta.delta_features
+    delta: features.FeatureSettings = field(default_factory=features.FeatureSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +234,15 @@ class Config:
     hash_key_file: str = ""
     # The key itself, read at load from one of the two (empty when no table hashes a column); never printed.
     hash_key: bytes = field(default=b"", repr=False)
-
+    # [lake] properties, change_data_feed, column_mapping: the Delta features of every table pg2delta creates.
+    delta: features.FeatureSettings = field(default_factory=features.FeatureSettings)
 
     def table(self, schema: str, name: str) -> TableConfig:
         return self.tables.get(f"{schema}.{name}", TableConfig())
+
+    def delta_features(self, schema: str, name: str) -> features.DeltaFeatures:
+        """The Delta features of the table of ``schema.name``: its section's over the [lake] defaults."""
+        return features.merged(self.delta, self.table(schema, name).delta)
 
     def changelog_of(self, schema: str, name: str) -> bool:
         """Whether every change of this table is also appended to its changelog (see ``changelog.py``)."""
@@ -321,6 +329,7 @@ def load(
     key_env, key_file = _hash_key_settings(sections["lake"])  # before the storage settings' credential check
     environ = os.environ if env is None else env
     storage = StorageConfig(**_take(_storage_section(sections["lake"]), "lake", StorageConfig, "lake"))
+    lake_delta = features.feature_settings(sections["lake"], "lake", table=False)
     lake_root, changelog_default, history_default, deletion_vectors = _lake_settings(sections["lake"])
     eng = dict(sections["engine"])
     if "deletion_vectors" in eng:
@@ -353,7 +362,7 @@ def load(
         source=source, lake_root=lake_root, storage=storage, engine=engine, window=window, tables=tables, changelog=changelog_default,
         maintain=maintain, history=history_default, database=database, table_name=table_name,
         deletion_vectors=deletion_vectors, hash_key_env=key_env, hash_key_file=key_file,
-        hash_key=hash_key(key_env, key_file, environ) if hashing else b"",
+        hash_key=hash_key(key_env, key_file, environ) if hashing else b"", delta=lake_delta,
     )
     validate(config, need_source=need_source)
     return config
@@ -517,6 +526,8 @@ def _table_config(name: str, settings: object) -> TableConfig:
     """One ``[tables."schema.table"]`` section."""
     if "." not in name or not isinstance(settings, dict):
         raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
+    settings = dict(settings)
+    delta = features.feature_settings(settings, f"[tables.{name!r}]", table=True)
     known_settings = {"key", "changelog", "history", "hash", "exclude", *_TABLE_MODES}
     unknown_settings = set(settings) - known_settings
     if unknown_settings:
@@ -550,7 +561,7 @@ def _table_config(name: str, settings: object) -> TableConfig:
     return TableConfig(
         key=tuple(key), changelog=changelog, history=history, hash=governed["hash"], exclude=governed["exclude"],
         partitions=modes["partitions"], dropped_columns=modes["dropped_columns"], narrowing=modes["narrowing"],
-        on_unfollowable=modes["on_unfollowable"], detached_partitions=modes["detached_partitions"],
+        on_unfollowable=modes["on_unfollowable"], detached_partitions=modes["detached_partitions"], delta=delta,
     )
 
 
@@ -574,6 +585,7 @@ def validate(config: Config, *, need_source: bool = True) -> None:
             f"lake.database = {config.database!r} registers tables in a Spark catalog, which the embedded engine "
             "does not keep: use [engine] kind = \"spark\" (or \"connect\"), or leave lake.database unset"
         )
+    features.refuse_unwritable(config.engine.kind, config.delta, {n: t.delta for n, t in config.tables.items()})
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

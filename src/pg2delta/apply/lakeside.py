@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from pg2delta.apply.history import HistoryWriter
+from pg2delta.apply.history import HISTORY_SUFFIX, HistoryWriter
 from pg2delta.config import Config
+from pg2delta.delta_features import NO_FEATURES, DeltaFeatures
 from pg2delta.lake.engine import Engine, Lake
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,14 @@ class Lakeside:
                         self._engine.adopt()  # started in another thread: this one's now
                     else:
                         self._engine = self._engine_factory(self.lake)
+                    self._engine.features_of = self.delta_features
                     # What an idle run must never log (it decides from the slot alone).
                     log.info("engine %s started (%.1f s)", self.config.engine.kind, time.monotonic() - t0)
         return self._engine
+
+    def delta_features(self, schema: str, table: str) -> DeltaFeatures:
+        """The configured Delta features of the lake's table ``schema.table`` (none for a history table)."""
+        return NO_FEATURES if table.endswith(HISTORY_SUFFIX) else self.config.delta_features(schema, table)
 
     @property
     def engine_started(self) -> bool:

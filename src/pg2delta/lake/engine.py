@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from pg2delta.config import ENGINES, EngineConfig
-from pg2delta.lake.engine_maintain import DELETION_VECTORS, DeltaMaintenance
+from pg2delta.lake.engine_maintain import DeltaMaintenance
 from pg2delta.lake.engine_session import (
     TXN_APP_ID,
     TXN_VERSION,
@@ -51,7 +51,7 @@ from pg2delta.lake.engine_session import (
     open_session,
 )
 from pg2delta.lake.engine_staged import StagedReduce
-from pg2delta.lake.engine_writes import DeltaWrites, stats_properties
+from pg2delta.lake.engine_writes import DeltaWrites, creating_table
 from pg2delta.lake.lake_files import Lake
 
 __all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "AppendRows", "Engine", "EngineConfig", "Lake", "MergeRows", "Txn"]
@@ -72,16 +72,19 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
             session_conf=opened.session_conf, deletion_vectors=config.deletion_vectors,
         )
 
-    def new_table_options(self, schema: Any) -> dict[str, str]:
+    def new_table_writer(self, writer: Any, schema: Any, uri: str) -> Any:
         """What an append that creates a table (:mod:`pg2delta.lake.engine_commits`) sets: the
         statistics columns every table pg2delta creates has (:func:`pg2delta.lake.engine_writes.stats_properties`),
-        and on Apache Spark deletion vectors (:data:`pg2delta.lake.engine_maintain.DELETION_VECTORS`)."""
-        return {**stats_properties(schema), **({DELETION_VECTORS: "true"} if self.deletion_vectors else {})}
+        on Apache Spark deletion vectors (:data:`pg2delta.lake.engine_maintain.DELETION_VECTORS`), and
+        the table's configured features (:mod:`pg2delta.lake.engine_features`)."""
+        return creating_table(writer, schema, deletion_vectors=self.deletion_vectors, features=self.features(uri))
 
     def with_lake(self, lake: Lake, *, deletion_vectors: bool | None = None) -> Engine:
         """An engine on the same session writing another lake (its owner stops the session);
         ``deletion_vectors``: :attr:`EngineConfig.deletion_vectors` if not this engine's."""
-        return Engine(
+        engine = Engine(
             self._main, lake, classic=self.classic, embedded=self.embedded, session_conf=self._session_conf,
             deletion_vectors=self.deletion_vectors if deletion_vectors is None else deletion_vectors,
         )
+        engine.features_of = self.features_of
+        return engine

@@ -17,9 +17,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from pg2delta.delta_features import NO_FEATURES, DeltaFeatures
 from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
 from pg2delta.lake.engine_commits import Commits
+from pg2delta.lake.engine_features import TableFeatures, creating
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_session import Txn
 from pg2delta.lake.foreign import MARK, TRUNCATE_PREDICATE
@@ -95,14 +97,15 @@ def _delete_all(target: str, classic: bool) -> str:
 
 
 
-def _creating(writer: Any, schema: Any, *, deletion_vectors: bool = False) -> Any:
-    """``writer`` (of a Delta table that does not exist yet) with :func:`stats_properties`, and
-    with :data:`DELETION_VECTORS` when ``deletion_vectors``."""
+def creating_table(writer: Any, schema: Any, *, deletion_vectors: bool = False, features: DeltaFeatures = NO_FEATURES) -> Any:
+    """``writer`` (of a Delta table that does not exist yet) with :func:`stats_properties`, with
+    :data:`DELETION_VECTORS` when ``deletion_vectors``, and with the table's configured ``features``
+    (:func:`pg2delta.lake.engine_features.creating`)."""
     for key, value in stats_properties(schema).items():
         writer = writer.option(key, value)
     if deletion_vectors:
         writer = writer.option(DELETION_VECTORS, "true")
-    return writer
+    return creating(writer, features)
 
 
 def _save_file_per_task(writer: Any, uri: str, spark: Any) -> None:
@@ -151,7 +154,7 @@ def _add_columns(writes: DeltaWrites, uri: str, df: Any, staged: str, added: Seq
     log.info("added columns %s to %s", list(added), uri)
 
 
-class DeltaWrites(Commits):
+class DeltaWrites(Commits, TableFeatures):
     """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
 
     def ensure_table(self, uri: str, staged: str, columns: Sequence[str], current: Collection[str] | None = None) -> bool:
@@ -159,6 +162,7 @@ class DeltaWrites(Commits):
 
         ``current``: the table's columns when the caller knows them (then no read, a Spark job on
         Apache Spark, when it has them all). Returns True when the table's schema changed."""
+        self.check_features(uri)
         existing = self.lake.delta_version(uri)
         try:
             if existing is not None and current is None:
@@ -167,7 +171,8 @@ class DeltaWrites(Commits):
                 return False
             df = self.read_staged(staged).select(*[quote(c) for c in columns]).limit(0)
             if existing is None:
-                _creating(df.write.format("delta").mode("append"), df.schema, deletion_vectors=self.deletion_vectors).save(uri)
+                creating_table(df.write.format("delta").mode("append"), df.schema, deletion_vectors=self.deletion_vectors,
+                          features=self.features(uri)).save(uri)
                 log.info("created delta table %s", uri)
                 return True
             _add_columns(self, uri, df, staged, sorted(set(columns) - set(current or ())))
@@ -176,18 +181,6 @@ class DeltaWrites(Commits):
             raise
         except Exception as exc:
             raise LakeError(f"cannot create or widen delta table {uri}: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}") from exc
-
-    def table_properties(self, uri: str) -> dict[str, str]:
-        """The Delta table's properties (its metadata's configuration)."""
-        try:
-            if self.classic:
-                rows = self._sql(f"SHOW TBLPROPERTIES {self.target(uri)}", f"SHOW TBLPROPERTIES {uri}")
-                return {str(r[0]): str(r[1]) for r in rows}
-            return dict(self._delta_rs(uri).metadata().configuration)
-        except LakeError:
-            raise
-        except Exception as exc:
-            raise LakeError(f"cannot read the properties of {uri}: {' '.join(str(exc).split())[:500]}") from exc
 
     def keep_stats_of(self, uri: str, schema: Any = None) -> bool:
         """Make the existing table keep statistics of the columns :func:`stats_properties` names for
@@ -235,6 +228,7 @@ class DeltaWrites(Commits):
         and pysail accept; pysail has no ``ALTER TABLE``, and Delta's in-place type widening needs a
         table feature that not every reader supports. Earlier versions stay readable (time travel).
         """
+        self.check_features(uri)
         staged = self.lake.stage(fill, f"fill-{uuid.uuid4().hex}") if fill is not None else None
         filled = list(fill.column_names) if fill is not None else []
         try:
@@ -302,9 +296,11 @@ class DeltaWrites(Commits):
             df = self.spark.read.parquet(staged_dir)
             writer = self.delta_writer(df, "overwrite").option("overwriteSchema", "true")
             if self.lake.delta_version(uri) is None:
-                writer = _creating(writer, df.schema, deletion_vectors=self.deletion_vectors)
-            else:
+                writer = creating_table(writer, df.schema, deletion_vectors=self.deletion_vectors, features=self.features(uri))
+            else:  # written whole: partitioned as configured now
+                self.check_features(uri)
                 self.keep_stats_of(uri, df.schema)
+                writer = creating(writer, DeltaFeatures(partition_by=self.features(uri).partition_by))
             _save_file_per_task(writer, uri, self.spark if self.classic else None)
         except LakeError:
             raise
@@ -323,7 +319,7 @@ class DeltaWrites(Commits):
         (then :meth:`replace_table` writes the table). Files an earlier copy moved there before it
         died, without its commit, are removed first.
         """
-        if not self.embedded or not isinstance(self.lake.fs, pafs.LocalFileSystem):
+        if not self.embedded or not isinstance(self.lake.fs, pafs.LocalFileSystem) or self.features(uri) != NO_FEATURES:
             return False
         from deltalake import convert_to_deltalake
 
@@ -349,6 +345,7 @@ class DeltaWrites(Commits):
         return True
 
     def delete_all(self, uri: str, *, txn: Txn | None = None) -> None:
+        self.check_features(uri)
         with self._txn(txn):
             self._sql(_delete_all(self.target(uri), self.classic), f"DELETE FROM {uri}")
 
@@ -378,7 +375,7 @@ class DeltaWrites(Commits):
                         df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
             writer = self.delta_writer(df, "append").option("mergeSchema", "true")
             if not exists:
-                writer = _creating(writer, df.schema)
+                writer = creating_table(writer, df.schema)
             if txn is not None and self.idempotent_writes:
                 writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
             writer.save(uri)
@@ -398,7 +395,8 @@ class DeltaWrites(Commits):
             columns = [c for c in df.columns if c not in internal]
             empty = df.select(*[df[c] for c in columns]).limit(0)
             if self.lake.delta_version(uri) is None:
-                _creating(empty.write.format("delta").mode("append"), empty.schema, deletion_vectors=self.deletion_vectors).save(uri)
+                creating_table(empty.write.format("delta").mode("append"), empty.schema, deletion_vectors=self.deletion_vectors,
+                          features=self.features(uri)).save(uri)
             elif set(columns) - set(self.spark.read.format("delta").load(uri).columns):
                 empty.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
             df.createOrReplaceTempView(view)
@@ -416,7 +414,8 @@ class DeltaWrites(Commits):
         """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
         try:
             df = self._read_version(source, version)
-            _creating(self.delta_writer(df, "append"), df.schema, deletion_vectors=self.deletion_vectors).save(target)
+            creating_table(self.delta_writer(df, "append"), df.schema, deletion_vectors=self.deletion_vectors,
+                      features=self.features(target)).save(target)
         except LakeError:
             raise
         except Exception as exc:

@@ -1,0 +1,172 @@
+"""The Delta features of the tables pg2delta creates: table properties, partitioning, liquid
+clustering, Change Data Feed and column mapping (``[lake]`` defaults and ``[tables."s.t"]``
+settings), and which engine can write which.
+
+Pure: settings in, a :class:`DeltaFeatures` per table (or a :class:`ConfigError`) out. The lake
+layer applies them (:mod:`pg2delta.lake.engine_features`); docs/concepts/delta-features.md says
+which readers read which feature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pg2delta.errors import ConfigError
+
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+COLUMN_MAPPING = "delta.columnMapping.mode"
+APPEND_ONLY = "delta.appendOnly"
+COLUMN_MAPPING_MODES = ("none", "name")
+# Column mapping needs these protocol versions; Delta 3.3 refuses the mode without them.
+COLUMN_MAPPING_PROTOCOL = {"delta.minReaderVersion": "2", "delta.minWriterVersion": "5"}
+# Properties pg2delta sets itself on every table it creates (pg2delta.lake.engine_writes.STATS_COLUMNS).
+OWN_PROPERTIES = frozenset({"delta.dataSkippingStatsColumns", "delta.dataSkippingNumIndexedCols"})
+
+# Properties that turn a table feature on (value "true", or any value but "none" for the column
+# mapping mode), and that feature's name in a table's protocol.
+FEATURE_PROPERTIES = {
+    CHANGE_DATA_FEED: "changeDataFeed",
+    COLUMN_MAPPING: "columnMapping",
+    "delta.enableDeletionVectors": "deletionVectors",
+    "delta.enableRowTracking": "rowTracking",
+    "delta.enableTypeWidening": "typeWidening",
+    "delta.enableIcebergCompatV1": "icebergCompatV1",
+    "delta.enableIcebergCompatV2": "icebergCompatV2",
+    "delta.universalFormat.enabledFormats": "icebergCompatV2",
+    "delta.checkpointPolicy": "v2Checkpoint",
+    "delta.enableInCommitTimestamps": "inCommitTimestamp",
+}
+
+# Writer features of a table that the embedded engine cannot write correctly (pysail 0.7.2 for the
+# commits, delta-rs 1.x for maintenance and properties): a table that has one is refused before
+# anything is written. Deletion vectors are not among them: pysail writes them, and the tables
+# Apache Spark creates have them (a lake can move between the engines).
+EMBEDDED_UNWRITABLE = frozenset({
+    "changeDataFeed", "columnMapping", "clustering", "rowTracking", "domainMetadata", "typeWidening",
+    "typeWidening-preview", "icebergCompatV1", "icebergCompatV2", "identityColumns", "generatedColumns",
+    "v2Checkpoint", "inCommitTimestamp", "allowColumnDefaults", "vacuumProtocolCheck",
+})
+
+# The settings of this module, in [lake] and in [tables."s.t"] (the last two per table only).
+LAKE_KEYS = ("properties", "change_data_feed", "column_mapping")
+TABLE_KEYS = (*LAKE_KEYS, "partition_by", "cluster_by")
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSettings:
+    """What ``[lake]`` (the default) or one ``[tables."s.t"]`` section says of Delta features."""
+
+    properties: tuple[tuple[str, str], ...] = ()  # delta.* table properties, name = value (as text)
+    change_data_feed: bool | None = None  # None: the [lake] default (false)
+    column_mapping: str | None = None  # "name" or "none"; None: the [lake] default ("none")
+    partition_by: tuple[str, ...] = ()
+    cluster_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaFeatures:
+    """The Delta features one table pg2delta creates gets: its properties (Change Data Feed and
+    column mapping among them) and its partition or clustering columns."""
+
+    properties: tuple[tuple[str, str], ...] = ()
+    partition_by: tuple[str, ...] = ()
+    cluster_by: tuple[str, ...] = ()
+
+    @property
+    def props(self) -> dict[str, str]:
+        return dict(self.properties)
+
+    def features(self) -> list[str]:
+        """The table features these settings turn on (protocol names), sorted."""
+        on = {f for p, f in FEATURE_PROPERTIES.items() if _turns_on(p, self.props.get(p))}
+        on |= {p.removeprefix("delta.feature.") for p, v in self.properties if p.startswith("delta.feature.") and v != "disabled"}
+        return sorted(on | ({"clustering"} if self.cluster_by else set()))
+
+    @property
+    def column_mapping(self) -> bool:
+        return self.props.get(COLUMN_MAPPING, "none") != "none"
+
+
+NO_FEATURES = DeltaFeatures()
+
+
+def _turns_on(prop: str, value: str | None) -> bool:
+    if value is None:
+        return False
+    if prop in (COLUMN_MAPPING, "delta.universalFormat.enabledFormats", "delta.checkpointPolicy"):
+        return value.lower() not in ("none", "", "classic")
+    return value.lower() == "true"
+
+
+def _text(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def feature_settings(section: dict[str, Any], where: str, *, table: bool) -> FeatureSettings:
+    """The Delta feature settings of ``section`` (a ``[lake]`` or ``[tables."s.t"]`` dict), taken out of it."""
+    props = section.pop("properties", {})
+    if not isinstance(props, dict) or not all(isinstance(v, str | bool | int) for v in props.values()):
+        raise ConfigError(f"{where}.properties must map Delta table properties to values, like "
+                          "properties = { \"delta.logRetentionDuration\" = \"interval 60 days\" }")
+    for name, value in props.items():
+        if not name.startswith("delta."):
+            raise ConfigError(f"{where}.properties: {name!r} is not a Delta table property (they start with \"delta.\")")
+        if name in OWN_PROPERTIES:
+            raise ConfigError(f"{where}.properties: pg2delta sets {name} itself (which columns keep statistics)")
+        if name == APPEND_ONLY and _text(value).lower() == "true":
+            raise ConfigError(f"{where}.properties: {APPEND_ONLY} = true forbids the updates and deletes pg2delta applies")
+    cdf = section.pop("change_data_feed", None)
+    if cdf is not None and not isinstance(cdf, bool):
+        raise ConfigError(f"{where}.change_data_feed must be true or false, not {cdf!r}")
+    mapping = section.pop("column_mapping", None)
+    if mapping is not None and mapping not in COLUMN_MAPPING_MODES:
+        raise ConfigError(f"{where}.column_mapping must be one of {', '.join(COLUMN_MAPPING_MODES)}, not {mapping!r}")
+    columns: dict[str, tuple[str, ...]] = {}
+    for key in ("partition_by", "cluster_by"):
+        value = section.pop(key, [])
+        if value and not table:
+            raise ConfigError(f"{where}.{key} is a per-table setting: put it in a [tables.\"schema.table\"] section")
+        if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+            raise ConfigError(f"{where}.{key} must be a list of column names, like {key} = [\"col\", ...]")
+        columns[key] = tuple(value)
+    if columns["partition_by"] and columns["cluster_by"]:
+        raise ConfigError(f"{where}: a Delta table is partitioned or clustered, not both: choose partition_by or cluster_by")
+    return FeatureSettings(tuple((k, _text(v)) for k, v in props.items()), cdf, mapping, columns["partition_by"], columns["cluster_by"])
+
+
+def merged(lake: FeatureSettings, table: FeatureSettings) -> DeltaFeatures:
+    """The features of a table: its own settings over the ``[lake]`` defaults (properties merged by name)."""
+    props = {**dict(lake.properties), **dict(table.properties)}
+    cdf = table.change_data_feed if table.change_data_feed is not None else lake.change_data_feed
+    if cdf is not None:
+        props[CHANGE_DATA_FEED] = _text(cdf)
+    mapping = table.column_mapping or lake.column_mapping
+    if mapping is not None:
+        props[COLUMN_MAPPING] = mapping
+    if props.get(COLUMN_MAPPING, "none") != "none":
+        props = {**COLUMN_MAPPING_PROTOCOL, **props}
+    return DeltaFeatures(tuple(sorted(props.items())), table.partition_by, table.cluster_by)
+
+
+def refuse_unwritable(engine: str, lake: FeatureSettings, tables: Mapping[str, FeatureSettings]) -> None:
+    """:class:`ConfigError` (exit 78) for a table feature the configured engine cannot write: the
+    embedded engine writes no Change Data Feed, column mapping, liquid clustering, deletion
+    vectors or any other feature of :data:`FEATURE_PROPERTIES` (pysail 0.7.2)."""
+    if engine != "embedded":
+        return
+    where: Iterable[tuple[str, FeatureSettings]] = [("[lake]", lake), *((f"[tables.\"{n}\"]", s) for n, s in tables.items())]
+    for name, settings in where:
+        features = merged(lake if name != "[lake]" else FeatureSettings(), settings).features()
+        if features:
+            raise ConfigError(
+                f"{name} asks for the Delta feature(s) {', '.join(features)}, which the embedded engine (pysail) cannot "
+                "write: run on Apache Spark ([engine] kind = \"spark\"), or remove them; nothing was written"
+            )
+
+
+__all__ = [
+    "CHANGE_DATA_FEED", "COLUMN_MAPPING", "EMBEDDED_UNWRITABLE", "FEATURE_PROPERTIES", "LAKE_KEYS", "NO_FEATURES",
+    "TABLE_KEYS", "DeltaFeatures", "FeatureSettings", "feature_settings", "merged", "refuse_unwritable",
+]

@@ -1,0 +1,131 @@
+"""The Delta features of the tables pg2delta writes: what a new table is created with, and the
+check of an existing one before the engine writes to it.
+
+:mod:`pg2delta.delta_features` turns the configuration into a
+:class:`~pg2delta.delta_features.DeltaFeatures` per table; the operation that owns the engine
+tells it which table gets which (:attr:`TableFeatures.features_of`). A new table is created with
+its properties (Change Data Feed, column mapping and any other ``delta.*``) and partition
+columns. An existing one is checked once per engine before its first write: a writer feature
+this engine cannot write (:data:`pg2delta.delta_features.EMBEDDED_UNWRITABLE`), or
+``delta.appendOnly``, is refused (exit 78) before anything is written; properties the
+configuration asks for and the table lacks are set in one commit (``ALTER TABLE ... SET
+TBLPROPERTIES`` on Apache Spark, delta-rs on the embedded engine); different partition columns
+are left as they are, with a warning: they take effect when the table is written whole again
+(``pg2delta resync``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pg2delta.delta_features import (
+    APPEND_ONLY,
+    CHANGE_DATA_FEED,
+    COLUMN_MAPPING,
+    COLUMN_MAPPING_PROTOCOL,
+    EMBEDDED_UNWRITABLE,
+    NO_FEATURES,
+    DeltaFeatures,
+)
+from pg2delta.errors import LakeError
+from pg2delta.lake.engine_session import EngineSession
+
+log = logging.getLogger("pg2delta.lake.engine")
+
+
+def _no_features(schema: str, table: str) -> DeltaFeatures:
+    return NO_FEATURES
+
+
+def creating(writer: Any, features: DeltaFeatures) -> Any:
+    """``writer`` (of a Delta table that does not exist yet, or one written whole again) with the
+    table's properties and partition columns."""
+    for key, value in features.properties:
+        writer = writer.option(key, value)
+    return writer.partitionBy(*features.partition_by) if features.partition_by else writer
+
+
+class TableFeatures(EngineSession):
+    """Which Delta features each table gets, and the check of an existing table's."""
+
+    # (schema, table) -> the features of the Delta table pg2delta writes for PostgreSQL's schema.table
+    # (set by the operation that owns the engine, pg2delta.apply.lakeside; none by default).
+    features_of: Callable[[str, str], DeltaFeatures] = staticmethod(_no_features)
+
+    def features(self, uri: str) -> DeltaFeatures:
+        """The features of the table at ``uri``: one of the source's tables (``<root>/<schema>/<table>``),
+        never pg2delta's own (``_pg2delta/...``)."""
+        root = self.lake.root.rstrip("/") + "/"
+        parts = uri[len(root):].strip("/").split("/") if uri.startswith(root) else []
+        if len(parts) != 2 or parts[0].startswith("_pg2delta"):
+            return NO_FEATURES
+        return self.features_of(parts[0], parts[1])
+
+    def table_properties(self, uri: str) -> dict[str, str]:
+        """The Delta table's properties (its metadata's configuration)."""
+        try:
+            if self.classic:
+                rows = self._sql(f"SHOW TBLPROPERTIES {self.target(uri)}", f"SHOW TBLPROPERTIES {uri}")
+                return {str(r[0]): str(r[1]) for r in rows}
+            return dict(self._delta_rs(uri).metadata().configuration)
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot read the properties of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def check_features(self, uri: str) -> None:
+        """Before this engine's first write to the existing table at ``uri``: refuse a table it cannot
+        write, set the properties the configuration asks for that it lacks (see the module's docstring)."""
+        checked: set[str] = self.__dict__.setdefault("_features_checked", set())
+        if uri in checked or self.lake.delta_version(uri) is None:
+            return
+        try:
+            dt = self._delta_rs(uri)
+            protocol, meta = dt.protocol(), dt.metadata()
+            have, parts = dict(meta.configuration), tuple(meta.partition_columns)
+        except Exception as exc:
+            raise LakeError(f"cannot read the protocol of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        features = set(protocol.writer_features or [])
+        features |= {"changeDataFeed"} if have.get(CHANGE_DATA_FEED, "false").lower() == "true" else set()
+        features |= {"columnMapping"} if have.get(COLUMN_MAPPING, "none") != "none" else set()
+        unwritable = sorted(features & EMBEDDED_UNWRITABLE) if not self.classic else []
+        if unwritable:
+            raise LakeError(
+                f"the Delta table {uri} has the feature(s) {', '.join(unwritable)}, which the embedded engine (pysail) "
+                "cannot write: run on Apache Spark ([engine] kind = \"spark\"); nothing was written"
+            )
+        if have.get(APPEND_ONLY, "false").lower() == "true":
+            raise LakeError(f"the Delta table {uri} is append-only ({APPEND_ONLY} = true): pg2delta applies updates and "
+                            "deletes to it; unset the property; nothing was written")
+        want = self.features(uri)
+        missing = {k: v for k, v in want.properties if have.get(k) != v and k not in COLUMN_MAPPING_PROTOCOL}
+        if COLUMN_MAPPING in missing and (protocol.min_reader_version < 2 or protocol.min_writer_version < 5):
+            missing.update(COLUMN_MAPPING_PROTOCOL)
+        if missing:
+            self._set_properties(uri, missing)
+        if want.partition_by and parts != want.partition_by:
+            log.warning("%s is partitioned by (%s), not by (%s) as configured: the partition columns change when the "
+                        "table is written whole again (pg2delta resync)", uri, ", ".join(parts), ", ".join(want.partition_by))
+        checked.add(uri)
+
+    def _set_properties(self, uri: str, props: dict[str, str]) -> None:
+        """Set ``props`` on the existing table at ``uri`` in one commit."""
+        if self.classic:
+            sets = ", ".join(f"{quote_text(k)} = {quote_text(v)}" for k, v in sorted(props.items()))
+            self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ({sets})", f"ALTER TABLE {uri} SET TBLPROPERTIES")
+        else:
+            try:
+                self._delta_rs(uri).alter.set_table_properties(props)
+            except Exception as exc:
+                raise LakeError(f"cannot set the properties {sorted(props)} of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        log.info("set %s on %s", ", ".join(f"{k} = {v}" for k, v in sorted(props.items())), uri)
+
+
+def quote_text(value: str) -> str:
+    """``value`` as a Spark SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+__all__ = ["TableFeatures", "creating", "quote_text"]

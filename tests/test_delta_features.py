@@ -1,0 +1,193 @@
+"""The Delta features of the tables pg2delta creates ([lake] and [tables."s.t"] properties,
+partition_by, change_data_feed, column_mapping), on the engine under test, and the refusal of
+features the embedded engine cannot write. Every lake is read back with delta-rs and compared
+with PostgreSQL (by column name: pysail puts partition columns last in a table's schema).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from conftest import newest_server_only
+from engines import TEST_ENGINE
+from pg2delta.config import Config, TableConfig, load
+from pg2delta.delta_features import FeatureSettings
+from pg2delta.errors import ConfigError, LakeError
+from pg2delta.job import run
+from pg2delta.resync import resync
+from pg2delta.source.throwaway import ThrowawayPostgres
+from workload import TableSpec, assert_same_rows, confirmed_lsn, lake_rows, pg_rows, published_table
+
+pytestmark = [pytest.mark.e2e]
+
+FEAT = TableSpec("public", "feat", ("id",))
+
+
+@pytest.fixture
+def pgdb(pgdb: str, pg_server: ThrowawayPostgres) -> str:
+    newest_server_only(pg_server, "which Delta features a table gets does not depend on the server")
+    return pgdb
+
+
+def _config(tmp_path: Path, dsn: str, slot: str, pub: str, lake: Path, text: str) -> Config:
+    path = tmp_path / f"pg2delta-{uuid.uuid4().hex[:6]}.toml"
+    path.write_text(text)
+    return load(path, env={}, dsn=dsn, slot=slot, publication=pub, lake=str(lake))
+
+
+def _assert_equal_by_name(dsn: str, lake: Path, spec: TableSpec, where: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        names, pg = pg_rows(conn, spec)
+    got = lake_rows(lake, spec)
+    assert got is not None, where
+    idx = [got[0].index(n) for n in names]
+    assert_same_rows(spec, names, pg, (names, [tuple(r[i] for i in idx) for r in got[1]]), where)
+
+
+FEATURES = """
+[lake]
+properties = { "delta.logRetentionDuration" = "interval 60 days" }
+
+[tables."public.feat"]
+partition_by = ["region"]
+properties = { "delta.checkpointInterval" = 5 }
+"""
+
+
+def test_properties_and_partitions_on_new_and_existing_tables(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = published_table(
+        pgdb, "CREATE TABLE feat (id int PRIMARY KEY, region text, v text)", "feat",
+        "INSERT INTO feat SELECT g, 'r' || (g % 3), 'v' || g FROM generate_series(1, 30) g",
+    )
+    lake = tmp_path / "lake"
+    cfg = _config(tmp_path, pgdb, slot, pub, lake, FEATURES)
+    run(cfg)  # the run's append creates the table
+    table = lake / "public" / "feat"
+    meta = DeltaTable(str(table)).metadata()
+    assert meta.partition_columns == ["region"]
+    assert meta.configuration["delta.logRetentionDuration"] == "interval 60 days"
+    assert meta.configuration["delta.checkpointInterval"] == "5"
+    _assert_equal_by_name(pgdb, lake, FEAT, "after the first run")
+
+    # A property added to the config reaches the existing table before the next window's commit;
+    # rows move between partitions.
+    more = FEATURES + 'change_data_feed = false\n'
+    more = more.replace('"delta.checkpointInterval" = 5', '"delta.checkpointInterval" = 5, "delta.deletedFileRetentionDuration" = "interval 14 days"')
+    cfg = _config(tmp_path, pgdb, slot, pub, lake, more)
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("UPDATE feat SET region = 'r9', v = 'moved' WHERE id % 5 = 0")
+        conn.execute("DELETE FROM feat WHERE id % 7 = 0")
+    run(cfg)
+    conf = DeltaTable(str(table)).metadata().configuration
+    assert conf["delta.deletedFileRetentionDuration"] == "interval 14 days", conf
+    assert conf["delta.enableChangeDataFeed"] == "false", conf
+    _assert_equal_by_name(pgdb, lake, FEAT, "after the second run")
+
+    # A resync writes the table whole again: partitioned as configured, properties kept.
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("INSERT INTO feat VALUES (100, 'r1', 'late')")
+    resync(cfg, ["public.feat"])
+    meta = DeltaTable(str(table)).metadata()
+    assert meta.partition_columns == ["region"]
+    assert meta.configuration["delta.logRetentionDuration"] == "interval 60 days"
+    _assert_equal_by_name(pgdb, lake, FEAT, "after the resync")
+
+
+@pytest.mark.skipif(TEST_ENGINE != "embedded", reason="what the embedded engine refuses")
+def test_embedded_engine_refuses_features_it_cannot_write(pgdb: str, tmp_path: Path) -> None:
+    slot, pub = published_table(
+        pgdb, "CREATE TABLE feat (id int PRIMARY KEY, region text, v text)", "feat",
+        "INSERT INTO feat SELECT g, 'r', 'v' FROM generate_series(1, 5) g",
+    )
+    lake = tmp_path / "lake"
+    for text in ("[lake]\nchange_data_feed = true\n", '[tables."public.feat"]\ncolumn_mapping = "name"\n',
+                 '[tables."public.feat"]\ncluster_by = ["region"]\n',
+                 '[lake]\nproperties = { "delta.enableDeletionVectors" = true }\n'):
+        with pytest.raises(ConfigError) as refused:
+            _config(tmp_path, pgdb, slot, pub, lake, text)
+        assert refused.value.exit_code == 78 and "embedded engine" in refused.value.one_line(), refused.value.one_line()
+        assert "\n" not in refused.value.one_line()
+    with pytest.raises(ConfigError, match="forbids the updates and deletes"):
+        _config(tmp_path, pgdb, slot, pub, lake, '[lake]\nproperties = { "delta.appendOnly" = true }\n')
+    assert not lake.exists()
+
+    # A table written with column mapping (as Apache Spark writes it when configured so; here
+    # through the configuration's check, which a lake moved between engines does not pass again):
+    # the embedded engine refuses its next window before anything is written.
+    cfg = _config(tmp_path, pgdb, slot, pub, lake, "")
+    mapped = dataclasses.replace(cfg, tables={"public.feat": TableConfig(delta=FeatureSettings(column_mapping="name"))})
+    run(mapped)
+    table = lake / "public" / "feat"
+    assert "columnMapping" in (DeltaTable(str(table)).protocol().writer_features or [])
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("UPDATE feat SET v = 'w' WHERE id = 1")
+    version, before = DeltaTable(str(table)).version(), confirmed_lsn(pgdb, slot)
+    with pytest.raises(LakeError) as refused_table:
+        run(cfg)
+    assert refused_table.value.exit_code == 78 and "columnMapping" in str(refused_table.value), refused_table.value
+    assert DeltaTable(str(table)).version() == version
+    assert confirmed_lsn(pgdb, slot) == before
+
+
+CDF = TableSpec("public", "cdf", ("id",))
+
+
+@pytest.mark.classic
+@pytest.mark.skipif(TEST_ENGINE != "spark", reason="Change Data Feed is written on Apache Spark (make test-spark)")
+def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, shared_engine: Any) -> None:
+    """After windows of inserts, updates, deletes, a truncate and a key change, Spark's
+    ``table_changes`` replayed over the table's first version gives the table PostgreSQL has; the
+    table uses column mapping (name mode) and is partitioned."""
+    slot, pub = published_table(
+        pgdb, "CREATE TABLE cdf (id int PRIMARY KEY, region text, v text)", "cdf",
+        "INSERT INTO cdf SELECT g, 'r' || (g % 2), 'v' || g FROM generate_series(1, 20) g",
+    )
+    lake = tmp_path / "lake"
+    text = '[lake]\nchange_data_feed = true\n[tables."public.cdf"]\ncolumn_mapping = "name"\npartition_by = ["region"]\n'
+    cfg = _config(tmp_path, pgdb, slot, pub, lake, text)
+    run(cfg)
+    table = lake / "public" / "cdf"
+    first = DeltaTable(str(table))
+    assert first.metadata().configuration["delta.enableChangeDataFeed"] == "true"
+    assert first.metadata().configuration["delta.columnMapping.mode"] == "name"
+    assert first.metadata().partition_columns == ["region"]
+    start = first.version()
+    windows = [
+        ["INSERT INTO cdf VALUES (21, 'r1', 'new'), (22, 'r0', 'new')"],
+        ["UPDATE cdf SET v = 'upd' WHERE id <= 5", "UPDATE cdf SET region = 'r9' WHERE id = 6"],
+        ["DELETE FROM cdf WHERE id BETWEEN 7 AND 9"],
+        ["UPDATE cdf SET id = id + 100 WHERE id IN (10, 11)"],  # a key change: a delete and an insert
+        ["TRUNCATE cdf", "INSERT INTO cdf VALUES (1, 'r0', 'after truncate'), (2, 'r1', 'x')"],
+        ["INSERT INTO cdf VALUES (3, 'r0', 'y')", "UPDATE cdf SET v = 'z' WHERE id = 1", "DELETE FROM cdf WHERE id = 2"],
+    ]
+    for statements in windows:
+        with psycopg.connect(pgdb) as conn:  # one transaction: one window
+            for statement in statements:
+                conn.execute(statement)
+        run(cfg)
+    spark = shared_engine.spark
+    changes = spark.sql(f"SELECT * FROM table_changes_by_path('{table}', {start + 1})").collect()
+    kinds = {r["_change_type"] for r in changes}
+    assert {"insert", "delete", "update_preimage", "update_postimage"} <= kinds, kinds
+    # Replay the changes, commit by commit, over the table's first version.
+    rows = {r["id"]: (r["id"], r["region"], r["v"]) for r in spark.read.format("delta").option("versionAsOf", start).load(str(table)).collect()}
+    for r in sorted(changes, key=lambda r: (r["_commit_version"], r["_change_type"] not in ("delete", "update_preimage"))):
+        if r["_change_type"] in ("delete", "update_preimage"):
+            assert rows.pop(r["id"]) == (r["id"], r["region"], r["v"]), r
+        else:
+            assert r["id"] not in rows, r
+            rows[r["id"]] = (r["id"], r["region"], r["v"])
+    with psycopg.connect(pgdb) as conn:
+        names, pg = pg_rows(conn, CDF)
+    assert names == ["id", "region", "v"]
+    assert sorted(rows.values()) == sorted(pg)
+    lake_now = spark.read.format("delta").load(str(table)).select("id", "region", "v").collect()
+    assert sorted(tuple(r) for r in lake_now) == sorted(pg)
+    _assert_equal_by_name(pgdb, lake, CDF, "read back with delta-rs")
