@@ -24,7 +24,7 @@ import tokenize
 from pathlib import Path
 from typing import Any
 
-from pg2delta import cli, config, errors
+from pg2delta import cli, config, delta_features, errors
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_PAGE = ROOT / "docs" / "reference" / "configuration.md"
@@ -180,7 +180,8 @@ def _toml_value(value: Any) -> str:
     return f"`{value!r}`"
 
 
-_TYPES = {"str": "string", "int": "integer", "bool": "boolean", "tuple[str, ...]": "list of strings"}
+_TYPES = {"str": "string", "int": "integer", "bool": "boolean", "tuple[str, ...]": "list of strings",
+          "tuple[tuple[str, str], ...]": "table of `delta.*` properties"}
 
 
 def _type(annotation: Any) -> str:
@@ -242,10 +243,12 @@ def settings() -> list[Setting]:
         *_describe(config.SourceConfig, "source"),
         *_describe(config.Config, "lake", lake),
         *_describe(config.StorageConfig, "lake"),
+        *_describe(delta_features.FeatureSettings, "lake", {k: k for k in delta_features.LAKE_KEYS}),
         *_describe(engine, "engine", engine_keys),
         *_describe(config.WindowConfig, "window"),
         *_describe(config.MaintainConfig, "maintain"),
-        *_describe(config.TableConfig, 'tables."schema.table"'),
+        *_describe(config.TableConfig, 'tables."schema.table"', {f.name: f.name for f in dataclasses.fields(config.TableConfig) if f.name != "delta"}),
+        *_describe(delta_features.FeatureSettings, 'tables."schema.table"'),
     ]
     for s in found:
         if s.section == "engine" and s.key == "spark_conf":

@@ -58,10 +58,15 @@ TABLE_KEYS = (*LAKE_KEYS, "partition_by", "cluster_by")
 class FeatureSettings:
     """What ``[lake]`` (the default) or one ``[tables."s.t"]`` section says of Delta features."""
 
-    properties: tuple[tuple[str, str], ...] = ()  # delta.* table properties, name = value (as text)
-    change_data_feed: bool | None = None  # None: the [lake] default (false)
-    column_mapping: str | None = None  # "name" or "none"; None: the [lake] default ("none")
+    # Delta table properties of the tables pg2delta creates, like { "delta.logRetentionDuration" = "interval 60 days" }; set on existing tables before their next write. A table's own override [lake]'s by name.
+    properties: tuple[tuple[str, str], ...] = ()
+    # Change Data Feed (delta.enableChangeDataFeed): readers get each window's inserts, updates and deletes (Spark's table_changes). Apache Spark only. Unset: [lake]'s (false).
+    change_data_feed: bool | None = None
+    # "name": column mapping by name (delta.columnMapping.mode; readers need Delta 1.2+). Apache Spark only. Unset: [lake]'s ("none").
+    column_mapping: str | None = None
+    # Partition columns of the table (per table only); an existing table keeps its own until a resync writes it whole.
     partition_by: tuple[str, ...] = ()
+    # Liquid clustering columns (per table only): refused for now (exit 78) on every engine; use partition_by.
     cluster_by: tuple[str, ...] = ()
 
 
@@ -152,8 +157,15 @@ def merged(lake: FeatureSettings, table: FeatureSettings) -> DeltaFeatures:
 
 def refuse_unwritable(engine: str, lake: FeatureSettings, tables: Mapping[str, FeatureSettings]) -> None:
     """:class:`ConfigError` (exit 78) for a table feature the configured engine cannot write: the
-    embedded engine writes no Change Data Feed, column mapping, liquid clustering, deletion
-    vectors or any other feature of :data:`FEATURE_PROPERTIES` (pysail 0.7.2)."""
+    embedded engine writes no Change Data Feed, column mapping, deletion vectors or any other
+    feature of :data:`FEATURE_PROPERTIES` (pysail 0.7.2); liquid clustering (``cluster_by``) is
+    refused on every engine for now (Delta 3.3's DataFrame writer cannot create it)."""
+    clustered = sorted(n for n, s in tables.items() if s.cluster_by)
+    if clustered:
+        raise ConfigError(
+            f"[tables.\"{clustered[0]}\"] cluster_by: pg2delta does not create liquid-clustered tables yet, on any "
+            "engine: use partition_by instead, or leave the table unclustered; nothing was written"
+        )
     if engine != "embedded":
         return
     where: Iterable[tuple[str, FeatureSettings]] = [("[lake]", lake), *((f"[tables.\"{n}\"]", s) for n, s in tables.items())]

@@ -41,6 +41,8 @@ from __future__ import annotations
 from typing import Any
 
 from pg2delta.config import ENGINES, EngineConfig
+from pg2delta.delta_features import DeltaFeatures
+from pg2delta.lake.engine_features import creating
 from pg2delta.lake.engine_maintain import DeltaMaintenance
 from pg2delta.lake.engine_session import (
     TXN_APP_ID,
@@ -72,12 +74,22 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
             session_conf=opened.session_conf, deletion_vectors=config.deletion_vectors,
         )
 
-    def new_table_writer(self, writer: Any, schema: Any, uri: str) -> Any:
+    def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
         """What an append that creates a table (:mod:`pg2delta.lake.engine_commits`) sets: the
         statistics columns every table pg2delta creates has (:func:`pg2delta.lake.engine_writes.stats_properties`),
         on Apache Spark deletion vectors (:data:`pg2delta.lake.engine_maintain.DELETION_VECTORS`), and
-        the table's configured features (:mod:`pg2delta.lake.engine_features`)."""
-        return creating_table(writer, schema, deletion_vectors=self.deletion_vectors, features=self.features(uri))
+        the table's configured features (:mod:`pg2delta.lake.engine_features`).
+
+        A table with column mapping is created empty first, in a commit of its own: Delta 3.3 takes
+        the first commit of such a table, holding rows, for a column rename, which it refuses on a
+        table with a change data feed (``DELTA_BLOCK_COLUMN_MAPPING_AND_CDC_OPERATION``)."""
+        features = self.features(uri)
+        if not features.column_mapping:
+            return creating_table(writer, df.schema, deletion_vectors=self.deletion_vectors, features=features)
+        empty = df.limit(0)
+        creating_table(empty.write.format("delta").mode("append"), empty.schema, deletion_vectors=self.deletion_vectors,
+                       features=features).save(uri)
+        return creating(writer, DeltaFeatures(partition_by=features.partition_by))
 
     def with_lake(self, lake: Lake, *, deletion_vectors: bool | None = None) -> Engine:
         """An engine on the same session writing another lake (its owner stops the session);

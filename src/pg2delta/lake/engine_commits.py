@@ -96,15 +96,15 @@ class Commits(DeltaReads):
             rows_df = self.spark.sql(f"SELECT {cols} FROM {view} WHERE {statement.where}")
             writer = self.delta_writer(rows_df, "append")
             if self.lake.delta_version(uri) is None:  # the append creates the table: one commit
-                writer = self.new_table_writer(writer, rows_df.schema, uri)
+                writer = self.new_table_writer(writer, rows_df, uri)
             if txn is not None and self.idempotent_writes:
                 writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
             writer.save(uri)
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
-    def new_table_writer(self, writer: Any, schema: Any, uri: str) -> Any:
-        """``writer`` of a commit that creates the Delta table ``uri`` of ``schema``, with what the
+    def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
+        """``writer`` (of ``df``) of a commit that creates the Delta table ``uri``, with what the
         engine creates tables with (see :meth:`pg2delta.lake.engine.Engine.new_table_writer`)."""
         return writer
 

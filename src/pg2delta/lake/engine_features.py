@@ -75,6 +75,13 @@ class TableFeatures(EngineSession):
         except Exception as exc:
             raise LakeError(f"cannot read the properties of {uri}: {' '.join(str(exc).split())[:500]}") from exc
 
+    def partition_columns(self, uri: str) -> list[str]:
+        """The partition columns of the existing table at ``uri``."""
+        try:
+            return list(self._delta_rs(uri).metadata().partition_columns)
+        except Exception as exc:
+            raise LakeError(f"cannot read the partition columns of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
     def check_features(self, uri: str) -> None:
         """Before this engine's first write to the existing table at ``uri``: refuse a table it cannot
         write, set the properties the configuration asks for that it lacks (see the module's docstring)."""

@@ -60,10 +60,11 @@ def stats_columns(schema: Any) -> list[str]:
     return [f.name for f in list(schema.fields)[:_STATS_FIRST] if isinstance(f.dataType, eligible)]
 
 
-def stats_properties(schema: Any) -> dict[str, str]:
+def stats_properties(schema: Any, exclude: Collection[str] = ()) -> dict[str, str]:
     """The table properties that keep Delta statistics of the :func:`stats_columns` of ``schema``
-    only (a Spark ``StructType`` or an Arrow schema)."""
-    names = [quote(n) for n in stats_columns(schema)]
+    only (a Spark ``StructType`` or an Arrow schema), but the partition columns ``exclude`` (Delta
+    keeps none of those: Apache Spark refuses to name them)."""
+    names = [quote(n) for n in stats_columns(schema) if n not in exclude]
     if not names:
         return {INDEXED_COLUMNS: "0"}
     return {STATS_COLUMNS: ",".join(names)}
@@ -101,7 +102,7 @@ def creating_table(writer: Any, schema: Any, *, deletion_vectors: bool = False, 
     """``writer`` (of a Delta table that does not exist yet) with :func:`stats_properties`, with
     :data:`DELETION_VECTORS` when ``deletion_vectors``, and with the table's configured ``features``
     (:func:`pg2delta.lake.engine_features.creating`)."""
-    for key, value in stats_properties(schema).items():
+    for key, value in stats_properties(schema, features.partition_by).items():
         writer = writer.option(key, value)
     if deletion_vectors:
         writer = writer.option(DELETION_VECTORS, "true")
@@ -182,12 +183,13 @@ class DeltaWrites(Commits, TableFeatures):
         except Exception as exc:
             raise LakeError(f"cannot create or widen delta table {uri}: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}") from exc
 
-    def keep_stats_of(self, uri: str, schema: Any = None) -> bool:
+    def keep_stats_of(self, uri: str, schema: Any = None, exclude: Collection[str] = ()) -> bool:
         """Make the existing table keep statistics of the columns :func:`stats_properties` names for
         ``schema`` (its schema from the next commit on; default the table's own, for a table an
         earlier version created, which keeps them of every column) that it has now, in one commit
         when they differ. Columns ``schema`` adds get none (Delta refuses to name a column the
-        table does not have yet), as columns added by a schema merge. True when it changed."""
+        table does not have yet), as columns added by a schema merge; nor do its partition columns
+        and ``exclude`` (the ones it is about to be partitioned by). True when it changed."""
         from pyspark.sql.types import StructType
 
         try:
@@ -196,7 +198,7 @@ class DeltaWrites(Commits, TableFeatures):
             raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
         now = set(current.fieldNames())
         schema = current if schema is None else StructType([f for f in schema.fields if f.name in now])
-        want = stats_properties(schema)
+        want = stats_properties(schema, {*exclude, *self.partition_columns(uri)})
         have = self.table_properties(uri)
         if all(have.get(k) == v for k, v in want.items()) and not (INDEXED_COLUMNS in want and have.get(STATS_COLUMNS)):
             return False
@@ -296,11 +298,12 @@ class DeltaWrites(Commits, TableFeatures):
             df = self.spark.read.parquet(staged_dir)
             writer = self.delta_writer(df, "overwrite").option("overwriteSchema", "true")
             if self.lake.delta_version(uri) is None:
-                writer = creating_table(writer, df.schema, deletion_vectors=self.deletion_vectors, features=self.features(uri))
+                writer = self.new_table_writer(writer, df, uri)
             else:  # written whole: partitioned as configured now
                 self.check_features(uri)
-                self.keep_stats_of(uri, df.schema)
-                writer = creating(writer, DeltaFeatures(partition_by=self.features(uri).partition_by))
+                parts = DeltaFeatures(partition_by=self.features(uri).partition_by)
+                self.keep_stats_of(uri, df.schema, exclude=parts.partition_by)
+                writer = creating(writer, parts)
             _save_file_per_task(writer, uri, self.spark if self.classic else None)
         except LakeError:
             raise
@@ -414,8 +417,7 @@ class DeltaWrites(Commits, TableFeatures):
         """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
         try:
             df = self._read_version(source, version)
-            creating_table(self.delta_writer(df, "append"), df.schema, deletion_vectors=self.deletion_vectors,
-                      features=self.features(target)).save(target)
+            self.new_table_writer(self.delta_writer(df, "append"), df, target).save(target)
         except LakeError:
             raise
         except Exception as exc:
