@@ -192,3 +192,23 @@ def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, sha
     lake_now = spark.read.format("delta").load(str(table)).select("id", "region", "v").collect()
     assert sorted(tuple(r) for r in lake_now) == sorted(pg)
     _assert_equal_by_name(pgdb, lake, CDF, "read back with delta-rs")
+
+    # Column mapping: a RENAME COLUMN in PostgreSQL is a rename in the lake, a commit that rewrites
+    # no file, not a new column beside the old one.
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("ALTER TABLE cdf RENAME COLUMN v TO note")
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("UPDATE cdf SET note = 'renamed' WHERE id = 1")
+        conn.execute("INSERT INTO cdf VALUES (50, 'r0', 'after rename')")
+    renamed_at = DeltaTable(str(table)).version() + 1
+    run(cfg)
+    history = {h["version"]: h for h in DeltaTable(str(table)).history()}
+    assert history[renamed_at]["operation"] == "RENAME COLUMN", history[renamed_at]
+    log = (table / "_delta_log" / f"{renamed_at:020d}.json").read_text()
+    assert '"add"' not in log and '"remove"' not in log
+    assert [f.name for f in DeltaTable(str(table)).schema().fields] == ["id", "region", "note"]
+    _assert_equal_by_name(pgdb, lake, CDF, "after the rename, read back with delta-rs")
+    after = spark.sql(f"SELECT * FROM table_changes_by_path('{table}', {renamed_at})").collect()
+    assert {(r["id"], r["note"], r["_change_type"]) for r in after} == {
+        (1, "z", "update_preimage"), (1, "renamed", "update_postimage"), (50, "after rename", "insert")
+    }

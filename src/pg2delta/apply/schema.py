@@ -56,6 +56,9 @@ class Plan:
     # the Delta table is set to it before the window's changes are merged.
     fills: tuple[tuple[str, pa.Scalar], ...] = ()
     fill_table: bool = False
+    # Columns renamed in PostgreSQL that the Delta table (column mapping by name) renames in place
+    # before the window's changes are merged: (old, new); ``existing`` has the new names.
+    renamed: tuple[tuple[str, str], ...] = ()
 
 
 def plan(

@@ -14,6 +14,7 @@ Nothing here logs a window or moves the slot: pg2delta.job does, once every tabl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -416,6 +417,7 @@ class TableApplier:
             txn = None
 
         def reshape() -> frozenset[str] | None:
+            self.side.engine.rename_columns(uri, pl.renamed)  # column mapping: a commit of its own, no file rewritten
             if pl.widened or drop or fill is not None:
                 # One commit, before the MERGE: rows the window writes get their own values from it.
                 self.side.engine.rewrite(uri, {c: new for c, _, new in pl.widened}, drop=drop, fill=fill)
@@ -423,9 +425,7 @@ class TableApplier:
                 return None
             return (pl.existing - set(drop)) | frozenset(fill.column_names if fill is not None else ())
 
-        def reshaped() -> None:
-            fault_point("after_schema_change")
-
+        reshaped = functools.partial(fault_point, "after_schema_change")
         merge_changes(
             self.side, report, run_id, changes, list(pl.key), [n for n, _ in pl.columns],
             nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,

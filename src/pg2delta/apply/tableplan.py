@@ -12,6 +12,7 @@ Nothing here writes; the run and ``pg2delta plan`` share it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 from pg2delta.apply.added_columns import added_column_values
 from pg2delta.apply.column_forms import ColumnForms
+from pg2delta.apply.renames import column_renames, renamed_types
 from pg2delta.apply.schema import Plan, plan
 from pg2delta.apply.targets import Target, TargetResolver, live
 from pg2delta.config import Config
@@ -149,6 +151,11 @@ class TablePlanner:
         types = (planned[uri] if planned is not None and uri in planned
                  else self.engine().table_types(uri, version=applied.delta_version if applied else None))
         self.forms.check(tgt, types, source_name=self.targets.source_name(tgt))
+        renames = column_renames(self.config, tgt, types, applied.attnums if applied else None,
+                                 self.catalog.attnums(tgt.owner) if self.catalog is not None and types else {},
+                                 applied.end_lsn if applied else 0)
+        if renames and types is not None:  # column mapping: renamed in place before the MERGE
+            types = renamed_types(types, renames)
         pl = plan(
             f"{tgt.schema}.{tgt.table}",
             types,
@@ -157,6 +164,8 @@ class TablePlanner:
             narrowing=self.config.table(tgt.schema, tgt.table).narrowing,
             pg_type=lambda shape, column: self._pg_type(tgt, shape, column),
         )
+        if renames:
+            pl = dataclasses.replace(pl, renamed=tuple(renames))
         self._check_column_identity(tgt, pl, applied, uri, where)
         return self._added_column_values(tgt, pl, applied, uri, where)
 

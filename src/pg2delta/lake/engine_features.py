@@ -17,7 +17,7 @@ are left as they are, with a warning: they take effect when the table is written
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pg2delta.delta_features import (
@@ -31,6 +31,7 @@ from pg2delta.delta_features import (
 )
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
+from pg2delta.lake.sql import quote
 
 log = logging.getLogger("pg2delta.lake.engine")
 
@@ -116,6 +117,26 @@ class TableFeatures(EngineSession):
             log.warning("%s is partitioned by (%s), not by (%s) as configured: the partition columns change when the "
                         "table is written whole again (pg2delta resync)", uri, ", ".join(parts), ", ".join(want.partition_by))
         checked.add(uri)
+
+    def rename_columns(self, uri: str, renames: Sequence[tuple[str, str]]) -> None:
+        """Rename the columns ``(old, new)`` of the table at ``uri``, which maps columns by name
+        (``ALTER TABLE ... RENAME COLUMN``, one commit each, no file rewritten; Apache Spark). A
+        rename the table already has (made by a run that stopped before its log row) is skipped."""
+        if not renames:
+            return
+        self.check_features(uri)
+        if not self.classic:
+            raise LakeError(f"cannot rename columns of {uri} on the embedded engine (pysail has no ALTER TABLE)")
+        try:
+            have = set(self.spark.read.format("delta").load(uri).columns)
+        except Exception as exc:
+            raise LakeError(f"cannot read the columns of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        for old, new in renames:
+            if old not in have and new in have:
+                continue
+            self._sql(f"ALTER TABLE {self.target(uri)} RENAME COLUMN {quote(old)} TO {quote(new)}",
+                      f"ALTER TABLE {uri} RENAME COLUMN {old} TO {new}")
+            log.info("renamed column %s of %s to %s (column mapping)", old, uri, new)
 
     def _set_properties(self, uri: str, props: dict[str, str]) -> None:
         """Set ``props`` on the existing table at ``uri`` in one commit."""
