@@ -631,3 +631,32 @@ def test_leaves_publishing_different_columns_stop_only_their_root(pgdb: str, tmp
         _ok(command, "--config", config, "--table", "public.other")
     assert DeltaTable(str(lake / "public" / "m")).version() == version  # the root: nothing copied
     assert_lake_matches(pgdb, lake, [OTHER], context="other resynced")
+
+
+def test_a_column_renamed_after_the_copy_snapshot_is_retried(pgdb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy's COPY is parsed against the catalog as it is, not as of the copy's snapshot: a column
+    renamed between the two (an ALTER TABLE while a resync runs; found by make soak, where the run
+    resyncs by itself) fails it. That is exit 75 (run again), not 78; the next resync copies the new shape."""
+    from pg2delta.copy import staging
+
+    lake = tmp_path / "lake"
+    _, _, common = _setup(pgdb, lake)
+    real = staging.copy_blocks
+    renamed: list[bool] = []
+
+    def renaming(conn: psycopg.Connection[bytes], statement: object) -> object:
+        if not renamed:
+            with psycopg.connect(pgdb, autocommit=True) as other:
+                other.execute("SET lock_timeout = '5s'")
+                other.execute("ALTER TABLE dv RENAME COLUMN a TO b")
+            renamed.append(True)
+        return real(conn, statement)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(staging, "copy_blocks", renaming)
+    done = cli("resync", *common, "--table", "public.dv")
+    monkeypatch.undo()
+    assert renamed, "the copy never started: the test proved nothing"
+    assert done.returncode == 75 and "shape changed after the copy's snapshot" in done.stderr, done.stderr[-2000:]
+    _ok("resync", *common, "--table", "public.dv")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [DV, OTHER], context="resync again after a rename under the first")

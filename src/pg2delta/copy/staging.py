@@ -111,11 +111,24 @@ def stage_table(
     except psycopg.OperationalError as exc:
         raise ConnectionFailed(f"lost the connection copying {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
     except psycopg.Error as exc:
-        raise SourceStateError(f"cannot copy {plan.table.qualified}: {' '.join(str(exc).split())}") from exc
+        raise _copy_failed(plan.table.qualified, exc) from exc
     finally:
         writes.shutdown(wait=True)
         parts.close()
     return walker.rows, dict(walker.notes)
+
+
+def _copy_failed(name: str, exc: psycopg.Error) -> SourceStateError:
+    """The error of a table's copy that PostgreSQL refused. The COPY is parsed against the catalog as
+    it is now, not as of the copy's snapshot: a column renamed or dropped since the snapshot (an
+    ALTER TABLE meanwhile; found by make soak) is gone from it, and the next run copies the new shape."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, psycopg.errors.UndefinedColumn | psycopg.errors.UndefinedTable):
+        return SourceStateError(
+            f"cannot copy {name}: its shape changed after the copy's snapshot (ALTER TABLE meanwhile; run again): {text}",
+            retryable=True,
+        )
+    return SourceStateError(f"cannot copy {name}: {text}")
 
 
 class _Parts:
