@@ -4,7 +4,9 @@ the Host header the client sent, which is passed on as it is) or answers some of
 throttling or failing S3 would: ``503 SlowDown``, ``500 InternalError``.
 
 ``policy(method, path, n)`` decides for the n-th request (from 1): ``None`` passes it through, a
-status code is answered with S3's error body for it.
+status code is answered with S3's error body for it. A negative one, ``-500``, is the ambiguous
+answer: the request goes through to the store (a PUT lands) and the client gets the error instead
+of the store's answer, as when a load balancer or the network loses the reply.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class FaultProxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # The headers and the body go out in two writes: with Nagle's algorithm the body waits
+            # for the client's delayed ACK of the headers (about 40 ms a request).
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
@@ -62,18 +67,26 @@ class FaultProxy:
                 if status is not None:
                     with proxy._lock:
                         proxy.faults += 1
-                    code, message = _ERRORS.get(status, ("ServiceUnavailable", "Unavailable."))
-                    payload = (
-                        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-                        f"<Message>{message}</Message><RequestId>fault-{n}</RequestId></Error>"
-                    ).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(payload)
-                    return
+                    if status > 0:
+                        self._error(status, n)
+                        return
+                self._forward(body, status, n)
+
+            def _error(self, status: int, n: int) -> None:
+                code, message = _ERRORS.get(status, ("ServiceUnavailable", "Unavailable."))
+                payload = (
+                    f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+                    f"<Message>{message}</Message><RequestId>fault-{n}</RequestId></Error>"
+                ).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+
+            def _forward(self, body: bytes, status: int | None, n: int) -> None:
+                """The request to the store; its answer to the client, or (``status`` < 0) the error."""
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.target.port, timeout=60)
                 try:
                     hop = ("connection", "keep-alive", "transfer-encoding", "content-length")
@@ -83,6 +96,9 @@ class FaultProxy:
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     reply = upstream.getresponse()
                     data = reply.read()
+                    if status is not None:
+                        self._error(-status, n)
+                        return
                     self.send_response(reply.status, reply.reason)
                     for k, v in reply.getheaders():
                         if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length"):
@@ -111,6 +127,7 @@ class FaultProxy:
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        self._server.handle_error = lambda request, address: None  # type: ignore[method-assign] # a client gone (killed)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

@@ -17,10 +17,11 @@ import pytest
 
 from changelog_support import setup_source
 from conftest import newest_server_only
+from lake_read import read_delta
 from s3fault import FaultProxy
 from s3server import S3Server
 from test_object_store import _ok, assert_s3_lake_matches, write_config
-from workload import Workload, cli, confirmed_lsn
+from workload import TABLES, Workload, cli, confirmed_lsn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.deploy]
 
@@ -78,3 +79,61 @@ def test_a_failing_store_stops_the_run_with_75_and_loses_nothing(
         proxy.policy = lambda method, path, n: None
         _ok(cli("run", "--config", config), "run with the store back")
     assert_s3_lake_matches(pgdb, s3_server, s3_lake, "after a failed run and its rerun")
+
+
+def _twice(server: S3Server, uri: str, columns: list[str]) -> int:
+    """Rows of the Delta table at ``uri`` whose ``columns`` another row holds too (0: none, or no table)."""
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(uri, storage_options=server.storage_options):
+        return 0
+    t = read_delta(uri, columns=columns, storage_options=server.storage_options)
+    keys = list(zip(*(t.column(c).to_pylist() for c in columns), strict=True))
+    return len(keys) - len(set(keys))
+
+
+def test_an_answer_lost_after_the_commit_landed(
+    pg_server: Any, pgdb: str, s3_server: S3Server, s3_lake: str, proxy: FaultProxy, tmp_path: Any
+) -> None:
+    """The store applies a Delta commit's PUT but the client gets ``500`` (a reply lost on the way).
+    Its retry finds the version taken (412): the run goes on (the client took its own commit for
+    done) or stops with 75, the slot where it was; one run each with the first commit of a
+    changelog, of a history, of a table and of the applied log answered so. The next run leaves every table equal to PostgreSQL (``events`` has no key: a window
+    appended twice would be rows twice), and no change is twice in a changelog or a history."""
+    newest_server_only(pg_server, "the lake's store does not depend on the server")
+    slot, pub = setup_source(pgdb)
+    config = write_config(tmp_path / "c.toml", pgdb, slot, pub, s3_lake,
+                          '[tables."public.acct"]\nhistory = "scd2"\n[tables."public.events"]\nhistory = "scd2"\n')
+    with Workload(pgdb, 85) as wl:
+        wl.phase(40)
+        _ok(cli("run", "--config", config), "first run, store healthy")
+        codes: list[int] = []
+        for part in ("/_pg2delta/changelog/", "__history/_delta_log/", "/public/acct/_delta_log/", "/_pg2delta/applied_log/"):
+            wl.phase(30)
+            before = confirmed_lsn(pgdb, slot)
+            lost: list[str] = []
+
+            def lost_answer(method: str, path: str, n: int, part: str = part, lost: list[str] = lost) -> int | None:
+                if not lost and method == "PUT" and part in path and path.split("?")[0].endswith(".json"):
+                    lost.append(path)
+                    return -500
+                return None
+
+            proxy.policy = lost_answer
+            failed = cli("run", "--config", config)
+            proxy.policy = lambda method, path, n: None
+            assert lost, f"no commit of {part} in the run: the test proved nothing"
+            codes.append(failed.returncode)
+            assert failed.returncode in (0, 75), (part, failed.returncode, failed.stderr[-3000:])
+            if failed.returncode == 75:
+                assert "lost its answer to a commit" in failed.stderr, failed.stderr[-2000:]
+                assert confirmed_lsn(pgdb, slot) == before, f"the slot moved past a window whose {part} commit failed"
+        _ok(cli("run", "--config", config), "run after the lost answers")
+    print("exit codes of the runs with a lost answer:", codes)
+    assert_s3_lake_matches(pgdb, s3_server, s3_lake, "after commits whose answers were lost")
+    for spec in TABLES:
+        log = f"{s3_lake}/_pg2delta/changelog/{spec.schema}/{spec.name}"
+        assert _twice(s3_server, log, ["_pg2delta_lsn", "_pg2delta_pos"]) == 0, f"changelog of {spec.qualified}: a change twice"
+    versions = ["_pg2delta_valid_from_lsn", "_pg2delta_valid_from_pos"]
+    assert _twice(s3_server, f"{s3_lake}/public/acct__history", ["id", *versions]) == 0, "acct's history: a version twice"
+    assert _twice(s3_server, f"{s3_lake}/public/events__history", versions) == 0, "events' history: a version twice"

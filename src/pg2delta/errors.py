@@ -9,6 +9,7 @@ code (see :data:`EXIT_CODES`) and prints the message on one line.
 from __future__ import annotations
 
 import enum
+import re
 
 
 class ErrorKind(enum.Enum):
@@ -209,14 +210,24 @@ _STORE_TRANSIENT = (
 )
 
 
+# A Delta commit whose version its client found taken when it retried the commit's PUT: the store
+# applied the commit and its answer was lost (a 500 or a cut connection after the PUT landed), or
+# another writer took the version. pysail says "Failed to commit transaction: <version>", delta-rs
+# "Tried committing existing table version". The run stops before the slot moves; the next run
+# finds that commit in place, and the changelog, the history, the MERGE and the applied log are
+# replay-safe (a foreign writer's commit is then found as such: exit 21).
+_COMMIT_TAKEN = re.compile(r"Failed to commit transaction: \d+|Tried committing existing table version")
+
+
 def store_unavailable(exc: BaseException) -> bool:
     """Whether ``exc``, or an error it came from, is the object store throttling or failing for a
-    while (not a refusal: a missing bucket or a denied key stays an error for a human)."""
+    while, or a commit whose answer it lost (not a refusal: a missing bucket or a denied key stays
+    an error for a human)."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if any(marker in str(cur) for marker in _STORE_TRANSIENT):
+        if any(marker in str(cur) for marker in _STORE_TRANSIENT) or _COMMIT_TAKEN.search(str(cur)):
             return True
         cur = cur.__cause__ or cur.__context__
     return False

@@ -230,8 +230,8 @@ def _storage_full(args: argparse.Namespace, exc: BaseException) -> int:
 def _store_unavailable(args: argparse.Namespace, exc: BaseException) -> int:
     """Exit 75 for an error that comes from the object store throttling or failing (S3 503, 500)."""
     return _failed(args, StoreUnavailable(
-        "the object store throttled or failed past its retries (run again later; the slot did not move past "
-        f"the lake): {' '.join(str(exc).split())[:300]}"))
+        "the object store throttled or failed past its retries, or lost its answer to a commit (run again later; "
+        f"the slot did not move past the lake): {' '.join(str(exc).split())[:300]}"))
 
 
 def _terminated(args: argparse.Namespace, exc: BaseException) -> int:
