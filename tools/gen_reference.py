@@ -212,7 +212,7 @@ def _describe(cls: type, section: str, names: dict[str, str] | None = None) -> l
     env = {(s, k): var for var, (s, k, _t) in config._ENV.items()}
     options = cli_options()
     flags = {(s, k): options[flag] for flag, (s, k) in config._FLAGS.items() if flag in options}
-    modes: dict[str, tuple[str, ...]] = {**config._TABLE_MODES, "history": config.HISTORY_MODES}
+    modes: dict[str, tuple[str, ...]] = {**config._TABLE_MODES, "history": config.HISTORY_MODES, "deletes": delta_features.DELETE_MODES}
     if section == "engine":
         modes = {"kind": tuple(config.ENGINES)}
     out = []
@@ -244,11 +244,13 @@ def settings() -> list[Setting]:
         *_describe(config.Config, "lake", lake),
         *_describe(config.StorageConfig, "lake"),
         *_describe(delta_features.FeatureSettings, "lake", {k: k for k in delta_features.LAKE_KEYS}),
+        *_describe(delta_features.RowSettings, "lake"),
         *_describe(engine, "engine", engine_keys),
         *_describe(config.WindowConfig, "window"),
         *_describe(config.MaintainConfig, "maintain"),
-        *_describe(config.TableConfig, 'tables."schema.table"', {f.name: f.name for f in dataclasses.fields(config.TableConfig) if f.name != "delta"}),
+        *_describe(config.TableConfig, 'tables."schema.table"', {f.name: f.name for f in dataclasses.fields(config.TableConfig) if f.name not in ("delta", "rows")}),
         *_describe(delta_features.FeatureSettings, 'tables."schema.table"'),
+        *_describe(delta_features.RowSettings, 'tables."schema.table"'),
     ]
     for s in found:
         if s.section == "engine" and s.key == "spark_conf":

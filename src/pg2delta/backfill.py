@@ -45,7 +45,7 @@ from pg2delta.apply.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
 from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.table import TableReport, merge_changes
 from pg2delta.config import Config
-from pg2delta.decode.changes import LSN_COL, META_NAMES, OP_COL, POS_COL
+from pg2delta.decode.changes import LSN_COL, META_NAMES, OP_COL, POS_COL, TS_COL
 from pg2delta.errors import ConfigError, LakeError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import KIND_BACKFILL, LOG_SCHEMA, LOG_TABLE, LoggedTable, log_row
@@ -410,7 +410,8 @@ def _apply_one(
         changes: pa.Table | None = None
         if rows.num_rows:
             rows = rows.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
-            changes, tr.truncated = _after_last_truncate(rows)
+            changes, tr.truncated_at = _after_last_truncate(rows)
+            tr.truncated = tr.truncated_at is not None
             if unmarked:
                 _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
                 unmarked = False
@@ -446,18 +447,20 @@ def _seed(engine: Engine, lake: Lake, target_lake: Lake, uri: str, plan: _Plan, 
     _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
 
 
-def _after_last_truncate(rows: pa.Table) -> tuple[pa.Table, bool]:
-    """The changes of ``rows`` (changelog rows in commit order) after its last truncate, and whether it has one."""
+def _after_last_truncate(rows: pa.Table) -> tuple[pa.Table, tuple[int, int | None] | None]:
+    """The changes of ``rows`` (changelog rows in commit order) after its last truncate, and that
+    truncate's commit LSN and time (microseconds since 1970; None: no truncate)."""
     is_trunc = pc.equal(rows.column(OP_COL), TRUNCATE_OP)
     truncs = rows.filter(is_trunc)
     changes = rows.filter(pc.invert(is_trunc))
     if not truncs.num_rows:
-        return changes, False
+        return changes, None
     last_lsn = truncs.column(LSN_COL)[-1].as_py()
     last_pos = truncs.column(POS_COL)[-1].as_py()
+    last_ts = truncs.column(TS_COL).cast(pa.int64())[-1].as_py()
     lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
     after = pc.or_(pc.greater(lsn, last_lsn), pc.and_(pc.equal(lsn, last_lsn), pc.greater(pos, last_pos)))
-    return changes.filter(after), True
+    return changes.filter(after), (int(last_lsn), None if last_ts is None else int(last_ts))
 
 
 def _add_chunk(result: TableBackfill, tr: TableReport) -> None:

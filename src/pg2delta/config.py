@@ -108,6 +108,7 @@ class TableConfig:
     exclude: tuple[str, ...] = ()
     # properties, change_data_feed, column_mapping, partition_by, cluster_by: pg2delta.delta_features
     delta: features.FeatureSettings = field(default_factory=features.FeatureSettings)
+    rows: features.RowSettings = field(default_factory=features.RowSettings)  # metadata, deletes: pg2delta.delta_features
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +237,7 @@ class Config:
     hash_key: bytes = field(default=b"", repr=False)
     # [lake] properties, change_data_feed, column_mapping: the Delta features of every table pg2delta creates.
     delta: features.FeatureSettings = field(default_factory=features.FeatureSettings)
+    rows: features.RowSettings = field(default_factory=features.RowSettings)  # [lake] metadata, deletes: every table's default
 
     def table(self, schema: str, name: str) -> TableConfig:
         return self.tables.get(f"{schema}.{name}", TableConfig())
@@ -362,7 +364,7 @@ def load(
         source=source, lake_root=lake_root, storage=storage, engine=engine, window=window, tables=tables, changelog=changelog_default,
         maintain=maintain, history=history_default, database=database, table_name=table_name,
         deletion_vectors=deletion_vectors, hash_key_env=key_env, hash_key_file=key_file,
-        hash_key=hash_key(key_env, key_file, environ) if hashing else b"", delta=lake_delta,
+        hash_key=hash_key(key_env, key_file, environ) if hashing else b"", delta=lake_delta, rows=features.row_settings(sections["lake"], "[lake]"),
     )
     validate(config, need_source=need_source)
     return config
@@ -493,7 +495,7 @@ def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str, bool]:
     """[lake]: the root, the changelog default, the history default and whether the tables created
     on Apache Spark use deletion vectors (:attr:`EngineConfig.deletion_vectors`; the storage
     settings are :func:`_storage_section`'s)."""
-    known = {"root", "changelog", "history", "deletion_vectors", *_STORAGE_KEYS}
+    known = {"root", "changelog", "history", "deletion_vectors", "metadata", "deletes", *_STORAGE_KEYS}
     if set(lake) - known:
         raise ConfigError(f"unknown setting(s) in [lake]: {sorted(set(lake) - known)}")
     lake_root = lake.get("root", "")
@@ -511,8 +513,7 @@ def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str, bool]:
     return lake_root, changelog_default, str(history_default), deletion_vectors
 
 
-# [tables."s.t"] settings that take one of a few words: setting -> allowed values (the first is
-# the default).
+# [tables."s.t"] settings that take one of a few words: setting -> allowed values (the first is the default).
 _TABLE_MODES = {
     "partitions": PARTITION_MODES,
     "dropped_columns": DROPPED_COLUMN_MODES,
@@ -528,7 +529,7 @@ def _table_config(name: str, settings: object) -> TableConfig:
         raise ConfigError(f"[tables.{name!r}] must be named \"schema.table\" and hold settings")
     settings = dict(settings)
     delta = features.feature_settings(settings, f"[tables.{name!r}]", table=True)
-    known_settings = {"key", "changelog", "history", "hash", "exclude", *_TABLE_MODES}
+    known_settings = {"key", "changelog", "history", "hash", "exclude", "metadata", "deletes", *_TABLE_MODES}
     unknown_settings = set(settings) - known_settings
     if unknown_settings:
         raise ConfigError(
@@ -561,7 +562,7 @@ def _table_config(name: str, settings: object) -> TableConfig:
     return TableConfig(
         key=tuple(key), changelog=changelog, history=history, hash=governed["hash"], exclude=governed["exclude"],
         partitions=modes["partitions"], dropped_columns=modes["dropped_columns"], narrowing=modes["narrowing"],
-        on_unfollowable=modes["on_unfollowable"], detached_partitions=modes["detached_partitions"], delta=delta,
+        on_unfollowable=modes["on_unfollowable"], detached_partitions=modes["detached_partitions"], delta=delta, rows=features.row_settings(settings, f"[tables.{name!r}]"),
     )
 
 

@@ -155,6 +155,30 @@ def merged(lake: FeatureSettings, table: FeatureSettings) -> DeltaFeatures:
     return DeltaFeatures(tuple(sorted(props.items())), table.partition_by, table.cluster_by)
 
 
+DELETE_MODES = ("hard", "soft")
+
+
+@dataclass(frozen=True, slots=True)
+class RowSettings:
+    """Row metadata and soft deletes (docs/concepts/row-metadata.md, pg2delta.apply.rowmeta): what
+    ``[lake]`` (every table's default: false, "hard") or one ``[tables."s.t"]`` section says."""
+
+    # true: every row holds _pg2delta_lsn, _pg2delta_commit_ts and _pg2delta_op of its last change
+    # (unset: the [lake] setting; unset there: false).
+    metadata: bool | None = None
+    # "soft": a deleted row stays, _pg2delta_deleted = true (implies metadata); "hard": it leaves the
+    # table (unset: the [lake] setting; unset there: "hard").
+    deletes: str | None = None
+
+
+def row_settings(section: Mapping[str, Any], where: str) -> RowSettings:
+    """The row settings of ``section`` (a ``[lake]`` or ``[tables."s.t"]`` dict; not set: None)."""
+    metadata, deletes = section.get("metadata"), section.get("deletes")
+    if (metadata is not None and not isinstance(metadata, bool)) or deletes not in (None, *DELETE_MODES):
+        raise ConfigError(f"{where}: metadata must be true or false and deletes \"hard\" or \"soft\", not {metadata!r}, {deletes!r}")
+    return RowSettings(metadata, deletes)
+
+
 def refuse_unwritable(engine: str, lake: FeatureSettings, tables: Mapping[str, FeatureSettings]) -> None:
     """:class:`ConfigError` (exit 78) for a table feature the configured engine cannot write: the
     embedded engine writes no Change Data Feed, column mapping, deletion vectors or any other
@@ -180,5 +204,6 @@ def refuse_unwritable(engine: str, lake: FeatureSettings, tables: Mapping[str, F
 
 __all__ = [
     "CHANGE_DATA_FEED", "COLUMN_MAPPING", "EMBEDDED_UNWRITABLE", "FEATURE_PROPERTIES", "LAKE_KEYS", "NO_FEATURES",
-    "TABLE_KEYS", "DeltaFeatures", "FeatureSettings", "feature_settings", "merged", "refuse_unwritable",
+    "TABLE_KEYS", "DeltaFeatures", "FeatureSettings", "RowSettings", "feature_settings", "merged", "refuse_unwritable",
+    "row_settings",
 ]

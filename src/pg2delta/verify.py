@@ -538,9 +538,9 @@ def _columns(
     conn: psycopg.Connection[Any], config: Config, table: PublishedTable, lake_types: dict[str, str], result: TableResult
 ) -> list[ColumnType]:
     """The columns both sides have (name order), noting the others in ``result``."""
-    from pg2delta.decode.changes import META_FIELDS
+    from pg2delta.decode.events import DELETED_COL, META_FIELDS
 
-    meta = {f.name for f in META_FIELDS}
+    meta = {f.name for f in META_FIELDS} | {DELETED_COL}  # pg2delta's columns (the row metadata too)
     base = {str(n): str(t) for n, t in conn.execute(_BASE_TYPES, (table.relation.oid,)).fetchall()}
     published = {c.name for c in table.relation.columns}
     excluded = set(config.table(table.relation.namespace, table.relation.name).exclude)
@@ -563,11 +563,10 @@ def verify_table(
     *, show: bool, max_differences: int,
 ) -> TableResult:
     """Compare one table of the lake at ``t.version`` with the source in ``conn``'s snapshot."""
-    from pg2delta.decode.changes import LSN_COL
-
+    from pg2delta.decode.events import DELETED_COL, POS_COL
     result = TableResult(t.schema, t.table, t.version, foreign_commits=list(t.foreign))
     lake_types = engine.table_types(t.uri, version=t.version) or {}
-    if LSN_COL in lake_types:
+    if POS_COL in lake_types:
         result.skipped = "no key (rows are appended, keyed by their commit position): not compared"
         return result
     columns = _columns(conn, config, published, lake_types, result)
@@ -578,7 +577,8 @@ def verify_table(
     key = [by_name[k] for k in key_names]
     with governed_source(engine, conn, config, published) as staged, engine.version_view(t.uri, t.version) as view:
         src = SourceSide(conn, published, key, columns) if staged is None else LakeSide(engine, staged, key, columns)
-        lake = LakeSide(engine, view, key, columns)
+        live = f"(SELECT * FROM {view} WHERE NOT coalesce(`{DELETED_COL}`, false)) AS live" if DELETED_COL in lake_types else view
+        lake = LakeSide(engine, live, key, columns)  # with soft deletes, the live rows
         result.source_rows, result.lake_rows = both(src.count, lake.count)
         with Progress(f"verify {result.name}", total=result.source_rows, unit="rows", logger=log,
                       line=lambda p: f"verify: {result.name}: {p.rows} rows hashed") as progress:

@@ -483,9 +483,12 @@ class HistoryWriter:
         log.info("history %s: %d versions opened, %d ended before the window%s%s", uri, opened, closed,
                  ", truncated" if first is not None else "", how)
 
-    def copied(self, engine: Engine, schema: str, name: str, staged_dir: str, lsn: int) -> None:
+    def copied(
+        self, engine: Engine, schema: str, name: str, staged_dir: str, lsn: int, *, row_columns: Sequence[str] = ()
+    ) -> None:
         """A copy of the table as of ``lsn`` (bootstrap, resync): every current version ends (``R``)
-        and each copied row opens one, at position -1 and the copy's time, in one MERGE."""
+        and each copied row opens one, at position -1 and the copy's time, in one MERGE.
+        ``row_columns``: the copy's row metadata (pg2delta.apply.rowmeta), not the history's."""
         if not self.enabled(schema, name):
             return
         uri = self.uri(schema, name)
@@ -500,7 +503,7 @@ class HistoryWriter:
         engine.merge_from_copy(
             uri, staged_dir, extra,
             lambda t, s, cols: history_statement(t, s, [], cols, close_all=close_all),
-            internal=(ACTION,),
+            internal=(ACTION, *row_columns),
         )
         self._high.pop(uri, None)
         log.info("history %s: versions of the copy at lsn %d opened, the current ones ended", uri, lsn)

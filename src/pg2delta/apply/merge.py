@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.apply.keys import key_tuples
-from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL
+from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL, TS_COL
+from pg2delta.decode.events import DELETED_COL, TRUNCATE_MARK_OP
 from pg2delta.lake.sql import quote
 
 _INDEX = "__pg2delta_index"
@@ -201,6 +202,7 @@ def merge_statement(
     truncate: bool,
     nullable_keys: bool = False,
     key_range: tuple[int, int] | None = None,
+    soft: SoftDeletes | None = None,
 ) -> str:
     """``MERGE INTO`` applying a reduced source; ``truncate`` also deletes every row the source lacks.
 
@@ -210,7 +212,8 @@ def merge_statement(
     clause as a condition on the table alone, which Delta's data skipping uses to leave out the
     files whose statistics put every key outside it (no row there can match). Not with a truncate
     (rows outside the range are "not matched by source" too) nor nullable keys (a NULL key is in
-    no range).
+    no range). ``soft``: deletes (and the truncate) mark the rows (:class:`SoftDeletes`) rather
+    than remove them; ``columns`` then include the row metadata and ``_pg2delta_deleted``.
     """
     eq = "<=>" if nullable_keys else "="
     on = " AND ".join(f"t.{quote(k)} {eq} s.{quote(k)}" for k in key_names)
@@ -221,12 +224,44 @@ def merge_statement(
     cols = ", ".join(quote(c) for c in columns)
     vals = ", ".join(f"s.{quote(c)}" for c in columns)
     op = quote(OP_COL)
+    deleted = f"UPDATE SET {soft.mark_from_source()}" if soft is not None else "DELETE"
     stmt = (
         f"MERGE INTO {target} AS t USING {source} AS s ON {on} "
-        f"WHEN MATCHED AND s.{op} = 'D' THEN DELETE "
+        f"WHEN MATCHED AND s.{op} = 'D' THEN {deleted} "
         f"WHEN MATCHED THEN UPDATE SET {sets} "
         f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({cols}) VALUES ({vals})"
     )
-    if truncate:
+    if truncate and soft is not None:
+        stmt += f" WHEN NOT MATCHED BY SOURCE AND NOT t.{quote(DELETED_COL)} THEN UPDATE SET {soft.mark_truncated()}"
+    elif truncate:
         stmt += " WHEN NOT MATCHED BY SOURCE THEN DELETE"
     return stmt
+
+
+@dataclass(frozen=True, slots=True)
+class SoftDeletes:
+    """``deletes = "soft"``: a deleted row stays, ``_pg2delta_deleted`` true, its other columns as
+    they were, its row metadata the delete's; a truncate marks every row not yet marked with its
+    own commit LSN and time (``truncate_lsn``, ``truncate_ts``: microseconds since 1970, UTC) and op
+    ``T``. A key inserted again is matched and set anew, live."""
+
+    truncate_lsn: int = 0
+    truncate_ts: int | None = None
+
+    def mark_from_source(self) -> str:
+        """``SET`` of a row deleted by the source's delete."""
+        return ", ".join(
+            [f"t.{quote(DELETED_COL)} = true", *(f"t.{quote(c)} = s.{quote(c)}" for c in (LSN_COL, TS_COL, OP_COL))]
+        )
+
+    def mark_truncated(self, t: str = "t.") -> str:
+        """``SET`` of a row the truncate deleted (``t``: the target's prefix)."""
+        ts = "CAST(NULL AS TIMESTAMP)" if self.truncate_ts is None else f"timestamp_micros(CAST({int(self.truncate_ts)} AS BIGINT))"
+        return (
+            f"{t}{quote(DELETED_COL)} = true, {t}{quote(LSN_COL)} = CAST({int(self.truncate_lsn)} AS BIGINT), "
+            f"{t}{quote(TS_COL)} = {ts}, {t}{quote(OP_COL)} = '{TRUNCATE_MARK_OP}'"
+        )
+
+    def update_truncated(self, target: str) -> str:
+        """The ``UPDATE`` of a truncate alone in its window (no source rows)."""
+        return f"UPDATE {target} SET {self.mark_truncated('')} WHERE NOT {quote(DELETED_COL)}"

@@ -25,6 +25,7 @@ from pg2delta.apply.schema import Plan, conform, conform_batches
 from pg2delta.apply.targets import Target, live
 from pg2delta.decode import _tuples
 from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL, TOAST_COL, TruncateEvent
+from pg2delta.decode.events import DELETED_FIELD
 from pg2delta.errors import SchemaError
 from pg2delta.lake import engine_staged
 from pg2delta.lake.engine import Lake
@@ -134,13 +135,15 @@ def stage_changes(
     *,
     whole: bool = False,
     bucket_key: Sequence[str] = (),
+    soft: bool = False,
 ) -> tuple[StagedChanges, set[str]]:
     """:func:`table_changes` for a window with spilled batches: conformed and filtered batch by
     batch into Parquet files under the staging area's ``name`` (None: only counted, for
     ``pg2delta plan``), never gathered on the driver. Returns them and the columns kept by updates.
     ``whole``: the changes before the window's last truncate too (for the history). ``bucket_key``:
     past ``engine_staged.REDUCE_BUCKET_ROWS`` changes, the files are written in buckets of these columns
-    (:attr:`StagedChanges.buckets`), at most :data:`BUCKET_BUFFER_BYTES` held for it."""
+    (:attr:`StagedChanges.buckets`), at most :data:`BUCKET_BUFFER_BYTES` held for it. ``soft``: each
+    change also holds ``_pg2delta_deleted`` (whether it is a delete), for soft deletes' MERGE."""
     truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
     last = max(truncates, key=lambda t: (t.commit_lsn, t.pos)) if truncates and not whole else None
     kept_by_update: set[str] = set()
@@ -159,6 +162,8 @@ def stage_changes(
         if len(marks):
             toast.update(x for x in pc.unique(marks).to_pylist() if x is not None)
         staged.rows += t.num_rows
+        if soft:
+            t = t.append_column(DELETED_FIELD, pc.equal(t.column(OP_COL), "D"))
         if name is not None:
             files.add(t)
     files.flush()
@@ -224,13 +229,14 @@ class _StagedFiles:
 
 def reduce(
     schema: str, name: str, changes: pa.Table | None, key_names: list[str], data_columns: Sequence[str],
-    *, configured_key: bool = True,
+    *, configured_key: bool = True, meta: Sequence[str] = (),
 ) -> tuple[Reduced, list[str], list[str]] | None:
     """``changes`` reduced to one final state per key, with the key and data columns the MERGE
     uses (a table without a key is keyed by commit position); None when there is nothing to merge.
     What the run merges and what ``pg2delta plan`` counts. ``configured_key=False``: the key is
     one PostgreSQL keeps unique (the replica identity, or the commit position), so a window of
-    inserts only is kept as it is (:func:`~pg2delta.apply.merge.reduce_changes`)."""
+    inserts only is kept as it is (:func:`~pg2delta.apply.merge.reduce_changes`). ``meta``: the
+    changes' meta columns the table keeps too (its row metadata, pg2delta.apply.rowmeta)."""
     if changes is not None:
         changes = filtered(changes, pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
     if changes is None or changes.num_rows == 0:
@@ -246,6 +252,7 @@ def reduce(
             )
         key_names = [LSN_COL, POS_COL]
         data_columns = [*data_columns, LSN_COL, POS_COL]
+    data_columns = list(dict.fromkeys([*data_columns, *meta]))
     return reduce_changes(changes, key_names, data_columns, distinct_keys=not configured_key), key_names, data_columns
 
 def newest_commit_ts(tgt: Target, truncates: Sequence[TruncateEvent], applied_lsn: int) -> int | None:

@@ -28,7 +28,14 @@ import pyarrow.compute as pc
 from pg2delta.apply.history import StagedWindow, window_versions
 from pg2delta.apply.keys import key_tuple
 from pg2delta.apply.lakeside import Lakeside
-from pg2delta.apply.merge import Reduced, fill_toast_in_order, merge_statement, one_change_per_key
+from pg2delta.apply.merge import (
+    Reduced,
+    SoftDeletes,
+    fill_toast_in_order,
+    merge_statement,
+    one_change_per_key,
+)
+from pg2delta.apply.rowmeta import row_columns, soft_deletes
 from pg2delta.apply.schema import Plan, conform
 from pg2delta.apply.stage import (
     StagedChanges,
@@ -39,7 +46,8 @@ from pg2delta.apply.stage import (
     table_changes,
 )
 from pg2delta.apply.targets import Target, live
-from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL
+from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL, TruncateEvent
+from pg2delta.decode.events import DELETED_COL, DELETED_FIELD
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import Applied
@@ -63,6 +71,15 @@ class TableReport:
     delta_version: int | None = None
     skipped: bool = False
     commit_ts: int | None = None  # microseconds since 1970 (UTC) of the newest transaction applied
+    # The window's last truncate (commit LSN, commit time): what soft deletes mark the rows with.
+    truncated_at: tuple[int, int | None] | None = None
+
+    def soft(self, meta: Sequence[str]) -> SoftDeletes | None:
+        """The soft deletes of a table whose row columns are ``meta`` (None: deletes remove rows)."""
+        if DELETED_COL not in meta:
+            return None
+        lsn, ts = self.truncated_at or (0, None)
+        return SoftDeletes(lsn, ts)
 
 
 def merge_changes(
@@ -100,20 +117,21 @@ def merge_changes(
             if changes.name is not None:
                 side.lake.unstage_dir(changes.name)
         return
-    reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys)
+    meta = row_columns(side.config, schema, name)
+    reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys, meta=meta[:3])
     if reducing is None:
-        _truncate_only(side, report, txn)
+        _truncate_only(side, report, txn, meta)
         return
     reduced, key_names, data_columns = reducing
     # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
     # crash between tables must not see what the crashed run already merged.
-    source = fill_lookups(
-        side.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional
-    )
+    source = fill_lookups(side.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional)
     report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
     report.rows_merged, key_range = source.num_rows, integer_range(source.column(key_names[0]))
     existing = reshape() if reshape is not None else None
-    staged = side.lake.stage(source.select([*data_columns, OP_COL]), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+    if DELETED_COL in meta:  # a delete's row is kept, marked (the MERGE keeps the table's values)
+        source, data_columns = source.append_column(DELETED_FIELD, pc.equal(source.column(OP_COL), "D")), [*data_columns, DELETED_COL]
+    staged = side.lake.stage(source.select(list(dict.fromkeys([*data_columns, OP_COL]))), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
     # The rows are in the staged file now: the driver's reduced copies go back to the system before
     # the engine's MERGE, which takes about as much again in this process on the embedded engine
     # (bench/README.md, "A bulk UPDATE into a populated table").
@@ -124,6 +142,12 @@ def merge_changes(
                      key_range=key_range)
     finally:
         side.lake.unstage(staged)
+
+
+def last_truncate(truncates: Sequence[TruncateEvent]) -> tuple[int, int | None] | None:
+    """The commit LSN and time of the last of ``truncates`` (None: none)."""
+    last = max(truncates, key=lambda t: (t.commit_lsn, t.pos), default=None)
+    return None if last is None else (last.commit_lsn, last.commit_ts)
 
 
 def _commit_rows(
@@ -142,7 +166,8 @@ def _commit_rows(
     side.engine.merge(
         uri, staged,
         lambda target, view: _statement(
-            target, view, key_names, data_columns, append, report.truncated, nullable_keys, key_range
+            target, view, key_names, data_columns, append, report.truncated, nullable_keys, key_range,
+            soft=report.soft(data_columns),
         ),
         txn=txn, rows=report.rows_merged,
     )
@@ -154,10 +179,15 @@ def _commit_rows(
     )
 
 
-def _truncate_only(side: Lakeside, report: TableReport, txn: Txn | None) -> None:
-    """A window with no change to merge: its truncate (if any) deletes every row of the table."""
+def _truncate_only(side: Lakeside, report: TableReport, txn: Txn | None, meta: Sequence[str] = ()) -> None:
+    """A window with no change to merge: its truncate (if any) deletes every row of the table (or
+    marks them, with soft deletes)."""
     if report.truncated and side.lake.delta_version(report.path) is not None:
-        side.engine.delete_all(report.path, txn=txn)
+        soft = report.soft(meta)
+        if soft is not None:
+            side.engine.update(report.path, soft.update_truncated, txn=txn)
+        else:
+            side.engine.delete_all(report.path, txn=txn)
         report.delta_version = side.lake.delta_version(report.path)
 
 
@@ -178,8 +208,9 @@ def _merge_staged(
 ) -> None:
     """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.window.spill)."""
     schema, name, uri = report.schema, report.table, report.path
+    meta = row_columns(side.config, schema, name)
     if staged.rows == 0 or staged.uri is None or staged.name is None:
-        _truncate_only(side, report, txn)
+        _truncate_only(side, report, txn, meta)
         return
     data_columns = [c for c in data_columns if c not in META_NAMES]
     if not key_names:
@@ -190,6 +221,7 @@ def _merge_staged(
             )
         key_names = [LSN_COL, POS_COL]
         data_columns = [*data_columns, LSN_COL, POS_COL]
+    data_columns = list(dict.fromkeys([*data_columns, *meta]))  # the staged files hold _pg2delta_deleted (stage_changes)
     report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
     existing = reshape() if reshape is not None else None
     distinct = one_change_per_key(staged.ops, unique_key=not nullable_keys)
@@ -197,10 +229,10 @@ def _merge_staged(
     side.engine.ensure_table(uri, staged.uri, data_columns, existing)
     if reshaped is not None:
         reshaped()
-    truncate = report.truncated
+    truncate, soft = report.truncated, report.soft(meta)
     report.rows_merged = side.engine.merge_reduced(
         uri, staged.uri,
-        lambda target, view: _statement(target, view, key_names, data_columns, append, truncate, nullable_keys),
+        lambda target, view: _statement(target, view, key_names, data_columns, append, truncate, nullable_keys, soft=soft),
         work=f"{staged.name}-reduce", key_names=key_names, data_columns=data_columns,
         toast_columns=staged.toast_columns, lookup_version=lookup_version, nullable_keys=nullable_keys,
         optional=optional or (), txn=txn, rows=staged.rows, bucket_files=staged.buckets, distinct_keys=distinct,
@@ -216,7 +248,7 @@ def _merge_staged(
 
 def _statement(
     target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], append: bool, truncate: bool,
-    nullable_keys: bool, key_range: tuple[int, int] | None = None,
+    nullable_keys: bool, key_range: tuple[int, int] | None = None, *, soft: SoftDeletes | None = None,
 ) -> AppendRows | MergeRows:
     """The commit of a window's final rows: a MERGE, or into a table this window created (no row
     to match, nothing a truncate could remove) an append of the rows that are not deletes. A
@@ -225,12 +257,12 @@ def _statement(
     if append:
         return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
     merge = MergeRows(
-        merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys),
+        merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys, soft=soft),
         tuple(key_names), tuple(data_columns), truncate, nullable_keys,
     )
     if key_range is None or truncate or nullable_keys:
         return merge
-    bounded = merge_statement(target, view, key_names, data_columns, truncate=truncate, key_range=key_range)
+    bounded = merge_statement(target, view, key_names, data_columns, truncate=truncate, key_range=key_range, soft=soft)
     return dataclasses.replace(merge, bounded=bounded)
 
 
@@ -384,12 +416,12 @@ class TableApplier:
             truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
             changes, kept_by_update = stage_changes(
                 self.side.lake, tgt, pl, applied_lsn, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}",
-                bucket_key=list(pl.key) or [LSN_COL, POS_COL],  # the MERGE's key (a keyless table's: its position)
-            )
+                bucket_key=list(pl.key) or [LSN_COL, POS_COL], soft=soft_deletes(self.side.config, schema, name),
+            )  # the MERGE's key (a keyless table's: its position)
             release_memory()
         else:
             changes, truncates, kept_by_update = table_changes(tgt, pl, applied_lsn)
-        report.truncated = bool(truncates)
+        report.truncated, report.truncated_at = bool(truncates), last_truncate(truncates)
         # The table's newest change in the window is its commit's idempotent-write version: a
         # replay of the window holds the same changes (or more, then a higher version) for it.
         newest = max(

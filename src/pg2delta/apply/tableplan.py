@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from pg2delta.apply.added_columns import added_column_values
 from pg2delta.apply.column_forms import ColumnForms
 from pg2delta.apply.renames import column_renames, renamed_types
+from pg2delta.apply.rowmeta import check_row_columns
 from pg2delta.apply.schema import Plan, plan
 from pg2delta.apply.targets import Target, TargetResolver, live
 from pg2delta.config import Config
@@ -151,6 +152,7 @@ class TablePlanner:
         types = (planned[uri] if planned is not None and uri in planned
                  else self.engine().table_types(uri, version=applied.delta_version if applied else None))
         self.forms.check(tgt, types, source_name=self.targets.source_name(tgt))
+        check_row_columns(self.config, tgt.schema, tgt.table, types, source_name=self.targets.source_name(tgt))
         renames = column_renames(self.config, tgt, types, applied.attnums if applied else None,
                                  self.catalog.attnums(tgt.owner) if self.catalog is not None and types else {},
                                  applied.end_lsn if applied else 0)

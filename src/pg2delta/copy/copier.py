@@ -22,9 +22,11 @@ from typing import Any
 
 import psycopg
 
+from pg2delta.apply import rowmeta
 from pg2delta.apply.lakeside import Lakeside
 from pg2delta.copy.staging import StageTask, Workers, stage_in_worker, stage_table
-from pg2delta.decode.changes import WindowDecoder
+from pg2delta.decode.changes import LSN_COL, WindowDecoder
+from pg2delta.decode.events import DELETED_COL, OP_COL, TS_COL
 from pg2delta.errors import (
     ErrorKind,
     Pg2DeltaError,
@@ -37,7 +39,7 @@ from pg2delta.lake.column_records import write_record
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
-from pg2delta.source.copy import CopyPlan
+from pg2delta.source.copy import CopyMeta, CopyPlan
 from pg2delta.source.keys import column_rules, key_resolver
 from pg2delta.source.publication import PublishedTable, copied_tables
 from pg2delta.source.slot import SlotSource, connect
@@ -46,6 +48,7 @@ from pg2delta.source.snapshot import ExportedSnapshot, Snapshot, open_snapshot
 log = logging.getLogger(__name__)
 
 STAGING = "_pg2delta/staging/bootstrap"
+ROW_COLUMNS = frozenset({LSN_COL, TS_COL, OP_COL, DELETED_COL})  # a copy's row metadata (CopyMeta), not in the history
 DEFAULT_PARALLEL = 2
 
 
@@ -156,12 +159,26 @@ class Copier:
         # before the first commit, so that the engine's work overlaps the copy.
         self._start_row = start_row
         self._logging = threading.Lock()
+        self._snapshot_ts: int | None = None  # PostgreSQL's time in the snapshot (CopyMeta.ts)
 
     def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
         catalog = PgTypeCatalog(catalog_conn)
         config = self.job.config
         decoder = WindowDecoder(catalog, key_resolver(config, catalog_conn), columns=column_rules(config, catalog_conn))
-        return [CopyPlan.make(t.usable(), decoder.relation_version(t.relation)) for t in tables]
+        return [CopyPlan.make(t.usable(), decoder.relation_version(t.relation), self.meta(catalog_conn, t)) for t in tables]
+
+    def meta(self, catalog_conn: psycopg.Connection[Any], table: PublishedTable) -> CopyMeta | None:
+        """The row metadata of the table's copied rows (None: the table keeps none): the snapshot's
+        LSN and PostgreSQL's time in it (``catalog_conn`` is in the snapshot; read once per copy)."""
+        rel = table.relation
+        if not rowmeta.metadata(self.job.config, rel.namespace, rel.name):
+            return None
+        if self._snapshot_ts is None:
+            row = catalog_conn.execute(
+                "SELECT floor(extract(epoch FROM transaction_timestamp()) * 1000000)::int8"
+            ).fetchone()
+            self._snapshot_ts = int(row[0]) if row is not None else 0
+        return CopyMeta(self.snapshot.consistent_lsn, self._snapshot_ts, rowmeta.soft_deletes(self.job.config, rel.namespace, rel.name))
 
     def _stage_rel(self, table: PublishedTable) -> str:
         return f"{self.staging}/{table.relation.namespace}.{table.relation.name}"
@@ -218,7 +235,7 @@ class Copier:
         for plan in todo:
             task = StageTask(
                 self.job.config, self.snapshot, plan.table,
-                f"{self.job.lake.path}/{self._stage_rel(plan.table)}",
+                f"{self.job.lake.path}/{self._stage_rel(plan.table)}", plan.meta,
             )
             staging[workers.pool.submit(stage_in_worker, task)] = (plan, time.monotonic())
         commits: list[Future[Any]] = []
@@ -280,7 +297,10 @@ class Copier:
         lake = self.job.lake
         version = lake.delta_version(uri)
         # The history (history = "scd2") ends its current versions and opens the copy's rows.
-        self.job.history.copied(self.job.engine, rel.namespace, rel.name, lake.table_uri(stage_rel), self.snapshot.consistent_lsn)
+        self.job.history.copied(
+            self.job.engine, rel.namespace, rel.name, lake.table_uri(stage_rel), self.snapshot.consistent_lsn,
+            row_columns=[f.name for f in plan.schema if f.name in ROW_COLUMNS and not (plan.keyless and f.name == LSN_COL)],
+        )
         # The form its columns were landed in (hash, exclude), once the copy is the table's latest version.
         governance = plan.version.governance
         write_record(lake, rel.namespace, rel.name, governance.rules.record() if governance is not None else None)

@@ -33,7 +33,7 @@ from pg2delta.lake.engine import Lake
 from pg2delta.lake.engine_session import EMBEDDED_FILE_BYTES
 from pg2delta.lake.engine_writes import copy_file_options
 from pg2delta.source.catalog import PgTypeCatalog
-from pg2delta.source.copy import CopyPlan, CopyRows
+from pg2delta.source.copy import CopyMeta, CopyPlan, CopyRows
 from pg2delta.source.keys import column_rules, key_resolver
 from pg2delta.source.publication import PublishedTable
 from pg2delta.source.slot import connect, copy_blocks
@@ -172,6 +172,7 @@ class StageTask:
     snapshot: Snapshot
     table: PublishedTable
     stage_dir: str
+    meta: CopyMeta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +279,7 @@ def stage_in_worker(task: StageTask) -> _Staged:
             open_snapshot(conn, task.snapshot)
             decoder = WindowDecoder(PgTypeCatalog(catalog_conn), key_resolver(cfg, catalog_conn),
                                     columns=column_rules(cfg, catalog_conn))
-            plan = CopyPlan.make(task.table, decoder.relation_version(task.table.relation))
+            plan = CopyPlan.make(task.table, decoder.relation_version(task.table.relation), task.meta)
 
             def report(rows: int, new: int) -> None:
                 if _abort.is_set():

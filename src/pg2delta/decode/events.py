@@ -39,6 +39,17 @@ META_FIELDS = (
     pa.field(TS_COL, pa.timestamp("us", tz="UTC")),
 )
 META_NAMES = frozenset(f.name for f in META_FIELDS)
+# Row metadata ([tables."s.t"] metadata, deletes = "soft"): LSN_COL, TS_COL and OP_COL of a row's
+# last change kept in the Delta table's row, and with soft deletes whether that change removed it.
+DELETED_COL = "_pg2delta_deleted"
+COPY_OP = "S"  # OP_COL of a row copied at a snapshot (bootstrap, resync)
+TRUNCATE_MARK_OP = "T"  # OP_COL of a row a TRUNCATE marked deleted
+ROW_META_FIELDS = (
+    pa.field(LSN_COL, pa.int64()),
+    pa.field(TS_COL, pa.timestamp("us", tz="UTC")),
+    pa.field(OP_COL, pa.string()),
+)
+DELETED_FIELD = pa.field(DELETED_COL, pa.bool_())
 
 @dataclass(frozen=True, slots=True)
 class RelationVersion:

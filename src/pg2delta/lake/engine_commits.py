@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.decode.changes import OP_COL
+from pg2delta.decode.events import DELETED_COL
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import AppendRows, MergeRows, Txn
@@ -103,6 +105,11 @@ class Commits(DeltaReads):
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
+    def update(self, uri: str, statement_for: Callable[[str], str], *, txn: Txn | None = None) -> None:
+        """The ``UPDATE`` ``statement_for(target)`` of the Delta table at ``uri``, in one commit."""
+        with self._txn(txn):
+            self._sql(statement_for(self.target(uri)), f"UPDATE {uri}")
+
     def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
         """``writer`` (of ``df``) of a commit that creates the Delta table ``uri``, with what the
         engine creates tables with (see :meth:`pg2delta.lake.engine.Engine.new_table_writer`)."""
@@ -138,7 +145,8 @@ class Commits(DeltaReads):
         try:
             fields = {f.name: f for f in self.spark.read.format("delta").load(uri).schema.fields}
             source = self.spark.table(view)
-            if set(fields) != set(merge.columns):
+            if set(fields) != set(merge.columns) or DELETED_COL in fields:
+                # Soft deletes (pg2delta.apply.merge.SoftDeletes) keep a deleted row's values: a MERGE.
                 return False
             first = merge.key_names[0]
             ranged = not merge.truncate and not merge.nullable_keys and fields[first].dataType.simpleString() in _RANGE_TYPES
@@ -148,7 +156,7 @@ class Commits(DeltaReads):
             if got["n"] < max(1, EMBEDDED_REWRITE_ROWS):
                 return False
             # The source in the table's types (a key compared or hashed in another type differs).
-            cast = self._view(views, _typed(source, fields, OP_COL))
+            cast = self._view(views, _typed(source, fields, *([] if OP_COL in fields else [OP_COL])))
             where, in_range = self._replaced(uri, first, cast, got) if ranged else (None, None)
             table = self.spark.read.format("delta").load(uri)
             if where is not None:

@@ -19,6 +19,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from pg2delta.decode.changes import LSN_COL, META_FIELDS, META_NAMES, POS_COL, RelationVersion
+from pg2delta.decode.events import COPY_OP, DELETED_FIELD, ROW_META_FIELDS
 from pg2delta.decode.typemap import KIND_BINARY, KIND_TEXT
 from pg2delta.errors import (
     DecodeError,
@@ -38,6 +39,18 @@ U8 = npt.NDArray[np.uint8]
 
 
 @dataclass(frozen=True, slots=True)
+class CopyMeta:
+    """The row metadata of a table's copied rows ([tables."s.t"] metadata, pg2delta.apply.rowmeta):
+    ``_pg2delta_lsn`` the snapshot's LSN (its consistent point), ``_pg2delta_commit_ts`` ``ts``
+    (microseconds since 1970: PostgreSQL's transaction_timestamp() in the snapshot, after every
+    copied row's commit), ``_pg2delta_op`` ``S``; with ``soft`` deletes ``_pg2delta_deleted`` false."""
+
+    lsn: int
+    ts: int
+    soft: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CopyPlan:
     """How one table is copied: the COPY statement, the codecs, and the Arrow schema of the Delta table."""
 
@@ -46,20 +59,24 @@ class CopyPlan:
     keyless: bool  # no key: rows carry _pg2delta_lsn = 0 and a row number, as the change path keys them
     schema: pa.Schema
     text_columns: tuple[bool, ...]
+    meta: CopyMeta | None = None
 
     @classmethod
-    def make(cls, table: PublishedTable, version: RelationVersion) -> CopyPlan:
+    def make(cls, table: PublishedTable, version: RelationVersion, meta: CopyMeta | None = None) -> CopyPlan:
         keyless = not version.key_indexes
         # The landed columns (hashed ones as strings, excluded ones left out: pg2delta.decode.governance).
         fields = [f for f in version.schema if f.name not in META_NAMES]
         if keyless:
-            meta = {f.name: f for f in META_FIELDS}
-            fields += [meta[LSN_COL], meta[POS_COL]]
+            named = {f.name: f for f in META_FIELDS}
+            fields += [named[LSN_COL], named[POS_COL]]
+        if meta is not None:  # a keyless table's _pg2delta_lsn is its key (0 in copied rows): kept so
+            fields += [f for f in ROW_META_FIELDS if not (keyless and f.name == LSN_COL)]
+            fields += [DELETED_FIELD] if meta.soft else []
         text = tuple(
             c.name in table.text_columns or codec.server_printed
             for c, codec in zip(table.relation.columns, version.codecs, strict=True)
         )
-        return cls(table, version, keyless, pa.schema(fields), text)
+        return cls(table, version, keyless, pa.schema(fields), text, meta)
 
     def statement(self) -> sql.Composed:
         cols: list[sql.Composable] = []
@@ -101,6 +118,13 @@ class CopyPlan:
         if self.keyless:
             arrays.append(pa.array(np.zeros(n, dtype=np.int64)))
             arrays.append(pa.array(np.arange(first_row, first_row + n, dtype=np.int64)))
+        if self.meta is not None:
+            if not self.keyless:
+                arrays.append(pa.array(np.full(n, self.meta.lsn, dtype=np.int64)))
+            arrays.append(pa.array(np.full(n, self.meta.ts, dtype=np.int64)).cast(pa.timestamp("us", tz="UTC")))
+            arrays.append(pa.array([COPY_OP] * n, type=pa.string()))
+            if self.meta.soft:
+                arrays.append(pa.array(np.zeros(n, dtype=bool)))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 

@@ -1,0 +1,267 @@
+"""Row metadata (``metadata = true``): every row holds the commit LSN, commit time and kind of its
+last change, exactly as PostgreSQL says them.
+
+PostgreSQL's own word is read from a second logical slot of the test's, peeked as pgoutput bytes:
+each transaction's Begin message holds its commit LSN, commit time and xid (parsed here with
+``struct``, not by pg2delta), and each row's ``xmin`` names the transaction of its last change. The
+lake is read back with delta-rs and compared with PostgreSQL's rows and those values.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import struct
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import newest_server_only
+from lake_read import read_delta
+from pg2delta import config as config_module
+from pg2delta.apply.rowmeta import row_columns
+from pg2delta.errors import ConfigError
+from pg2delta.source.throwaway import ThrowawayPostgres
+from workload import cli
+
+PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+META = ("_pg2delta_lsn", "_pg2delta_commit_ts", "_pg2delta_op")
+
+
+def test_metadata_and_deletes_settings(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[source]\ndsn = "host=x"\n[lake]\nroot = "{tmp_path}"\nmetadata = true\n'
+                    '[tables."s.a"]\nmetadata = false\n[tables."s.b"]\ndeletes = "soft"\n')
+    cfg = config_module.load(path, env={})
+    assert row_columns(cfg, "s", "other") == META and row_columns(cfg, "s", "a") == ()
+    assert row_columns(cfg, "s", "b") == (*META, "_pg2delta_deleted")
+    path.write_text(f'[source]\ndsn = "host=x"\n[lake]\nroot = "{tmp_path}"\n[tables."s.a"]\ndeletes = "gone"\n')
+    with pytest.raises(ConfigError, match="deletes \"hard\" or \"soft\", not None, 'gone'"):
+        config_module.load(path, env={})
+
+
+def _truth(dsn: str, slot: str, pub: str) -> dict[int, tuple[int, dt.datetime]]:
+    """xid -> (commit LSN, commit time) of every transaction the test's own slot has seen, from
+    the Begin messages PostgreSQL sent it (``B``, final LSN, commit time in microseconds since
+    2000, xid)."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', %s)", (slot, pub),
+        ).fetchall()
+    out = {}
+    for (data,) in rows:
+        if bytes(data[:1]) == b"B":
+            lsn, micros, xid = struct.unpack(">QqI", bytes(data[1:21]))
+            out[xid] = (lsn, PG_EPOCH + dt.timedelta(microseconds=micros))
+    return out
+
+
+def _rows(dsn: str, table: str) -> dict[int, dict[str, Any]]:
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute(f"SELECT id, v, big, xmin::text::bigint AS xid FROM {table}")
+        return {r[0]: {"v": r[1], "big": r[2], "xid": r[3]} for r in cur.fetchall()}
+
+
+def _lake(path: Path) -> dict[int, dict[str, Any]]:
+    return {r["id"]: r for r in read_delta(path).to_pylist()}
+
+
+def _check(dsn: str, lake: Path, table: str, truth: dict[int, tuple[int, dt.datetime]], ops: dict[int, str],
+           copied: tuple[int, str]) -> None:
+    """The Delta table of ``table`` holds PostgreSQL's rows, each with its last change's commit LSN and
+    time (a row copied at the bootstrap: the snapshot's LSN, op S) and op (``ops``; default: copied)."""
+    want, got = _rows(dsn, table), _lake(lake / table.replace(".", "/"))
+    assert sorted(got) == sorted(want)
+    for key, row in want.items():
+        lrow = got[key]
+        assert (lrow["v"], lrow["big"]) == (row["v"], row["big"]), key
+        if row["xid"] in truth:
+            lsn, ts = truth[row["xid"]]
+            assert (lrow["_pg2delta_lsn"], lrow["_pg2delta_commit_ts"], lrow["_pg2delta_op"]) == (lsn, ts, ops[key]), key
+        else:  # copied at the bootstrap
+            assert (lrow["_pg2delta_lsn"], lrow["_pg2delta_op"]) == (copied[0], "S"), key
+            assert lrow["_pg2delta_commit_ts"].isoformat() == copied[1], key
+
+
+@pytest.mark.e2e
+def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path) -> None:
+    newest_server_only(pg_server, "the row metadata does not depend on the server")
+    lake = tmp_path / "lake"
+    tag = uuid.uuid4().hex[:8]
+    slot, pub, truth_slot = f"rm_{tag}", f"rm_{tag}", f"rm_truth_{tag}"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA rm")
+        for t in ("items", "plain"):
+            conn.execute(f"CREATE TABLE rm.{t} (id int PRIMARY KEY, v text, big text)")
+            conn.execute(f"ALTER TABLE rm.{t} ALTER big SET STORAGE EXTERNAL")  # out of line: unchanged TOAST
+            conn.execute(f"INSERT INTO rm.{t} SELECT g, 'v' || g, repeat(chr(96 + g), 3000) FROM generate_series(1, 10) g")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.items, rm.plain")
+
+    def config(plain_metadata: bool, memory_budget: int | None = None) -> Path:
+        path = tmp_path / "rm.toml"
+        path.write_text("\n".join([
+            "[source]", f"dsn = {json.dumps(pgdb)}", f'slot = "{slot}"', f'publication = "{pub}"',
+            "[lake]", f'root = "{lake}"', "metadata = true", "changelog = true",
+            *(["[window]", f"memory_budget = {memory_budget}"] if memory_budget else []),
+            '[tables."rm.plain"]', f"metadata = {str(plain_metadata).lower()}",
+        ]) + "\n")
+        return path
+
+    before = dt.datetime.now(dt.UTC)
+    done = cli("bootstrap", "--config", str(config(False)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    boot = [r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["kind"] == "bootstrap"]
+    snapshot_lsn = boot[0]["window_end"]
+    copied_ts = _lake(lake / "rm" / "items")[1]["_pg2delta_commit_ts"]
+    assert before - dt.timedelta(seconds=5) < copied_ts < dt.datetime.now(dt.UTC)  # PostgreSQL's clock, in the snapshot
+    copied = (snapshot_lsn, copied_ts.isoformat())
+    assert not set(META) & set(read_delta(lake / "rm" / "plain").column_names)
+    _check(pgdb, lake, "rm.items", {}, {}, copied)
+
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (truth_slot,))
+        conn.execute("UPDATE rm.items SET v = 'u' || id WHERE id IN (1, 2)")  # big: unchanged TOAST
+        conn.execute("DELETE FROM rm.items WHERE id = 3")
+        conn.execute("UPDATE rm.items SET id = 104 WHERE id = 4")  # a key change, big unchanged
+        conn.execute("INSERT INTO rm.items VALUES (11, 'new', repeat('y', 3000))")
+        with conn.transaction():  # inserted then updated in one transaction: its last change is the update
+            conn.execute("INSERT INTO rm.items VALUES (12, 'twelve', NULL)")
+            conn.execute("UPDATE rm.items SET v = 'twelve-u' WHERE id = 12")
+        conn.execute("UPDATE rm.plain SET v = 'p' WHERE id = 1")
+    ops = {1: "U", 2: "U", 104: "U", 11: "I", 12: "U"}
+    done = cli("run", "--config", str(config(False)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = _truth(pgdb, truth_slot, pub)
+    _check(pgdb, lake, "rm.items", truth, ops, copied)
+
+    # Turning metadata on for a table the lake holds without it: refused until a resync rewrites it.
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE rm.items SET v = 'u2-' || id WHERE id = 1")
+        conn.execute("UPDATE rm.plain SET v = 'p2' WHERE id = 2")
+    ops[1] = "U"
+    refused = cli("run", "--config", str(config(True)))
+    assert refused.returncode == 78, refused.stderr[-3000:]
+    assert "metadata = true now, the table was landed with metadata = false" in refused.stderr
+    assert "pg2delta resync --table rm.plain" in refused.stderr
+    resynced = cli("resync", "--config", str(config(True)), "--table", "rm.plain")
+    assert resynced.returncode == 0, resynced.stderr[-3000:]
+    plain = _lake(lake / "rm" / "plain")
+    resync_lsn = {r["_pg2delta_lsn"] for r in plain.values()}
+    assert {r["_pg2delta_op"] for r in plain.values()} == {"S"} and len(resync_lsn) == 1 and min(resync_lsn) > snapshot_lsn
+    assert {k: r["v"] for k, r in plain.items()} == {k: r["v"] for k, r in _rows(pgdb, "rm.plain").items()}
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("UPDATE rm.plain SET v = 'p3' WHERE id = 3")
+        conn.execute("UPDATE rm.items SET v = 'spilled' WHERE id IN (2, 5)")  # a spilled window: reduced by the engine
+    ops[2] = ops[5] = "U"
+    done = cli("run", "--config", str(config(True, memory_budget=1)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = _truth(pgdb, truth_slot, pub)
+    _check(pgdb, lake, "rm.items", truth, ops, copied)
+    plain = _lake(lake / "rm" / "plain")
+    lsn3, ts3 = truth[_rows(pgdb, "rm.plain")[3]["xid"]]
+    assert (plain[3]["v"], plain[3]["_pg2delta_lsn"], plain[3]["_pg2delta_commit_ts"], plain[3]["_pg2delta_op"]) == (
+        "p3", lsn3, ts3, "U")
+    assert {plain[k]["_pg2delta_lsn"] for k in (1, 2)} == resync_lsn
+
+    # verify compares the table's own columns; a backfill into a copy replays the same metadata.
+    verified = cli("verify", "--config", str(config(True)), "--json")
+    assert verified.returncode == 0, verified.stderr[-3000:]
+    report = json.loads(verified.stdout)
+    assert report["equal"] and not report["tables"]["rm.items"]["skipped"], report
+    assert report["tables"]["rm.items"]["columns_not_compared"] == []
+    logged = [r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["table_name"] == "items"]
+    copy = tmp_path / "copy"
+    lsn = lambda v: f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"  # noqa: E731
+    backfill = cli("backfill", "--config", str(config(True)), "--table", "rm.items", "--from-lsn", lsn(snapshot_lsn),
+                   "--to-lsn", lsn(max(r["window_end"] for r in logged)), "--into", str(copy))
+    assert backfill.returncode == 0, backfill.stderr[-3000:]
+    assert sorted(map(str, read_delta(copy / "rm" / "items").to_pylist())) == sorted(
+        map(str, read_delta(lake / "rm" / "items").to_pylist()))
+
+
+@pytest.mark.e2e
+def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path) -> None:
+    """``deletes = "soft"``: a deleted row stays with ``_pg2delta_deleted`` and its delete's commit
+    LSN, time and op; a key change marks the old key; a key inserted again is live; a truncate marks
+    every row; the history keeps its own columns; verify compares the live rows."""
+    newest_server_only(pg_server, "soft deletes do not depend on the server")
+    lake = tmp_path / "lake"
+    tag = uuid.uuid4().hex[:8]
+    slot, pub, truth_slot = f"sd_{tag}", f"sd_{tag}", f"sd_truth_{tag}"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA rm")
+        conn.execute("CREATE TABLE rm.soft (id int PRIMARY KEY, v text, big text)")
+        conn.execute("ALTER TABLE rm.soft ALTER big SET STORAGE EXTERNAL")
+        conn.execute("INSERT INTO rm.soft SELECT g, 'v' || g, repeat(chr(96 + g), 3000) FROM generate_series(1, 10) g")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.soft")
+    path = tmp_path / "sd.toml"
+    path.write_text("\n".join([
+        "[source]", f"dsn = {json.dumps(pgdb)}", f'slot = "{slot}"', f'publication = "{pub}"',
+        "[lake]", f'root = "{lake}"', '[tables."rm.soft"]', 'deletes = "soft"', 'history = "scd2"',
+    ]) + "\n")
+    done = cli("bootstrap", "--config", str(path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {r["_pg2delta_deleted"] for r in _lake(lake / "rm" / "soft").values()} == {False}
+
+    deleted: dict[int, tuple[int, str, dict[str, Any]]] = {}  # key -> (deleting xid, op, its last values)
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (truth_slot,))
+        conn.execute("UPDATE rm.soft SET v = 'u1' WHERE id = 1")  # big: unchanged TOAST
+        old = _rows(pgdb, "rm.soft")
+        with conn.transaction():
+            xid = conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]  # type: ignore[index]
+            conn.execute("DELETE FROM rm.soft WHERE id IN (2, 3)")
+        deleted |= {k: (xid, "D", old[k]) for k in (2, 3)}
+        with conn.transaction():
+            xid = conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]  # type: ignore[index]
+            conn.execute("UPDATE rm.soft SET id = 104 WHERE id = 4")  # the old key is gone: marked
+        deleted[4] = (xid, "D", old[4])
+        conn.execute("INSERT INTO rm.soft VALUES (2, 'back', 'b')")  # a deleted key comes back live
+        del deleted[2]
+    done = cli("run", "--config", str(path))
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def check(ops: dict[int, str], copied_lsn: int) -> None:
+        truth = _truth(pgdb, truth_slot, pub)
+        live, got = _rows(pgdb, "rm.soft"), _lake(lake / "rm" / "soft")
+        assert sorted(got) == sorted({*live, *deleted})
+        for key, row in live.items():
+            lrow = got[key]
+            assert (lrow["v"], lrow["big"], lrow["_pg2delta_deleted"]) == (row["v"], row["big"], False), key
+            if row["xid"] in truth:
+                assert (lrow["_pg2delta_lsn"], lrow["_pg2delta_commit_ts"], lrow["_pg2delta_op"]) == (
+                    *truth[row["xid"]], ops[key]), key
+            else:
+                assert (lrow["_pg2delta_lsn"], lrow["_pg2delta_op"]) == (copied_lsn, "S"), key
+        for key, (xid, op, values) in deleted.items():
+            lrow = got[key]
+            assert (lrow["v"], lrow["big"], lrow["_pg2delta_deleted"]) == (values["v"], values["big"], True), key
+            assert (lrow["_pg2delta_lsn"], lrow["_pg2delta_commit_ts"], lrow["_pg2delta_op"]) == (*truth[xid], op), key
+
+    copied_lsn = next(r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["kind"] == "bootstrap")["window_end"]
+    check({1: "U", 104: "U", 2: "I"}, copied_lsn)
+
+    # A truncate marks every live row (in a window of its own, then a key inserted again after it).
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        old = _rows(pgdb, "rm.soft")
+        with conn.transaction():
+            xid = conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]  # type: ignore[index]
+            conn.execute("TRUNCATE rm.soft")
+        deleted |= {k: (xid, "T", v) for k, v in old.items()}
+        conn.execute("INSERT INTO rm.soft VALUES (5, 'after', 'a')")
+        del deleted[5]
+    done = cli("run", "--config", str(path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    check({5: "I"}, copied_lsn)
+    history = read_delta(lake / "rm" / "soft__history")
+    assert "_pg2delta_deleted" not in history.column_names and "_pg2delta_op" not in history.column_names
+    current = {r["id"] for r in history.to_pylist() if r["_pg2delta_is_current"]}
+    assert current == set(_rows(pgdb, "rm.soft")) == {5}
+    verified = cli("verify", "--config", str(path), "--json")
+    assert verified.returncode == 0, verified.stderr[-3000:]
+    report = json.loads(verified.stdout)["tables"]["rm.soft"]
+    assert report["source_rows"] == report["lake_rows"] == 1 and not report["differences"], report
