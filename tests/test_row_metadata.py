@@ -157,8 +157,8 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, pg_server: 
         conn.execute("UPDATE rm.plain SET v = 'p3' WHERE id = 3")
         conn.execute("UPDATE rm.items SET v = 'spilled' WHERE id IN (2, 5)")  # a spilled window: reduced by the engine
     ops[2] = ops[5] = "U"
-    done = cli("run", "--config", str(config(True, memory_budget=1)))
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = cli("run", "--config", str(config(True, memory_budget=1)), "-v")
+    assert done.returncode == 0 and "by the engine" in done.stderr, done.stderr[-3000:]
     truth = _truth(pgdb, truth_slot, pub)
     _check(pgdb, lake, "rm.items", truth, ops, copied)
     plain = _lake(lake / "rm" / "plain")
@@ -201,7 +201,7 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, pg_server: ThrowawayPo
     path = tmp_path / "sd.toml"
     path.write_text("\n".join([
         "[source]", f"dsn = {json.dumps(pgdb)}", f'slot = "{slot}"', f'publication = "{pub}"',
-        "[lake]", f'root = "{lake}"', '[tables."rm.soft"]', 'deletes = "soft"', 'history = "scd2"',
+        "[lake]", f'root = "{lake}"', "changelog = true", '[tables."rm.soft"]', 'deletes = "soft"', 'history = "scd2"',
     ]) + "\n")
     done = cli("bootstrap", "--config", str(path))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -245,23 +245,49 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, pg_server: ThrowawayPo
     copied_lsn = next(r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["kind"] == "bootstrap")["window_end"]
     check({1: "U", 104: "U", 2: "I"}, copied_lsn)
 
-    # A truncate marks every live row (in a window of its own, then a key inserted again after it).
-    with psycopg.connect(pgdb, autocommit=True) as conn:
+    # One window: an update and a delete before a truncate, keys inserted between two truncates, one
+    # inserted again after them; then the same in a window spilled past the memory budget.
+    def xid_of(conn: psycopg.Connection[Any]) -> int:
+        return int(conn.execute("SELECT txid_current() % 4294967296").fetchone()[0])  # type: ignore[index]
+
+    def truncate(conn: psycopg.Connection[Any]) -> None:
         old = _rows(pgdb, "rm.soft")
         with conn.transaction():
-            xid = conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]  # type: ignore[index]
+            xid = xid_of(conn)
             conn.execute("TRUNCATE rm.soft")
-        deleted |= {k: (xid, "T", v) for k, v in old.items()}
-        conn.execute("INSERT INTO rm.soft VALUES (5, 'after', 'a')")
-        del deleted[5]
-    done = cli("run", "--config", str(path))
-    assert done.returncode == 0, done.stderr[-3000:]
-    check({5: "I"}, copied_lsn)
+        deleted.update({k: (xid, "T", v) for k, v in old.items()})
+
+    for step, spilled, gone in (("w", False, 6), ("s", True, 11)):
+        with psycopg.connect(pgdb, autocommit=True) as conn:
+            conn.execute(f"UPDATE rm.soft SET v = 'pre-{step}' WHERE id = 5")  # then truncated: marked T with it
+            old = _rows(pgdb, "rm.soft")
+            with conn.transaction():
+                xid = xid_of(conn)
+                conn.execute("DELETE FROM rm.soft WHERE id = %s", (gone,))  # before the truncate: its own D
+            deleted[gone] = (xid, "D", old[gone])
+            truncate(conn)
+            conn.execute(f"INSERT INTO rm.soft VALUES (5, 'mid-{step}', NULL), (9, 'mid9-{step}', NULL)")
+            truncate(conn)  # 9 came back and went again: marked by this truncate, with its new values
+            conn.execute(f"INSERT INTO rm.soft VALUES (5, 'after-{step}', 'a'), (11 + {int(spilled)}, '11', '11')")
+            for key in (5, 11 + int(spilled)):
+                deleted.pop(key, None)
+        done = cli("run", "--config", str(path), "-v", env={"PG2DELTA_MEMORY_BUDGET": "1"} if spilled else None)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert ("by the engine" in done.stderr) == spilled, done.stderr[-3000:]
+        check({5: "I", 11: "I", 12: "I"}, copied_lsn)
     history = read_delta(lake / "rm" / "soft__history")
     assert "_pg2delta_deleted" not in history.column_names and "_pg2delta_op" not in history.column_names
     current = {r["id"] for r in history.to_pylist() if r["_pg2delta_is_current"]}
-    assert current == set(_rows(pgdb, "rm.soft")) == {5}
+    assert current == set(_rows(pgdb, "rm.soft")) == {5, 12}
     verified = cli("verify", "--config", str(path), "--json")
     assert verified.returncode == 0, verified.stderr[-3000:]
     report = json.loads(verified.stdout)["tables"]["rm.soft"]
-    assert report["source_rows"] == report["lake_rows"] == 1 and not report["differences"], report
+    assert report["source_rows"] == report["lake_rows"] == 2 and not report["differences"], report
+    # A backfill into a copy replays the changelog (the deletes before a truncate too): the same rows, marked alike.
+    logged = [r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["table_name"] == "soft"]
+    lsn = lambda v: f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"  # noqa: E731
+    backfill = cli("backfill", "--config", str(path), "--table", "rm.soft", "--from-lsn", lsn(copied_lsn),
+                   "--to-lsn", lsn(max(r["window_end"] for r in logged)), "--into", str(tmp_path / "copy"))
+    assert backfill.returncode == 0, backfill.stderr[-3000:]
+    assert sorted(map(str, read_delta(tmp_path / "copy" / "rm" / "soft").to_pylist())) == sorted(
+        map(str, read_delta(lake / "rm" / "soft").to_pylist()))

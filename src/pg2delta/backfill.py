@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 
 from pg2delta.apply.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
 from pg2delta.apply.lakeside import Lakeside
+from pg2delta.apply.rowmeta import soft_deletes
 from pg2delta.apply.table import TableReport, merge_changes
 from pg2delta.config import Config
 from pg2delta.decode.changes import LSN_COL, META_NAMES, OP_COL, POS_COL, TS_COL
@@ -400,8 +401,9 @@ def _apply_one(
     unmarked = into is not None and target_lake.delta_version(uri) is None
     lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
     cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
-    nullable_keys = bool(config.table(plan.schema, plan.table).key)
-    for lo, hi, columns, key in _chunks(plan, b, config.window.max_changes) if plan.start < b else []:
+    nullable_keys, soft = bool(config.table(plan.schema, plan.table).key), soft_deletes(config, plan.schema, plan.table)
+    # Soft deletes: window by window, as the run applied them (a row inserted and deleted in one window never lands).
+    for lo, hi, columns, key in _chunks(plan, b, 1 if soft else config.window.max_changes) if plan.start < b else []:
         rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
         if rows.num_rows and columns:
             rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
@@ -410,8 +412,8 @@ def _apply_one(
         changes: pa.Table | None = None
         if rows.num_rows:
             rows = rows.sort_by([(LSN_COL, "ascending"), (POS_COL, "ascending")])
-            changes, tr.truncated_at = _after_last_truncate(rows)
-            tr.truncated = tr.truncated_at is not None
+            changes, tr.truncates_at = _after_last_truncate(rows, whole=soft)
+            tr.truncated = bool(tr.truncates_at)
             if unmarked:
                 _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
                 unmarked = False
@@ -447,20 +449,20 @@ def _seed(engine: Engine, lake: Lake, target_lake: Lake, uri: str, plan: _Plan, 
     _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
 
 
-def _after_last_truncate(rows: pa.Table) -> tuple[pa.Table, tuple[int, int | None] | None]:
-    """The changes of ``rows`` (changelog rows in commit order) after its last truncate, and that
-    truncate's commit LSN and time (microseconds since 1970; None: no truncate)."""
+def _after_last_truncate(rows: pa.Table, *, whole: bool = False) -> tuple[pa.Table, tuple[tuple[int, int, int | None], ...]]:
+    """The changes of ``rows`` (changelog rows in commit order) after its last truncate (``whole``:
+    all of them, for soft deletes), and its truncates' commit LSNs, positions and times."""
     is_trunc = pc.equal(rows.column(OP_COL), TRUNCATE_OP)
     truncs = rows.filter(is_trunc)
     changes = rows.filter(pc.invert(is_trunc))
-    if not truncs.num_rows:
-        return changes, None
-    last_lsn = truncs.column(LSN_COL)[-1].as_py()
-    last_pos = truncs.column(POS_COL)[-1].as_py()
-    last_ts = truncs.column(TS_COL).cast(pa.int64())[-1].as_py()
+    at = tuple(zip(truncs.column(LSN_COL).to_pylist(), truncs.column(POS_COL).to_pylist(),
+                   truncs.column(TS_COL).cast(pa.int64()).to_pylist(), strict=True))
+    if not at or whole:
+        return changes, at
+    last_lsn, last_pos, _ = at[-1]
     lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
     after = pc.or_(pc.greater(lsn, last_lsn), pc.and_(pc.equal(lsn, last_lsn), pc.greater(pos, last_pos)))
-    return changes.filter(after), (int(last_lsn), None if last_ts is None else int(last_ts))
+    return changes.filter(after), at
 
 
 def _add_chunk(result: TableBackfill, tr: TableReport) -> None:

@@ -212,8 +212,9 @@ def merge_statement(
     clause as a condition on the table alone, which Delta's data skipping uses to leave out the
     files whose statistics put every key outside it (no row there can match). Not with a truncate
     (rows outside the range are "not matched by source" too) nor nullable keys (a NULL key is in
-    no range). ``soft``: deletes (and the truncate) mark the rows (:class:`SoftDeletes`) rather
-    than remove them; ``columns`` then include the row metadata and ``_pg2delta_deleted``.
+    no range). ``soft``: deletes (and truncates) mark the rows (:class:`SoftDeletes`) rather
+    than remove them; ``columns`` then include the row metadata and ``_pg2delta_deleted``, and the
+    source the changes' positions.
     """
     eq = "<=>" if nullable_keys else "="
     on = " AND ".join(f"t.{quote(k)} {eq} s.{quote(k)}" for k in key_names)
@@ -225,11 +226,12 @@ def merge_statement(
     vals = ", ".join(f"s.{quote(c)}" for c in columns)
     op = quote(OP_COL)
     deleted = f"UPDATE SET {soft.mark_from_source()}" if soft is not None else "DELETE"
+    gone = f"s.{op} <> 'D' AND s.{op} <> '{TRUNCATE_MARK_OP}'" if soft is not None else f"s.{op} <> 'D'"
     stmt = (
-        f"MERGE INTO {target} AS t USING {source} AS s ON {on} "
+        f"MERGE INTO {target} AS t USING {soft.source(source, columns) if soft is not None else source} AS s ON {on} "
         f"WHEN MATCHED AND s.{op} = 'D' THEN {deleted} "
         f"WHEN MATCHED THEN UPDATE SET {sets} "
-        f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({cols}) VALUES ({vals})"
+        f"WHEN NOT MATCHED AND {gone} THEN INSERT ({cols}) VALUES ({vals})"
     )
     if truncate and soft is not None:
         stmt += f" WHEN NOT MATCHED BY SOURCE AND NOT t.{quote(DELETED_COL)} THEN UPDATE SET {soft.mark_truncated()}"
@@ -241,12 +243,46 @@ def merge_statement(
 @dataclass(frozen=True, slots=True)
 class SoftDeletes:
     """``deletes = "soft"``: a deleted row stays, ``_pg2delta_deleted`` true, its other columns as
-    they were, its row metadata the delete's; a truncate marks every row not yet marked with its
-    own commit LSN and time (``truncate_lsn``, ``truncate_ts``: microseconds since 1970, UTC) and op
-    ``T``. A key inserted again is matched and set anew, live."""
+    they were, its row metadata the delete's; a key inserted again is matched and set anew, live.
 
-    truncate_lsn: int = 0
-    truncate_ts: int | None = None
+    ``truncates``: the window's truncates of the table, in commit order, as (commit LSN, position,
+    commit time in microseconds since 1970). The source then holds the changes before them too
+    (pg2delta.apply.stage.table_changes ``whole``): a key whose final change is an insert or update
+    before a truncate is marked by the first truncate after it (op ``T``, its values those of that
+    change; a key the lake does not hold is not inserted), a delete before a truncate keeps its own
+    metadata, and the table's rows the window does not change are marked by the first truncate."""
+
+    truncates: tuple[tuple[int, int, int | None], ...] = ()
+
+    def source(self, view: str, columns: Sequence[str]) -> str:
+        """The MERGE's source: ``view`` with the keys a truncate removed marked (see the class)."""
+        if not self.truncates:
+            return view
+        truncated = f"(s.{quote(OP_COL)} <> 'D' AND {self.before(self.truncates[-1], 's.')})"
+
+        def first(i: int) -> str:  # the first truncate after the row's change: its LSN (0) or time (2)
+            whens = " ".join(f"WHEN {self.before(t, 's.')} THEN {_value(t, i)}" for t in self.truncates)
+            return f"CASE {whens} END"
+
+        made = {
+            OP_COL: f"CASE WHEN {truncated} THEN '{TRUNCATE_MARK_OP}' ELSE s.{quote(OP_COL)} END",
+            LSN_COL: f"CASE WHEN {truncated} THEN {first(0)} ELSE s.{quote(LSN_COL)} END",
+            TS_COL: f"CASE WHEN {truncated} THEN {first(2)} ELSE s.{quote(TS_COL)} END",
+            DELETED_COL: f"(s.{quote(OP_COL)} = 'D' OR {truncated})",
+        }
+        cols = ", ".join(f"{made.get(c, f's.{quote(c)}')} AS {quote(c)}" for c in dict.fromkeys([*columns, OP_COL]))
+        return f"(SELECT {cols} FROM {view} AS s)"
+
+    @staticmethod
+    def before(t: tuple[int, int, int | None], prefix: str = "") -> str:
+        """A source row's change comes before the truncate ``t``."""
+        lsn, pos = f"{prefix}{quote(LSN_COL)}", f"{prefix}{quote(POS_COL)}"
+        return f"({lsn} < {int(t[0])} OR ({lsn} = {int(t[0])} AND {pos} < {int(t[1])}))"
+
+    def live(self) -> str:
+        """The source's rows a new table takes (its append): neither deleted nor truncated."""
+        also = f" AND NOT {self.before(self.truncates[-1])}" if self.truncates else ""
+        return f"{quote(OP_COL)} <> 'D'{also}"
 
     def mark_from_source(self) -> str:
         """``SET`` of a row deleted by the source's delete."""
@@ -255,13 +291,20 @@ class SoftDeletes:
         )
 
     def mark_truncated(self, t: str = "t.") -> str:
-        """``SET`` of a row the truncate deleted (``t``: the target's prefix)."""
-        ts = "CAST(NULL AS TIMESTAMP)" if self.truncate_ts is None else f"timestamp_micros(CAST({int(self.truncate_ts)} AS BIGINT))"
+        """``SET`` of a row the window's first truncate deleted (``t``: the target's prefix)."""
+        first = self.truncates[0] if self.truncates else (0, 0, None)
         return (
-            f"{t}{quote(DELETED_COL)} = true, {t}{quote(LSN_COL)} = CAST({int(self.truncate_lsn)} AS BIGINT), "
-            f"{t}{quote(TS_COL)} = {ts}, {t}{quote(OP_COL)} = '{TRUNCATE_MARK_OP}'"
+            f"{t}{quote(DELETED_COL)} = true, {t}{quote(LSN_COL)} = {_value(first, 0)}, "
+            f"{t}{quote(TS_COL)} = {_value(first, 2)}, {t}{quote(OP_COL)} = '{TRUNCATE_MARK_OP}'"
         )
 
     def update_truncated(self, target: str) -> str:
         """The ``UPDATE`` of a truncate alone in its window (no source rows)."""
         return f"UPDATE {target} SET {self.mark_truncated('')} WHERE NOT {quote(DELETED_COL)}"
+
+
+def _value(t: tuple[int, int, int | None], i: int) -> str:
+    """Spark SQL of a truncate's commit LSN (``i`` 0) or commit time (2)."""
+    if i == 0:
+        return f"CAST({int(t[0])} AS BIGINT)"
+    return "CAST(NULL AS TIMESTAMP)" if t[2] is None else f"timestamp_micros(CAST({int(t[2])} AS BIGINT))"

@@ -108,15 +108,15 @@ def filtered(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
 
 
 def table_changes(
-    tgt: Target, pl: Plan | None, applied_lsn: int
+    tgt: Target, pl: Plan | None, applied_lsn: int, *, whole: bool = False
 ) -> tuple[pa.Table | None, list[TruncateEvent], set[str]]:
     """The window's changes of ``tgt`` to merge (in the plan's shape, after its applied LSN and its
-    last truncate), its truncates, and the columns kept by updates (see :func:`conform`)."""
+    last truncate: ``whole``, before it too), its truncates, and the columns kept by updates (see :func:`conform`)."""
     truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
     changes, kept_by_update = conform(live(tgt, applied_lsn), pl) if pl is not None else (None, set())
     if changes is not None and applied_lsn:
         changes = filtered(changes, pc.greater_equal(changes.column(LSN_COL), applied_lsn))
-    if truncates and changes is not None:
+    if truncates and changes is not None and not whole:
         last = max(truncates, key=lambda t: (t.commit_lsn, t.pos))
         lsn, pos = changes.column(LSN_COL), changes.column(POS_COL)
         after = pc.or_(

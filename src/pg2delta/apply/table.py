@@ -71,15 +71,12 @@ class TableReport:
     delta_version: int | None = None
     skipped: bool = False
     commit_ts: int | None = None  # microseconds since 1970 (UTC) of the newest transaction applied
-    # The window's last truncate (commit LSN, commit time): what soft deletes mark the rows with.
-    truncated_at: tuple[int, int | None] | None = None
+    # The window's truncates (commit LSN, position, commit time), in order: what soft deletes mark rows with.
+    truncates_at: tuple[tuple[int, int, int | None], ...] = ()
 
     def soft(self, meta: Sequence[str]) -> SoftDeletes | None:
         """The soft deletes of a table whose row columns are ``meta`` (None: deletes remove rows)."""
-        if DELETED_COL not in meta:
-            return None
-        lsn, ts = self.truncated_at or (0, None)
-        return SoftDeletes(lsn, ts)
+        return SoftDeletes(self.truncates_at) if DELETED_COL in meta else None
 
 
 def merge_changes(
@@ -117,8 +114,9 @@ def merge_changes(
             if changes.name is not None:
                 side.lake.unstage_dir(changes.name)
         return
-    meta = row_columns(side.config, schema, name)
-    reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys, meta=meta[:3])
+    meta, soft = row_columns(side.config, schema, name), DELETED_COL in row_columns(side.config, schema, name)
+    reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys,
+                      meta=[*meta[:3], POS_COL] if soft else meta)  # soft deletes: positions, for the truncates
     if reducing is None:
         _truncate_only(side, report, txn, meta)
         return
@@ -129,9 +127,8 @@ def merge_changes(
     report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
     report.rows_merged, key_range = source.num_rows, integer_range(source.column(key_names[0]))
     existing = reshape() if reshape is not None else None
-    if DELETED_COL in meta:  # a delete's row is kept, marked (the MERGE keeps the table's values)
-        source, data_columns = source.append_column(DELETED_FIELD, pc.equal(source.column(OP_COL), "D")), [*data_columns, DELETED_COL]
-    staged = side.lake.stage(source.select(list(dict.fromkeys([*data_columns, OP_COL]))), f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+    source, data_columns = _staged_rows(source, data_columns, key_names, soft=soft)
+    staged = side.lake.stage(source, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
     # The rows are in the staged file now: the driver's reduced copies go back to the system before
     # the engine's MERGE, which takes about as much again in this process on the embedded engine
     # (bench/README.md, "A bulk UPDATE into a populated table").
@@ -144,10 +141,19 @@ def merge_changes(
         side.lake.unstage(staged)
 
 
-def last_truncate(truncates: Sequence[TruncateEvent]) -> tuple[int, int | None] | None:
-    """The commit LSN and time of the last of ``truncates`` (None: none)."""
-    last = max(truncates, key=lambda t: (t.commit_lsn, t.pos), default=None)
-    return None if last is None else (last.commit_lsn, last.commit_ts)
+def _staged_rows(source: pa.Table, data_columns: list[str], key_names: list[str], *, soft: bool) -> tuple[pa.Table, list[str]]:
+    """The final rows :func:`merge_changes` stages, and the columns it lands: with soft deletes also
+    ``_pg2delta_deleted`` (a delete's row is kept, marked; the MERGE keeps the table's values) and
+    the positions (for the truncates, not landed)."""
+    if soft:
+        source = source.append_column(DELETED_FIELD, pc.equal(source.column(OP_COL), "D"))
+        data_columns = [c for c in data_columns if c != POS_COL or c in key_names] + [DELETED_COL]
+    return source.select(list(dict.fromkeys([*data_columns, OP_COL, *([POS_COL] if soft else [])]))), data_columns
+
+
+def truncates_at(truncates: Sequence[TruncateEvent]) -> tuple[tuple[int, int, int | None], ...]:
+    """The commit LSN, position and time of each of ``truncates``, in commit order."""
+    return tuple(sorted((t.commit_lsn, t.pos, t.commit_ts) for t in truncates))
 
 
 def _commit_rows(
@@ -255,7 +261,7 @@ def _statement(
     replay after a crash finds the table there and merges the same rows again. ``key_range``: the
     source's first key column's smallest and largest value, when known (an integer key)."""
     if append:
-        return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
+        return AppendRows(tuple(data_columns), soft.live() if soft is not None else f"{quote(OP_COL)} <> 'D'")
     merge = MergeRows(
         merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys, soft=soft),
         tuple(key_names), tuple(data_columns), truncate, nullable_keys,
@@ -412,22 +418,21 @@ class TableApplier:
             report.skipped = True
             return report
         changes: pa.Table | StagedChanges | None
+        soft = soft_deletes(self.side.config, schema, name)  # the changes before a truncate too
         if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
             truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
             changes, kept_by_update = stage_changes(
                 self.side.lake, tgt, pl, applied_lsn, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}",
-                bucket_key=list(pl.key) or [LSN_COL, POS_COL], soft=soft_deletes(self.side.config, schema, name),
+                bucket_key=list(pl.key) or [LSN_COL, POS_COL], soft=soft, whole=soft,
             )  # the MERGE's key (a keyless table's: its position)
             release_memory()
         else:
-            changes, truncates, kept_by_update = table_changes(tgt, pl, applied_lsn)
-        report.truncated, report.truncated_at = bool(truncates), last_truncate(truncates)
+            changes, truncates, kept_by_update = table_changes(tgt, pl, applied_lsn, whole=soft)
+        report.truncated, report.truncates_at = bool(truncates), truncates_at(truncates)
         # The table's newest change in the window is its commit's idempotent-write version: a
         # replay of the window holds the same changes (or more, then a higher version) for it.
         newest = max(
-            [t.commit_lsn for t in truncates]
-            + [b.max_lsn for tw in tgt.parts for b in tw.batches if b.num_rows]
-            or [window_end]
+            [t.commit_lsn for t in truncates] + [b.max_lsn for tw in tgt.parts for b in tw.batches if b.num_rows] or [window_end]
         )
         txn = self.txn(newest)
         report.commit_ts = newest_commit_ts(tgt, truncates, applied_lsn)

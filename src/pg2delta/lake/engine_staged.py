@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from pg2delta.decode.changes import OP_COL
+from pg2delta.decode.changes import OP_COL, POS_COL
 from pg2delta.errors import DataError, LakeError
 from pg2delta.lake import staged_sql
 from pg2delta.lake.engine_commits import Commits
@@ -70,7 +70,7 @@ class StagedReduce(Commits):
         buckets = 1 if toast_columns else len(bucket_files) or max(1, -(-rows // REDUCE_BUCKET_ROWS))
         try:
             if distinct_keys and not toast_columns:
-                cols = [quote(c) for c in dict.fromkeys([*data_columns, OP_COL])]
+                cols = [quote(c) for c in dict.fromkeys([*data_columns, OP_COL, POS_COL])]
                 final = steps.view(self.spark.read.parquet(changes_dir).selectExpr(*cols))
                 log.debug("%s: %d staged inserts of distinct keys, merged as they are", uri, rows)
                 self._commit(uri, final, statement_for(self.target(uri), final), f"MERGE into {uri}", txn, rows=rows)

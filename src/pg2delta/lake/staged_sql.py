@@ -151,7 +151,7 @@ def final_source_sql(
             )
         else:
             cols.append(f"f.{quote(c)}")
-    meta = (LSN_COL, POS_COL, OP_COL, TS_COL) if every_row else (OP_COL,)
+    meta = (LSN_COL, POS_COL, OP_COL, TS_COL) if every_row else (OP_COL, POS_COL)  # soft deletes' truncates: positions
     select = ", ".join([*cols, *(f"f.{quote(c)}" for c in meta if c not in data_columns)])
     sql = f"SELECT {select}"
     if chain is not None:
