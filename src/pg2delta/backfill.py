@@ -315,7 +315,8 @@ def _check_changelog_covers(
 
 
 def _chunks(plan: _Plan, b: int, max_rows: int) -> list[tuple[int, int, tuple[str, ...], tuple[str, ...]]]:
-    """[lo, hi) LSN ranges from ``plan.start`` to ``b`` along window ends, about ``max_rows`` rows each,
+    """[lo, hi) LSN ranges from ``plan.start`` to ``b`` along window ends, about ``max_rows`` rows each
+    (1 for soft deletes: window by window, as the run applied them, a row inserted and deleted in one never lands),
     with the columns their MERGEs set and the key they merged on: a chunk never spans windows whose
     MERGEs set different columns or used different keys (a delete sent before a primary-key change
     carries only the old key's columns)."""
@@ -402,7 +403,6 @@ def _apply_one(
     lookup = target_lake.delta_version(uri) if plan.seed else plan.lookup
     cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
     nullable_keys, soft = bool(config.table(plan.schema, plan.table).key), soft_deletes(config, plan.schema, plan.table)
-    # Soft deletes: window by window, as the run applied them (a row inserted and deleted in one window never lands).
     for lo, hi, columns, key in _chunks(plan, b, 1 if soft else config.window.max_changes) if plan.start < b else []:
         rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
         if rows.num_rows and columns:
