@@ -184,6 +184,7 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, pg_server: 
 
 
 @pytest.mark.e2e
+@pytest.mark.classic  # the Apache Spark tier too: soft deletes' MERGE, UPDATE and truncates in Delta's own SQL
 def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path) -> None:
     """``deletes = "soft"``: a deleted row stays with ``_pg2delta_deleted`` and its delete's commit
     LSN, time and op; a key change marks the old key; a key inserted again is live; a truncate marks

@@ -114,7 +114,7 @@ def merge_changes(
             if changes.name is not None:
                 side.lake.unstage_dir(changes.name)
         return
-    meta, soft = row_columns(side.config, schema, name), DELETED_COL in row_columns(side.config, schema, name)
+    soft = DELETED_COL in (meta := row_columns(side.config, schema, name))
     reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys,
                       meta=[*meta[:3], POS_COL] if soft else meta)  # soft deletes: positions, for the truncates
     if reducing is None:
