@@ -122,6 +122,8 @@ LAKE_SIDE = (
     "tests/test_sigterm.py::",
     "tests/test_io_faults.py::test_staging_disk_full",
     "tests/test_job_e2e.py::test_float_keys_with_nan",
+    "tests/test_row_metadata.py::test_row_metadata_through",
+    "tests/test_row_metadata.py::test_soft_deletes",
 )
 
 

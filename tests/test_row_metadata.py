@@ -19,13 +19,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import newest_server_only
 from engines import TEST_ENGINE
 from lake_read import read_delta
 from pg2delta import config as config_module
 from pg2delta.apply.rowmeta import row_columns
 from pg2delta.errors import ConfigError
-from pg2delta.source.throwaway import ThrowawayPostgres
 from workload import cli
 
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
@@ -89,8 +87,7 @@ def _check(dsn: str, lake: Path, table: str, truth: dict[int, tuple[int, dt.date
 
 
 @pytest.mark.e2e
-def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path) -> None:
-    newest_server_only(pg_server, "the row metadata does not depend on the server")
+def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     tag = uuid.uuid4().hex[:8]
     slot, pub, truth_slot = f"rm_{tag}", f"rm_{tag}", f"rm_truth_{tag}"
@@ -186,11 +183,10 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, pg_server: 
 
 @pytest.mark.e2e
 @pytest.mark.classic  # the Apache Spark tier too: soft deletes' MERGE, UPDATE and truncates in Delta's own SQL
-def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, pg_server: ThrowawayPostgres, tmp_path: Path) -> None:
-    """``deletes = "soft"``: a deleted row stays with ``_pg2delta_deleted`` and its delete's commit
+def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> None:
+    """(The lake's side: the newest server only, conftest.LAKE_SIDE.) ``deletes = "soft"``: a deleted row stays with ``_pg2delta_deleted`` and its delete's commit
     LSN, time and op; a key change marks the old key; a key inserted again is live; a truncate marks
     every row; the history keeps its own columns; verify compares the live rows."""
-    newest_server_only(pg_server, "soft deletes do not depend on the server")
     lake = tmp_path / "lake"
     tag = uuid.uuid4().hex[:8]
     slot, pub, truth_slot = f"sd_{tag}", f"sd_{tag}", f"sd_truth_{tag}"
