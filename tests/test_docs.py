@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from pg2delta import config, errors
-from pg2delta.delta_features import FeatureSettings
+from pg2delta.delta_features import FeatureSettings, RowSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,9 +45,9 @@ def test_every_setting_is_documented() -> None:
     assert {(s.section, s.key) for s in found} == described, "settings without a comment in the code or conf/*.toml"
     # Every field of every section's dataclass is a row (nothing dropped by the generator).
     keys = {s.key for s in found}
-    for cls in (config.SourceConfig, config.WindowConfig, config.MaintainConfig, config.TableConfig, FeatureSettings):
-        # TableConfig.delta holds the FeatureSettings keys of the same section
-        assert {f.name for f in dataclasses.fields(cls)} - {"delta"} <= keys, cls
+    for cls in (config.SourceConfig, config.WindowConfig, config.MaintainConfig, config.TableConfig, FeatureSettings, RowSettings):
+        # TableConfig.delta and .rows hold the FeatureSettings and RowSettings keys of the same section
+        assert {f.name for f in dataclasses.fields(cls)} - {"delta", "rows"} <= keys, cls
     assert {f.name for f in dataclasses.fields(config.Config().engine.__class__)} <= keys
     page = gen.CONFIG_PAGE.read_text()
     for s in found:

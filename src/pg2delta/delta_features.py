@@ -1,6 +1,7 @@
 """The Delta features of the tables pg2delta creates: table properties, partitioning, liquid
 clustering, Change Data Feed and column mapping (``[lake]`` defaults and ``[tables."s.t"]``
-settings), and which engine can write which.
+settings), and which engine can write which; and the settings of the row columns pg2delta adds
+(:class:`RowSettings`: row metadata and soft deletes, pg2delta.apply.rowmeta).
 
 Pure: settings in, a :class:`DeltaFeatures` per table (or a :class:`ConfigError`) out. The lake
 layer applies them (:mod:`pg2delta.lake.engine_features`); docs/concepts/delta-features.md says
