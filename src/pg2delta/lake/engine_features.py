@@ -5,7 +5,8 @@ check of an existing one before the engine writes to it.
 :class:`~pg2delta.delta_features.DeltaFeatures` per table; the operation that owns the engine
 tells it which table gets which (:attr:`TableFeatures.features_of`). A new table is created with
 its properties (Change Data Feed, column mapping and any other ``delta.*``) and partition
-columns. An existing one is checked once per engine before its first write: a writer feature
+columns. An existing one is checked once per engine before its first write (on Apache Spark only
+when the configuration asks for features, through ``DESCRIBE DETAIL``; delta-rs elsewhere): a writer feature
 this engine cannot write (:data:`pg2delta.delta_features.EMBEDDED_UNWRITABLE`), or
 ``delta.appendOnly``, is refused (exit 78) before anything is written; properties the
 configuration asks for and the table lacks are set in one commit (``ALTER TABLE ... SET
@@ -87,15 +88,23 @@ class TableFeatures(EngineSession):
         """Before this engine's first write to the existing table at ``uri``: refuse a table it cannot
         write, set the properties the configuration asks for that it lacks (see the module's docstring)."""
         checked: set[str] = self.__dict__.setdefault("_features_checked", set())
-        if uri in checked or self.lake.delta_version(uri) is None:
-            return
+        want = self.features(uri)
+        if uri in checked or (self.classic and want == NO_FEATURES) or self.lake.delta_version(uri) is None:
+            return  # Delta on Apache Spark refuses what it cannot write itself
         try:
-            dt = self._delta_rs(uri)
-            protocol, meta = dt.protocol(), dt.metadata()
-            have, parts = dict(meta.configuration), tuple(meta.partition_columns)
+            if self.classic:  # the lake may be where delta-rs does not reach (hdfs://, abfss://)
+                detail = self._sql(f"DESCRIBE DETAIL {self.target(uri)}", f"DESCRIBE DETAIL {uri}")[0].asDict()
+                have, parts = {str(k): str(v) for k, v in (detail.get("properties") or {}).items()}, tuple(detail["partitionColumns"])
+                features, versions = set(detail.get("tableFeatures") or []), (detail["minReaderVersion"], detail["minWriterVersion"])
+            else:
+                dt = self._delta_rs(uri)
+                protocol, meta = dt.protocol(), dt.metadata()
+                have, parts = dict(meta.configuration), tuple(meta.partition_columns)
+                features, versions = set(protocol.writer_features or []), (protocol.min_reader_version, protocol.min_writer_version)
+        except LakeError:
+            raise
         except Exception as exc:
             raise LakeError(f"cannot read the protocol of {uri}: {' '.join(str(exc).split())[:500]}") from exc
-        features = set(protocol.writer_features or [])
         features |= {"changeDataFeed"} if have.get(CHANGE_DATA_FEED, "false").lower() == "true" else set()
         features |= {"columnMapping"} if have.get(COLUMN_MAPPING, "none") != "none" else set()
         unwritable = sorted(features & EMBEDDED_UNWRITABLE) if not self.classic else []
@@ -107,9 +116,8 @@ class TableFeatures(EngineSession):
         if have.get(APPEND_ONLY, "false").lower() == "true":
             raise LakeError(f"the Delta table {uri} is append-only ({APPEND_ONLY} = true): pg2delta applies updates and "
                             "deletes to it; unset the property; nothing was written")
-        want = self.features(uri)
         missing = {k: v for k, v in want.properties if have.get(k) != v and k not in COLUMN_MAPPING_PROTOCOL}
-        if COLUMN_MAPPING in missing and (protocol.min_reader_version < 2 or protocol.min_writer_version < 5):
+        if COLUMN_MAPPING in missing and (versions[0] < 2 or versions[1] < 5):
             missing.update(COLUMN_MAPPING_PROTOCOL)
         if missing:
             self._set_properties(uri, missing)
