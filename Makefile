@@ -88,7 +88,7 @@ DURATIONS ?= --durations=15
 DOCS_VENV ?= .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
-.PHONY: s3proxy dist install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-year bench-verify bench-scale postgres clean docs docs-reference docs-serve
+.PHONY: s3proxy dist install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-year bench-verify bench-scale soak postgres clean docs docs-reference docs-serve
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
@@ -275,6 +275,14 @@ bench-verify: install postgres
 # run_seconds_*, scale_growth_*, rewritten_fraction_*; PG2DELTA_BENCH_SCALE_MAX_ROWS=2000000 for a quick run.
 bench-scale: install $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) $(PY) bench/bench_scale.py --spark-submit $(SPARK35_VENV)/bin/spark-submit --spark-cache $(SPARK35_CACHE)
+
+# The soak (bench/soak.py): pgbench's TPC-B script, schema changes and truncates for SOAK_SECONDS
+# (default 300), pg2delta run every few seconds as a new process with faults at random (SIGKILL,
+# SIGTERM, pg_terminate_backend, a PostgreSQL restart, the object store cut or throttled), then
+# runs until caught up and the lake compared with PostgreSQL: soak_lost=, soak_duplicated=, ...
+# SOAK_SEED replays one (its seed is printed first).
+soak: install postgres $(S3PROXY_JAR)
+	$(WITH_JAVA) $(PY) bench/soak.py
 
 # The job on Apache Spark + Delta (spark_e2e_vs_server), one window of 50 tables on both engines, and a
 # small run with the lake on the S3-compatible server in local[2] and on a standalone cluster.
