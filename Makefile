@@ -287,7 +287,7 @@ soak: install postgres $(S3PROXY_JAR)
 # The job on Apache Spark + Delta (spark_e2e_vs_server), one window of 50 tables on both engines, and a
 # small run with the lake on the S3-compatible server in local[2] and on a standalone cluster.
 bench-spark: $(SPARK35_STAMP) postgres $(S3PROXY_JAR)
-	$(WITH_JAVA) SPARK_CONF_DIR=$(CURDIR)/$(SPARK35_CONF) $(SPARK35_PY) bench/bench_spark.py
+	$(WITH_JAVA) $(SPARK35_PY) bench/bench_spark.py --spark-cache $(SPARK35_CACHE)
 
 # The sdist and a wheel (with the C extension built for this Python) in dist/.
 dist: install

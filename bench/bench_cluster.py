@@ -37,9 +37,10 @@ ROWS = 10_000
 SETTINGS = ("local", "cluster")
 
 
-def small_runs(pg_version: int, rounds: int, submit: Callable[..., float]) -> tuple[float, float] | None:
+def small_runs(pg_version: int, rounds: int, submit: Callable[..., float], start: Any) -> tuple[float, float] | None:
     """(local[2], cluster) medians of ``rounds`` runs of 10 updates; None without S3Proxy's jar.
-    ``submit`` is bench_spark's ``_submit`` (script, *args, spark_args=, env=) -> seconds."""
+    ``submit`` is bench_spark's ``_submit`` (start, script, *args, spark_args=, env=, s3a=) -> seconds;
+    ``start`` (a spark_start.SparkStart) is how the drivers start."""
     sys.path.insert(0, str(REPO / "tests"))
     from s3server import S3Server, s3proxy_jar
     from spark_cluster import SparkCluster
@@ -58,19 +59,22 @@ def small_runs(pg_version: int, rounds: int, submit: Callable[..., float]) -> tu
         cluster = SparkCluster.start(node)
         print(f"standalone cluster (one master, one worker) up in {cluster.started_in:.1f} s", flush=True)
         configs = _source(pg.dsn, root)
-        # hadoop-aws and the AWS SDK: make install-spark's spark-s3a.conf beside spark-defaults.conf
-        s3a = ("--properties-file", str(Path(os.environ.get("SPARK_CONF_DIR", REPO / ".cache" / "spark35" / "conf")) / "spark-s3a.conf"))
-        spark_args = {"local": s3a, "cluster": (*s3a, *cluster.submit_args())}
+        # hadoop-aws and the AWS SDK: make install-spark's spark-s3a.conf beside spark-defaults.conf (s3a=True)
+        spark_args: dict[str, tuple[str, ...]] = {"local": (), "cluster": tuple(cluster.submit_args())}
         job = REPO / "jobs" / "pg2delta_run.py"
+
+        def run(where: str) -> float:
+            return submit(start, job, "--config", str(configs[where]), spark_args=spark_args[where], env=store.env, s3a=True)
+
         for where in SETTINGS:
-            first = submit(job, "--config", str(configs[where]), spark_args=spark_args[where], env=store.env)
+            first = run(where)
             print(f"{where}: first run (creates the table, {ROWS:,} rows): {first:.1f} s", flush=True)
         times: dict[str, list[float]] = {where: [] for where in SETTINGS}
         for i in range(rounds):
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
                 conn.execute("UPDATE items SET qty = qty + 1 WHERE id <= 10")
             for where in SETTINGS if i % 2 == 0 else tuple(reversed(SETTINGS)):
-                times[where].append(submit(job, "--config", str(configs[where]), spark_args=spark_args[where], env=store.env))
+                times[where].append(run(where))
         for where in SETTINGS:
             print(f"{where}: small runs " + ", ".join(f"{x:.1f}" for x in times[where]) + " s", flush=True)
         _check(pg.dsn, store)

@@ -46,7 +46,6 @@ import sys
 import tempfile
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from psycopg.conninfo import conninfo_to_dict
+from spark_start import SparkStart
 
 from pg2delta.source.throwaway import ThrowawayPostgres
 
@@ -64,37 +64,9 @@ JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
 PG_SETTINGS = {"max_wal_size": "8GB", "checkpoint_timeout": "30min", "maintenance_work_mem": "512MB"}
 
 
-@dataclass(frozen=True)
-class SparkStart:
-    """How a spark-submit starts: ``fast`` (docs/engines/spark-submit.md, "Faster starts") or ``plain``."""
-
-    name: str
-    cache: Path  # make install-spark's: conf/spark-defaults.conf, empty-conf/, spark.jsa
-
-    @property
-    def properties(self) -> Path:
-        return self.cache / "conf" / "spark-defaults.conf"
-
-    def env(self, spark_submit: str) -> dict[str, str]:
-        """The environment of a spark-submit: the Python beside it (where pyspark and pg2delta are)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_"))}
-        env["PYSPARK_PYTHON"] = str(Path(spark_submit).parent / "python")
-        if self.name == "fast":
-            env["SPARK_CONF_DIR"] = str(self.cache / "empty-conf")
-            env["SPARK_SUBMIT_OPTS"] = (f"-XX:SharedArchiveFile={self.cache / 'spark.jsa'} -XX:TieredStopAtLevel=1 "
-                                        "-XX:+UseSerialGC -Xlog:disable -Xlog:all=warning:stderr")
-        else:
-            env["SPARK_CONF_DIR"] = str(self.cache / "conf")
-        return env
-
-    def flags(self, jars: tuple[str, ...] = ()) -> list[str]:
-        """spark-submit's flags: the settings file (fast), and ``jars`` added to Delta's."""
-        flags = ["--properties-file", str(self.properties)] if self.name == "fast" else []
-        if jars:  # --jars replaces spark.jars: name Delta's too
-            delta = next(line.split(None, 1)[1].strip() for line in self.properties.read_text().splitlines()
-                         if line.startswith("spark.jars "))
-            flags += ["--jars", ",".join((delta, *jars))]
-        return flags
+def _python(spark_submit: str) -> Path:
+    """The Python beside ``spark_submit`` (where pyspark and pg2delta are)."""
+    return Path(spark_submit).parent / "python"
 
 
 class Runner:
@@ -119,7 +91,7 @@ class Runner:
             start = start or self.start
             assert self.spark_submit is not None and start is not None
             argv = [self.spark_submit, *start.flags(), str(REPO / "jobs" / f"pg2delta_{what}.py"), *common]
-            env = start.env(self.spark_submit)
+            env = start.env(_python(self.spark_submit))
         with tempfile.TemporaryFile("w+") as err:
             t0 = time.perf_counter()
             child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
@@ -223,7 +195,7 @@ def spark_floor(spark_submit: str, root: Path, start: SparkStart) -> float:
         spark.stop()
     """))
     t0 = time.perf_counter()
-    subprocess.run([spark_submit, *start.flags(), str(script)], check=True, capture_output=True, env=start.env(spark_submit))
+    subprocess.run([spark_submit, *start.flags(), str(script)], check=True, capture_output=True, env=start.env(_python(spark_submit)))
     return time.perf_counter() - t0
 
 
@@ -233,7 +205,7 @@ def jdbc_jars(spark_submit: str, root: Path, start: SparkStart) -> tuple[str, ..
     jars = start.cache / "ivy" / "jars"
     (root / "nothing.py").write_text("")
     subprocess.run([spark_submit, *start.flags(), "--packages", JDBC_PACKAGE, "--conf", f"spark.jars.ivy={start.cache / 'ivy'}",
-                    str(root / "nothing.py")], capture_output=True, text=True, check=False, env=start.env(spark_submit))
+                    str(root / "nothing.py")], capture_output=True, text=True, check=False, env=start.env(_python(spark_submit)))
     found = tuple(str(p) for pattern in ("org.postgresql_postgresql-*.jar", "org.checkerframework_checker-qual-*.jar")
                   for p in sorted(jars.glob(pattern))[-1:])
     if not found:
@@ -257,7 +229,7 @@ def jdbc_overwrite(spark_submit: str, root: Path, dsn_parts: dict[str, Any], row
     """))
     argv = [spark_submit, *start.flags(jdbc_jars(spark_submit, root, start)), str(script)]
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=start.env(spark_submit))
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=start.env(_python(spark_submit)))
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip()[-1500:])
     return time.perf_counter() - t0

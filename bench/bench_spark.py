@@ -1,33 +1,43 @@
 """`make bench-spark`: the job on Apache Spark + Delta, and a window that touches 50 tables.
 
-Runs in the Spark 3.5 venv (full pyspark with delta-spark, and pysail beside it), with Delta's
-jars named by ``SPARK_CONF_DIR`` (``make install-spark``):
+Runs in the Spark 3.5 venv (full pyspark with delta-spark, and pysail beside it), with what
+``make install-spark`` left in ``--spark-cache`` (Delta's jars, the settings, the class-data
+archive). Every JVM starts in a child process, and starts fast unless said otherwise, as
+docs/engines/spark-submit.md ("Faster starts") recommends for scheduled runs (bench/spark_start.py:
+the archive, the client compiler alone, the serial collector, the settings as
+``--properties-file``). Some figures are measured in the same run with the archive and the full
+(tiered) compiler (``_tiered``), for a JVM that lives long, or with a plain start (``_plain``:
+``SPARK_CONF_DIR`` holding ``spark-defaults.conf``, no JVM options):
 
 1. **end to end on the classic engine**: ``bench_e2e.py``'s run with ``--engine spark`` (the same
-   window, the server's COPY rate measured in the same run); figure ``spark_e2e_vs_server``;
+   window, the server's COPY rate measured in the same run), once started fast and once with the
+   full compiler, each in a new process with a new window; figures ``spark_e2e_vs_server`` and
+   ``spark_e2e_vs_server_tiered``;
 2. **50 tables**: a throwaway PostgreSQL with ``--tables`` small tables (default 50), each given
    ``--rows`` inserts and some updates and deletes in transactions spanning several tables (the
    first window, which creates the Delta tables), then a second window of changes to every table
    (what every scheduled run does); one slot per setting, so every run reads the same windows.
    With each engine already started (its start is not what this measures; each engine in a
    child process), ``Job.run()`` of each window is timed with the tables merged one after the
-   other (``window.parallel_tables = 1``) and with the default (``4``); every lake is read back
-   with delta-rs and compared with PostgreSQL (row counts and sums per table), else exit 1;
-3. **fixed costs through spark-submit**, each a new process as a scheduler starts it, with the
-   Spark config of ``SPARK_CONF_DIR`` (``local[2]``): a script that only starts a session and
-   stops it (the floor, ``spark_session_seconds``), and ``jobs/pg2delta_run.py`` on a slot whose
-   window holds only WAL of a table outside the publication (``idle_run_seconds_spark``: the run
-   reads the window, moves the slot, and needs no session), alternated, ``--fixed-rounds`` of each
-   (the median counts; the machine is noisy, so they are compared within one run);
+   other (``window.parallel_tables = 1``) and with the default (``4``); on Apache Spark once more
+   with the full compiler (``4`` only); every lake is read back with delta-rs and compared with
+   PostgreSQL (row counts and sums per table), else exit 1;
+3. **fixed costs through spark-submit**, each a new process as a scheduler starts it
+   (``local[2]``): a script that only starts a session and stops it (the floor,
+   ``spark_session_seconds``), and ``jobs/pg2delta_run.py`` on a slot whose window holds only WAL
+   of a table outside the publication (``idle_run_seconds_spark``: the run reads the window, moves
+   the slot, and needs no session), each started fast and plain, alternated, ``--fixed-rounds`` of
+   each (the median counts; the machine is noisy, so they are compared within one run);
 4. **a standalone cluster** (bench_cluster.py): with the lake on the S3-compatible server of the
    tests (``make s3proxy``), a run of 10 updates into a 10,000-row table through ``spark-submit``
    in ``local[2]`` and with ``--master spark://...`` to a master and one worker started from the
-   pyspark install, alternated, ``--cluster-rounds`` of each (medians).
+   pyspark install, alternated, ``--cluster-rounds`` of each (medians), the drivers started fast.
 
-The last lines are ``spark_e2e_vs_server=``, ``spark_session_seconds=``,
-``idle_run_seconds_spark=``, then ``tables50_seconds_embedded=`` and ``tables50_seconds_spark=``:
-the second window (tables in place), concurrent apply; then ``small_run_seconds_spark_s3=``
-(local[2]) and ``cluster_small_run_seconds=`` (the cluster), each a new spark-submit process.
+The last lines are ``spark_e2e_vs_server=`` (and ``_tiered``), ``spark_session_seconds=``,
+``idle_run_seconds_spark=`` (each also ``_plain``), then ``tables50_seconds_embedded=`` and
+``tables50_seconds_spark=`` (and ``_tiered``): the second window (tables in place), concurrent
+apply; then ``small_run_seconds_spark_s3=`` (local[2]) and ``cluster_small_run_seconds=`` (the
+cluster), each a new spark-submit process.
 """
 
 from __future__ import annotations
@@ -36,7 +46,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import statistics
 import subprocess
@@ -51,6 +60,7 @@ import psycopg
 import pyarrow as pa
 from bench_e2e import add_e2e_args, measure
 from psycopg import sql
+from spark_start import SparkStart
 
 from pg2delta import config as cfgmod
 from pg2delta.job import Job
@@ -107,18 +117,25 @@ def _check(dsn: str, lake: Path, tables: list[str]) -> bool:
     return ok
 
 
-def many_tables(engines: list[str], n: int, rows: int, pg_version: int) -> dict[tuple[str, str, int], float] | None:
-    """Seconds of ``Job.run()`` per (engine, window, parallel_tables), engines already started.
+def many_tables(runs: list[tuple[str, SparkStart | None]], n: int, rows: int, pg_version: int,
+                ) -> dict[tuple[str, str, int], float] | None:
+    """Seconds of ``Job.run()`` per (label, window, parallel_tables), engines already started;
+    ``runs``: (``embedded``, None) or (``spark``, how its JVM starts; label ``spark_<start>``
+    unless fast). A start other than fast merges 4 tables at once only.
 
     Each engine runs in a child process of its own: a Spark Connect session (pysail) and a classic
     one do not mix in one Python process (pyspark decides per process which one its functions use).
     """
     out: dict[tuple[str, str, int], float] = {}
-    for kind in engines:
-        child = subprocess.run(
-            [sys.executable, __file__, "--one-engine", kind, "--tables", str(n), "--rows", str(rows), "--pg", str(pg_version)],
-            stdout=subprocess.PIPE, text=True,
-        )
+    for kind, start in runs:
+        argv = [sys.executable, __file__, "--one-engine", kind, "--tables", str(n), "--rows", str(rows), "--pg", str(pg_version)]
+        label = kind
+        if start is not None and start.name != "fast":
+            argv += ["--parallel", "4"]
+            label = f"{kind}_{start.name}"
+        env = start.env(sys.executable) if start is not None else None
+        print(f"50 tables, {label}:", flush=True)
+        child = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
         print(child.stdout, end="", flush=True)
         if child.returncode != 0:
             return None
@@ -126,7 +143,7 @@ def many_tables(engines: list[str], n: int, rows: int, pg_version: int) -> dict[
             if line.startswith("{"):
                 for key, seconds in json.loads(line).items():
                     phase, parallel = key.split(":")
-                    out[(kind, phase, int(parallel))] = seconds
+                    out[(label, phase, int(parallel))] = seconds
     return out
 
 
@@ -144,10 +161,10 @@ def _more_changes(dsn: str, tables: list[str]) -> None:
         conn.commit()
 
 
-def _many_tables_one_engine(kind: str, n: int, rows: int, pg_version: int) -> dict[str, float] | None:
+def _many_tables_one_engine(kind: str, n: int, rows: int, pg_version: int, parallels: list[int]) -> dict[str, float] | None:
     """Per "first:<parallel>" (the window that creates the 50 Delta tables) and "next:<parallel>"
     (the following window, tables in place: what every scheduled run does), seconds of Job.run()."""
-    slots = {parallel: f"slot_{parallel}" for parallel in (1, 4)}
+    slots = {parallel: f"slot_{parallel}" for parallel in parallels}
     tables = _tables(n)
     pg = ThrowawayPostgres.start(pg_version)
     root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-many-"))
@@ -192,21 +209,24 @@ def _many_tables_one_engine(kind: str, n: int, rows: int, pg_version: int) -> di
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _submit(script: Path, *args: str, spark_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> float:
-    """Seconds of ``spark-submit [spark_args] script args`` in a new process (exit 0 or 3, else SystemExit)."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))}
-    full["PYSPARK_PYTHON"] = sys.executable
+def _submit(start: SparkStart, script: Path, *args: str, spark_args: tuple[str, ...] = (),
+            env: dict[str, str] | None = None, s3a: bool = False) -> float:
+    """Seconds of ``spark-submit [start's flags] [spark_args] script args`` in a new process started
+    ``start``'s way (``s3a``: with hadoop-aws and the AWS SDK); exit 0 or 3, else SystemExit."""
+    full = start.env(sys.executable, s3a=s3a)
     full.update(env or {})
+    argv = [str(SPARK_SUBMIT), *start.flags(s3a=s3a), *spark_args, str(script), *args]
     t0 = time.perf_counter()
-    done = subprocess.run([str(SPARK_SUBMIT), *spark_args, str(script), *args], env=full, capture_output=True, text=True)
+    done = subprocess.run(argv, env=full, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if done.returncode not in (0, 3):
         raise SystemExit(f"spark-submit {script.name} exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
     return seconds
 
 
-def fixed_costs(pg_version: int, rounds: int) -> tuple[float, float]:
-    """(spark_session_seconds, idle_run_seconds_spark): medians of ``rounds`` alternated spark-submits."""
+def fixed_costs(pg_version: int, rounds: int, starts: list[SparkStart]) -> dict[str, tuple[float, float]]:
+    """Per start, (spark_session_seconds, idle_run_seconds_spark): medians of ``rounds`` spark-submits,
+    a session and an idle run of each start per round, alternated."""
     pg = ThrowawayPostgres.start(pg_version)
     root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-idle-"))
     try:
@@ -223,16 +243,21 @@ def fixed_costs(pg_version: int, rounds: int) -> tuple[float, float]:
         )
         session_script = root / "session_only.py"
         session_script.write_text(SESSION_ONLY)
-        first = _submit(REPO / "jobs" / "pg2delta_run.py", "--config", str(config))
-        print(f"first run through spark-submit (1,000 inserts into a new table): {first:.1f} s", flush=True)
-        session, idle = [], []
-        for _ in range(rounds):
-            session.append(_submit(session_script))
-            with psycopg.connect(pg.dsn, autocommit=True) as conn:  # something to read, nothing to apply
-                conn.execute("INSERT INTO unpublished SELECT generate_series(1, 100)")
-            idle.append(_submit(REPO / "jobs" / "pg2delta_run.py", "--config", str(config)))
-        print("spark-submit, session only: " + ", ".join(f"{x:.1f}" for x in session) + " s", flush=True)
-        print("spark-submit, idle run:     " + ", ".join(f"{x:.1f}" for x in idle) + " s", flush=True)
+        run = REPO / "jobs" / "pg2delta_run.py"
+        first = _submit(starts[0], run, "--config", str(config))
+        print(f"first run through spark-submit (1,000 inserts into a new table), {starts[0].name}: {first:.1f} s", flush=True)
+        session: dict[str, list[float]] = {start.name: [] for start in starts}
+        idle: dict[str, list[float]] = {start.name: [] for start in starts}
+        for i in range(rounds):
+            for start in starts if i % 2 == 0 else reversed(starts):
+                session[start.name].append(_submit(start, session_script))
+                with psycopg.connect(pg.dsn, autocommit=True) as conn:  # something to read, nothing to apply
+                    conn.execute("INSERT INTO unpublished SELECT generate_series(1, 100)")
+                idle[start.name].append(_submit(start, run, "--config", str(config)))
+        for start in starts:
+            print(f"spark-submit, {start.name}, session only: " + ", ".join(f"{x:.1f}" for x in session[start.name]) + " s")
+            print(f"spark-submit, {start.name}, idle run:     " + ", ".join(f"{x:.1f}" for x in idle[start.name]) + " s",
+                  flush=True)
         with psycopg.connect(pg.dsn) as conn:
             row = conn.execute("SELECT count(*), sum(qty) FROM items").fetchone()
         from deltalake import DeltaTable
@@ -240,59 +265,99 @@ def fixed_costs(pg_version: int, rounds: int) -> tuple[float, float]:
         data = DeltaTable(str(root / "lake" / "public" / "items")).to_pyarrow_table(columns=["qty"])
         if row is None or (data.num_rows, sum(data.column("qty").to_pylist())) != (int(row[0]), int(row[1])):
             raise SystemExit(f"MISMATCH in items: PostgreSQL {row}, Delta {data.num_rows} rows")
-        return statistics.median(session), statistics.median(idle)
+        return {name: (statistics.median(session[name]), statistics.median(idle[name])) for name in session}
     finally:
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
+def end_to_end(argv: list[str], starts: list[SparkStart]) -> dict[str, float] | None:
+    """``spark_e2e_vs_server`` per start: bench_e2e's run in a child process started that way (a new
+    window each; the idle and 10,000-change runs after it with the first start only)."""
+    out: dict[str, float] = {}
+    for i, start in enumerate(starts):
+        print(f"end to end, Spark started {start.name}:", flush=True)
+        child_argv = [sys.executable, __file__, *argv, "--one-e2e", *(["--no-fixed-costs"] if i else [])]
+        child = subprocess.run(child_argv, stdout=subprocess.PIPE, text=True, env=start.env(sys.executable))
+        print(child.stdout, end="", flush=True)
+        ratios = [json.loads(line)["ratio"] for line in child.stdout.splitlines() if line.startswith('{"ratio"')]
+        if child.returncode != 0 or not ratios:
+            return None
+        out[start.name] = ratios[-1]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_e2e_args(ap)
     ap.add_argument("--tables", type=int, default=50, help="tables in the many-tables window (default 50)")
     ap.add_argument("--rows", type=int, default=200, help="rows inserted per table (default 200)")
-    ap.add_argument("--fixed-rounds", type=int, default=3, help="spark-submits of each fixed cost (default 3)")
+    ap.add_argument("--fixed-rounds", type=int, default=3, help="spark-submits of each fixed cost and start (default 3)")
     ap.add_argument("--cluster-rounds", type=int, default=3, help="small runs of each setting in the cluster part (default 3)")
     ap.add_argument("--only", choices=("fixed", "tables", "e2e", "cluster"), help="one part of the benchmark only")
+    ap.add_argument("--spark-cache", default=str(REPO / ".cache" / "spark35"),
+                    help="make install-spark's folder of Delta's jars, settings and class-data archive")
     ap.add_argument("--one-engine", choices=("embedded", "spark"), help=argparse.SUPPRESS)
+    ap.add_argument("--parallel", type=int, action="append", help=argparse.SUPPRESS)
+    ap.add_argument("--one-e2e", action="store_true", help=argparse.SUPPRESS)
     ap.set_defaults(engine="spark")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.one_engine:
-        one = _many_tables_one_engine(args.one_engine, args.tables, args.rows, args.pg)
+        one = _many_tables_one_engine(args.one_engine, args.tables, args.rows, args.pg, args.parallel or [1, 4])
         if one is None:
             return 1
         print(json.dumps(one))
         return 0
+    if args.one_e2e:
+        ratio = measure(args)
+        if ratio is None:
+            return 1
+        print(json.dumps({"ratio": ratio}))
+        return 0
 
-    ratio = measure(args) if args.only in (None, "e2e") else None
-    if ratio is None and args.only in (None, "e2e"):
+    cache = Path(args.spark_cache).resolve()
+    fast, tiered, plain = (SparkStart(name, cache) for name in ("fast", "tiered", "plain"))
+    fast.check()
+    part = args.only
+    ratios = end_to_end(argv, [fast, tiered]) if part in (None, "e2e") else {}
+    if ratios is None:
         return 1
-    logging.getLogger("pg2delta").setLevel(logging.WARNING)
-    fixed = fixed_costs(args.pg, args.fixed_rounds) if args.only in (None, "fixed") else None
-    times = many_tables(["embedded", "spark"], args.tables, args.rows, args.pg) if args.only in (None, "tables") else {}
+    fixed = fixed_costs(args.pg, args.fixed_rounds, [fast, plain]) if part in (None, "fixed") else {}
+    runs: list[tuple[str, SparkStart | None]] = [("embedded", None), ("spark", fast), ("spark", tiered)]
+    times = many_tables(runs, args.tables, args.rows, args.pg) if part in (None, "tables") else {}
     if times is None:
         return 1
-    small = bench_cluster.small_runs(args.pg, args.cluster_rounds, _submit) if args.only in (None, "cluster") else None
-    n = args.tables
+    small = bench_cluster.small_runs(args.pg, args.cluster_rounds, _submit, fast) if part in (None, "cluster") else None
+    report(args.tables, ratios, fixed, times, small)
+    return 0
+
+
+def report(n: int, ratios: dict[str, float], fixed: dict[str, tuple[float, float]],
+           times: dict[tuple[str, str, int], float], small: tuple[float, float] | None) -> None:
+    """The figures' lines (see the module's docstring)."""
     if times:
         for kind in ("embedded", "spark"):
             print(f"tables{n}_first_window_seconds_{kind}={times[(kind, 'first', 4)]:.1f}  "
                   f"(one table at a time: {times[(kind, 'first', 1)]:.1f})")
             print(f"tables{n}_seconds_{kind}_one_at_a_time={times[(kind, 'next', 1)]:.1f}")
-    if ratio is not None:
-        print(f"spark_e2e_vs_server={ratio:.2f}")
-    if fixed is not None:
-        print(f"spark_session_seconds={fixed[0]:.1f}")
-        print(f"idle_run_seconds_spark={fixed[1]:.1f}  (idle / session = {fixed[1] / fixed[0]:.2f})")
+        print(f"tables{n}_first_window_seconds_spark_tiered={times[('spark_tiered', 'first', 4)]:.1f}")
+    for name, suffix in (("fast", ""), ("tiered", "_tiered")):
+        if name in ratios:
+            print(f"spark_e2e_vs_server{suffix}={ratios[name]:.2f}")
+    for name, suffix in (("fast", ""), ("plain", "_plain")):
+        if name in fixed:
+            session, idle = fixed[name]
+            print(f"spark_session_seconds{suffix}={session:.1f}")
+            print(f"idle_run_seconds_spark{suffix}={idle:.1f}  (idle / session = {idle / session:.2f})")
     if times:
-        for kind in ("embedded", "spark"):
-            print(f"tables{n}_seconds_{kind}={times[(kind, 'next', 4)]:.1f}")
+        for label in ("embedded", "spark", "spark_tiered"):
+            print(f"tables{n}_seconds_{label}={times[(label, 'next', 4)]:.1f}")
     if small is not None:
         print(f"small_run_seconds_spark_s3={small[0]:.1f}  (local[2], 10 updates, lake on the object store)")
         print(f"cluster_small_run_seconds={small[1]:.1f}  (standalone cluster / local[2] = {small[1] / small[0]:.2f})")
-    return 0
 
 
 if __name__ == "__main__":
