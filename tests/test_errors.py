@@ -68,3 +68,23 @@ def test_bad_command_line_is_one_line_and_needs_a_human(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("pg2delta: config error: ")
     assert fragment in err and "--help" in err
+
+
+def test_a_connection_cut_where_no_layer_named_it_is_retryable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A psycopg connection error that reaches the command line unnamed (``pg_terminate_backend`` of a
+    catalog connection, a restart: found by make soak, exit 70 before) exits 75 with one line."""
+    import psycopg
+
+    import pg2delta.job
+    from pg2delta.cli import main
+
+    def cut(*args: object, **kwargs: object) -> None:
+        raise psycopg.errors.AdminShutdown("terminating connection due to administrator command")
+
+    monkeypatch.setattr(pg2delta.job, "run", cut)
+    code = main(["run", "--dsn", "host=127.0.0.1", "--slot", "s", "--publication", "p", "--lake", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_RETRYABLE, err
+    assert err[-1].startswith("pg2delta: connection error: lost the connection to PostgreSQL: terminating connection"), err

@@ -42,6 +42,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
+import psycopg
+
 from pg2delta import __version__, termination
 from pg2delta.cli import backfill, bootstrap, maintain, plan, resync, run, status, verify, versions
 from pg2delta.cli.common import JSON_SCHEMA_VERSION, Command
@@ -49,6 +51,7 @@ from pg2delta.errors import (
     EXIT_INTERNAL,
     EXIT_NEEDS_HUMAN,
     ConfigError,
+    ConnectionFailed,
     Pg2DeltaError,
     StorageFull,
     StoreUnavailable,
@@ -207,6 +210,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _storage_full(args, exc)
         if store_unavailable(exc):
             return _store_unavailable(args, exc)
+        if isinstance(exc, psycopg.OperationalError):  # a connection cut where no layer named it (found by make soak)
+            return _failed(args, ConnectionFailed(f"lost the connection to PostgreSQL: {' '.join(str(exc).split())[:300]}"))
         args.error_line = f"pg2delta: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         print(args.error_line, file=sys.stderr)
         log.debug("traceback", exc_info=True)
