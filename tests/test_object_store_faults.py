@@ -120,12 +120,14 @@ def test_an_answer_lost_after_the_commit_landed(
                 return None
 
             proxy.policy = lost_answer
-            failed = cli("run", "--config", config)
+            # In a child process: the test process's shared engine may have started before this
+            # test, with another endpoint, and its writes (the changelog's) would pass the proxy by.
+            failed = cli("run", "--config", config, child=True)
             for _ in range(2):  # a run that wrote no such commit (its window held none): more changes, once more
                 if lost or failed.returncode not in (0, 75):
                     break
                 wl.phase(30)
-                failed = cli("run", "--config", config)
+                failed = cli("run", "--config", config, child=True)
             proxy.policy = lambda method, path, n: None
             assert lost, (f"no commit of {part} in three runs: the test proved nothing (last exit {failed.returncode})\n"
                           f"{failed.stderr[-2000:]}")
