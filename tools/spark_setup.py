@@ -78,14 +78,7 @@ def probe(root: Path, coords: str) -> list[str]:
 
     conf_dir = root / "probe-conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "spark.jars.packages": coords,
-        "spark.jars.ivy": str(root / "ivy"),
-        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        **LOCAL,
-    }
-    (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
+    write_properties(conf_dir / "spark-defaults.conf", {"spark.jars.packages": coords, "spark.jars.ivy": str(root / "ivy")})
     os.environ["SPARK_CONF_DIR"] = str(conf_dir)
     from pyspark.sql import SparkSession
 
@@ -103,9 +96,11 @@ def probe(root: Path, coords: str) -> list[str]:
     return jars
 
 
-def write_properties(path: Path, jars: list[str]) -> None:
+def write_properties(path: Path, jars: dict[str, str]) -> None:
+    """A Spark properties file: ``jars`` (``spark.jars``, or the packages to resolve), Delta's two
+    session configs and the local-mode settings."""
     settings = {
-        "spark.jars": ",".join(jars),
+        **jars,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         **LOCAL,
@@ -166,9 +161,9 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"resolving {coords} failed:\n{done.stderr[-3000:]}")
         return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
-    write_properties(root / "conf" / "spark-defaults.conf", jars_of(packages()))
+    write_properties(root / "conf" / "spark-defaults.conf", {"spark.jars": ",".join(jars_of(packages()))})
     if s3a:
-        write_properties(root / "conf" / "spark-s3a.conf", jars_of(packages(s3a=True)))
+        write_properties(root / "conf" / "spark-s3a.conf", {"spark.jars": ",".join(jars_of(packages(s3a=True)))})
     archive = train_archive(root)
     shutil.rmtree(root / "probe", ignore_errors=True)
     shutil.rmtree(root / "probe-conf", ignore_errors=True)
