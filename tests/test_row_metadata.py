@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from deltalake import DeltaTable
 
 from engines import TEST_ENGINE
 from lake_read import read_delta
@@ -99,18 +100,20 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, tmp_path: P
             conn.execute(f"INSERT INTO rm.{t} SELECT g, 'v' || g, repeat(chr(96 + g), 3000) FROM generate_series(1, 10) g")
         conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.items, rm.plain")
 
-    def config(plain_metadata: bool, memory_budget: int | None = None) -> Path:
+    def config(plain: str, memory_budget: int | None = None) -> Path:
+        """``plain``: "off" (metadata = false), "soft" (deletes = "soft"), "resync" (and on_unfollowable = "resync")."""
         path = tmp_path / "rm.toml"
         path.write_text("\n".join([
             "[source]", f"dsn = {json.dumps(pgdb)}", f'slot = "{slot}"', f'publication = "{pub}"',
             "[lake]", f'root = "{lake}"', "metadata = true", "changelog = true",
             *(["[window]", f"memory_budget = {memory_budget}"] if memory_budget else []),
-            '[tables."rm.plain"]', f"metadata = {str(plain_metadata).lower()}",
+            '[tables."rm.plain"]', "metadata = false" if plain == "off" else 'deletes = "soft"',
+            *(['on_unfollowable = "resync"'] if plain == "resync" else []),
         ]) + "\n")
         return path
 
     before = dt.datetime.now(dt.UTC)
-    done = cli("bootstrap", "--config", str(config(False)))
+    done = cli("bootstrap", "--config", str(config("off")))
     assert done.returncode == 0, done.stderr[-3000:]
     boot = [r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["kind"] == "bootstrap"]
     snapshot_lsn = boot[0]["window_end"]
@@ -131,31 +134,41 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, tmp_path: P
             conn.execute("UPDATE rm.items SET v = 'twelve-u' WHERE id = 12")
         conn.execute("UPDATE rm.plain SET v = 'p' WHERE id = 1")
     ops = {1: "U", 2: "U", 104: "U", 11: "I", 12: "U"}
-    done = cli("run", "--config", str(config(False)))
+    done = cli("run", "--config", str(config("off")))
     assert done.returncode == 0, done.stderr[-3000:]
     truth = _truth(pgdb, truth_slot, pub)
     _check(pgdb, lake, "rm.items", truth, ops, copied)
 
-    # Turning metadata on for a table the lake holds without it: refused until a resync rewrites it.
+    # Turning soft deletes (and so metadata) on for a table the lake holds without them: refused
+    # until a resync rewrites it; with on_unfollowable = "resync" the run copies it again itself.
+    old_plain = _rows(pgdb, "rm.plain")
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("UPDATE rm.items SET v = 'u2-' || id WHERE id = 1")
         conn.execute("UPDATE rm.plain SET v = 'p2' WHERE id = 2")
+        conn.execute("DELETE FROM rm.plain WHERE id = 10")  # before the copy: the copy lacks it, the lake had it
     ops[1] = "U"
-    refused = cli("run", "--config", str(config(True)))
+    refused = cli("run", "--config", str(config("soft")))
     assert refused.returncode == 78, refused.stderr[-3000:]
     assert "metadata = true now, the table was landed with metadata = false" in refused.stderr
+    assert 'deletes = "soft" now, the table was landed with deletes = "hard"' in refused.stderr
     assert "pg2delta resync --table rm.plain" in refused.stderr
-    resynced = cli("resync", "--config", str(config(True)), "--table", "rm.plain")
-    assert resynced.returncode == 0, resynced.stderr[-3000:]
+    resynced = cli("run", "--config", str(config("resync")))
+    assert resynced.returncode == 0 and 'on_unfollowable = "resync": copying it again' in resynced.stderr, resynced.stderr[-3000:]
     plain = _lake(lake / "rm" / "plain")
-    resync_lsn = {r["_pg2delta_lsn"] for r in plain.values()}
-    assert {r["_pg2delta_op"] for r in plain.values()} == {"S"} and len(resync_lsn) == 1 and min(resync_lsn) > snapshot_lsn
-    assert {k: r["v"] for k, r in plain.items()} == {k: r["v"] for k, r in _rows(pgdb, "rm.plain").items()}
+    live = {k: r for k, r in plain.items() if not r["_pg2delta_deleted"]}
+    resync_lsn = {r["_pg2delta_lsn"] for r in live.values()}
+    assert {r["_pg2delta_op"] for r in live.values()} == {"S"} and len(resync_lsn) == 1 and min(resync_lsn) > snapshot_lsn
+    assert {k: r["v"] for k, r in live.items()} == {k: r["v"] for k, r in _rows(pgdb, "rm.plain").items()}
+    # The row deleted before the copy: marked deleted at the copy's snapshot, with the values the lake held.
+    gone = plain[10]
+    assert (gone["_pg2delta_deleted"], gone["_pg2delta_op"], gone["_pg2delta_lsn"], gone["v"], gone["big"]) == (
+        True, "D", min(resync_lsn), old_plain[10]["v"], old_plain[10]["big"])
+    assert gone["_pg2delta_commit_ts"] == live[1]["_pg2delta_commit_ts"] and sorted(plain) == list(range(1, 11))
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("UPDATE rm.plain SET v = 'p3' WHERE id = 3")
         conn.execute("UPDATE rm.items SET v = 'spilled' WHERE id IN (2, 5)")  # a spilled window: reduced by the engine
     ops[2] = ops[5] = "U"
-    done = cli("run", "--config", str(config(True, memory_budget=1)), "-v")
+    done = cli("run", "--config", str(config("resync", memory_budget=1)), "-v")
     assert done.returncode == 0 and "by the engine" in done.stderr, done.stderr[-3000:]
     truth = _truth(pgdb, truth_slot, pub)
     _check(pgdb, lake, "rm.items", truth, ops, copied)
@@ -166,7 +179,7 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, tmp_path: P
     assert {plain[k]["_pg2delta_lsn"] for k in (1, 2)} == resync_lsn
 
     # verify compares the table's own columns; a backfill into a copy replays the same metadata.
-    verified = cli("verify", "--config", str(config(True)), "--json")
+    verified = cli("verify", "--config", str(config("resync")), "--json")
     assert verified.returncode == 0, verified.stderr[-3000:]
     report = json.loads(verified.stdout)
     assert report["equal"] and not report["tables"]["rm.items"]["skipped"], report
@@ -174,7 +187,7 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, tmp_path: P
     logged = [r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["table_name"] == "items"]
     copy = tmp_path / "copy"
     lsn = lambda v: f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"  # noqa: E731
-    backfill = cli("backfill", "--config", str(config(True)), "--table", "rm.items", "--from-lsn", lsn(snapshot_lsn),
+    backfill = cli("backfill", "--config", str(config("resync")), "--table", "rm.items", "--from-lsn", lsn(snapshot_lsn),
                    "--to-lsn", lsn(max(r["window_end"] for r in logged)), "--into", str(copy))
     assert backfill.returncode == 0, backfill.stderr[-3000:]
     assert sorted(map(str, read_delta(copy / "rm" / "items").to_pylist())) == sorted(
@@ -221,6 +234,14 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         deleted[4] = (xid, "D", old[4])
         conn.execute("INSERT INTO rm.soft VALUES (2, 'back', 'b')")  # a deleted key comes back live
         del deleted[2]
+        with conn.transaction():  # a key change, then the new key deleted, in one window: both keys kept
+            xid = conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]  # type: ignore[index]
+            conn.execute("UPDATE rm.soft SET id = 108 WHERE id = 8")  # big: unchanged TOAST, the lake's row 8's
+        deleted[8] = (xid, "D", old[8])
+        with conn.transaction():
+            xid = conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]  # type: ignore[index]
+            conn.execute("DELETE FROM rm.soft WHERE id = 108")
+        deleted[108] = (xid, "D", old[8])
     done = cli("run", "--config", str(path))
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -244,8 +265,10 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
     copied_lsn = next(r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["kind"] == "bootstrap")["window_end"]
     check({1: "U", 104: "U", 2: "I"}, copied_lsn)
 
-    # One window: an update and a delete before a truncate, keys inserted between two truncates, one
-    # inserted again after them; then the same in a window spilled past the memory budget.
+    # One window: an update and a delete of a row before a truncate, keys inserted between two
+    # truncates, one inserted again after them, one inserted and deleted, one inserted, deleted and
+    # inserted again; then the same in a window spilled past the memory budget. A key the window
+    # inserts and deletes (or truncates) is kept, marked, with the values it had.
     def xid_of(conn: psycopg.Connection[Any]) -> int:
         return int(conn.execute("SELECT txid_current() % 4294967296").fetchone()[0])  # type: ignore[index]
 
@@ -260,37 +283,71 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
     for step, spilled, gone in (("w", False, 6), ("s", True, 11))[: 2 if embedded else 1]:
         with psycopg.connect(pgdb, autocommit=True) as conn:
             conn.execute(f"UPDATE rm.soft SET v = 'pre-{step}' WHERE id = 5")  # then truncated: marked T with it
+            # Updated, then deleted before the truncate: its own D, the update's values (big: unchanged TOAST).
+            conn.execute(f"UPDATE rm.soft SET v = 'upd-{step}' WHERE id = %s", (gone,))
             old = _rows(pgdb, "rm.soft")
             with conn.transaction():
                 xid = xid_of(conn)
-                conn.execute("DELETE FROM rm.soft WHERE id = %s", (gone,))  # before the truncate: its own D
+                conn.execute("DELETE FROM rm.soft WHERE id = %s", (gone,))
             deleted[gone] = (xid, "D", old[gone])
             truncate(conn)
-            conn.execute(f"INSERT INTO rm.soft VALUES (5, 'mid-{step}', NULL), (9, 'mid9-{step}', NULL)")
+            conn.execute(f"INSERT INTO rm.soft VALUES (5, 'mid-{step}', NULL), (9, 'mid9-{step}', NULL), "
+                         f"({20 + int(spilled)}, 'mid20-{step}', 'm')")  # 20: new, then truncated: kept, T
             truncate(conn)  # 9 came back and went again: marked by this truncate, with its new values
-            conn.execute(f"INSERT INTO rm.soft VALUES (5, 'after-{step}', 'a'), (11 + {int(spilled)}, '11', '11')")
+            conn.execute(f"INSERT INTO rm.soft VALUES (5, 'after-{step}', 'a'), "
+                         f"(11 + {int(spilled)}, '11', repeat('k', 3000))")  # 11: updated and deleted in the next window
+            once, again = 30 + int(spilled), 40 + int(spilled)
+            conn.execute(f"INSERT INTO rm.soft VALUES ({once}, 'once-{step}', 'o'), ({again}, 'first-{step}', 'f')")
+            with conn.transaction():
+                xid = xid_of(conn)
+                conn.execute("DELETE FROM rm.soft WHERE id IN (%s, %s)", (once, again))
+            deleted[once] = (xid, "D", {"v": f"once-{step}", "big": "o"})
+            conn.execute(f"INSERT INTO rm.soft VALUES ({again}, 'again-{step}', 'g')")  # inserted, deleted, inserted: live
             for key in (5, 11 + int(spilled)):
                 deleted.pop(key, None)
         done = cli("run", "--config", str(path), "-v", env={"PG2DELTA_MEMORY_BUDGET": "1"} if spilled else None)
         assert done.returncode == 0, done.stderr[-3000:]
         assert ("by the engine" in done.stderr) == spilled, done.stderr[-3000:]
-        check({5: "I", 11: "I", 12: "I"}, copied_lsn)
+        check({5: "I", 11: "I", 12: "I", 40: "I", 41: "I"}, copied_lsn)
     current = set(_rows(pgdb, "rm.soft"))
     if embedded:
         history = read_delta(lake / "rm" / "soft__history")
         assert "_pg2delta_deleted" not in history.column_names and "_pg2delta_op" not in history.column_names
-        assert {r["id"] for r in history.to_pylist() if r["_pg2delta_is_current"]} == current <= {5, 11, 12}
-    verified = cli("verify", "--config", str(path), "--json")
+        assert {r["id"] for r in history.to_pylist() if r["_pg2delta_is_current"]} == current <= {5, 11, 12, 40, 41}
+        # A backfill into a copy replays the changelog (the deletes before a truncate too): the same rows, marked alike.
+        logged = [r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["table_name"] == "soft"]
+        lsn = lambda v: f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"  # noqa: E731
+        backfill = cli("backfill", "--config", str(path), "--table", "rm.soft", "--from-lsn", lsn(copied_lsn),
+                       "--to-lsn", lsn(max(r["window_end"] for r in logged)), "--into", str(tmp_path / "copy"))
+        assert backfill.returncode == 0, backfill.stderr[-3000:]
+        assert sorted(map(str, read_delta(tmp_path / "copy" / "rm" / "soft").to_pylist())) == sorted(
+            map(str, read_delta(lake / "rm" / "soft").to_pylist()))
+
+    # A resync copies PostgreSQL's rows anew, in one commit: the rows marked deleted stay as they
+    # were, a key inserted again is the copy's (live), a row deleted meanwhile (its change skipped,
+    # the copy holds what came before it) is marked deleted at the copy's snapshot with the lake's values.
+    before = _lake(lake / "rm" / "soft")
+    version = DeltaTable(str(lake / "rm" / "soft")).version()
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("DELETE FROM rm.soft WHERE id = 5")
+        conn.execute("INSERT INTO rm.soft VALUES (30, 'back30', NULL)")
+    resynced = cli("resync", "--config", str(path), "--table", "rm.soft")
+    assert resynced.returncode == 0, resynced.stderr[-3000:]
+    assert DeltaTable(str(lake / "rm" / "soft")).version() == version + 1
+    live, got = _rows(pgdb, "rm.soft"), _lake(lake / "rm" / "soft")
+    resync_lsn = max(r["window_end"] for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist()
+                     if r["kind"] == "bootstrap" and r["table_name"] == "soft")
+    assert sorted(got) == sorted({*live, *deleted, 5}) and 30 in live
+    copy_ts = {got[k]["_pg2delta_commit_ts"] for k in live}
+    for key, row in live.items():
+        assert (got[key]["v"], got[key]["big"], got[key]["_pg2delta_deleted"]) == (row["v"], row["big"], False), key
+        assert (got[key]["_pg2delta_lsn"], got[key]["_pg2delta_op"]) == (resync_lsn, "S"), key
+    assert all(got[k] == before[k] for k in deleted if k != 30)
+    assert (got[5] | {"_pg2delta_commit_ts": None}) == (before[5] | {
+        "_pg2delta_deleted": True, "_pg2delta_op": "D", "_pg2delta_lsn": resync_lsn, "_pg2delta_commit_ts": None})
+    assert len(copy_ts) == 1 and got[5]["_pg2delta_commit_ts"] in copy_ts
+    verified = cli("verify", "--config", str(path), "--json")  # the changes before the copy: skipped
     assert verified.returncode == 0, verified.stderr[-3000:]
     report = json.loads(verified.stdout)["tables"]["rm.soft"]
-    assert report["source_rows"] == report["lake_rows"] == len(current) and not report["differences"], report
-    if not embedded:
-        return
-    # A backfill into a copy replays the changelog (the deletes before a truncate too): the same rows, marked alike.
-    logged = [r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["table_name"] == "soft"]
-    lsn = lambda v: f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"  # noqa: E731
-    backfill = cli("backfill", "--config", str(path), "--table", "rm.soft", "--from-lsn", lsn(copied_lsn),
-                   "--to-lsn", lsn(max(r["window_end"] for r in logged)), "--into", str(tmp_path / "copy"))
-    assert backfill.returncode == 0, backfill.stderr[-3000:]
-    assert sorted(map(str, read_delta(tmp_path / "copy" / "rm" / "soft").to_pylist())) == sorted(
-        map(str, read_delta(lake / "rm" / "soft").to_pylist()))
+    assert report["source_rows"] == report["lake_rows"] == len(live) and not report["differences"], report
+    assert _lake(lake / "rm" / "soft") == got

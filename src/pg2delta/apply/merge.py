@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.apply.keys import key_tuples
-from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL, TS_COL
-from pg2delta.decode.events import DELETED_COL, TRUNCATE_MARK_OP
+from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL, TS_COL, XID_COL
+from pg2delta.decode.events import DELETED_COL, DELETED_FIELD, TRUNCATE_MARK_OP
 from pg2delta.lake.sql import quote
 
 _INDEX = "__pg2delta_index"
@@ -58,13 +58,19 @@ def one_change_per_key(ops: Collection[str], *, unique_key: bool) -> bool:
 
 
 def reduce_changes(
-    changes: pa.Table, key_names: Sequence[str], columns: Sequence[str] | None = None, *, distinct_keys: bool = False
+    changes: pa.Table,
+    key_names: Sequence[str],
+    columns: Sequence[str] | None = None,
+    *,
+    distinct_keys: bool = False,
+    soft: bool = False,
 ) -> Reduced:
     """The final state per key of ``changes`` (rows already in commit order). ``columns``: those
     the final rows need besides the key, the operation and the unchanged-TOAST list (default: all);
     the others (commit position, xid, time) are not gathered. ``distinct_keys``: the caller knows
     that no key has two inserts (a key PostgreSQL keeps unique), so changes that are all inserts
-    are their own final rows, kept as they are."""
+    are their own final rows, kept as they are. ``soft``: soft deletes (:func:`soft_deleted`): the
+    final rows also hold ``_pg2delta_deleted``, and a final delete the values the row had before it."""
     n = changes.num_rows
     ops = changes.column(OP_COL)
     counts = pc.value_counts(ops).to_pylist() if n else []
@@ -76,6 +82,8 @@ def reduce_changes(
     wanted = None if columns is None else {*columns, *key_names, OP_COL, TOAST_COL}
     if one_change_per_key(by_op, unique_key=distinct_keys):
         kept = changes if wanted is None else changes.select([c for c in changes.column_names if c in wanted])
+        if soft:
+            kept = kept.append_column(DELETED_FIELD, pa.array(np.zeros(n, dtype=bool)))
         return Reduced(kept, (), n, 0, 0)
     indexed = changes.append_column(_INDEX, pa.array(np.arange(n, dtype=np.int64)))
     last = indexed.select([*key_names, _INDEX]).group_by(list(key_names), use_threads=False).aggregate(
@@ -87,11 +95,62 @@ def reduce_changes(
     mask = np.zeros(n, dtype=bool)
     mask[keep] = True
     final = (changes if wanted is None else changes.select([c for c in changes.column_names if c in wanted])).filter(pa.array(mask))
+    deleted = None
+    if soft:
+        final, keep, deleted = soft_deleted(changes, final, keep, key_names, mask)
     lookups: list[Lookup] = []
     toast = final.column(TOAST_COL)
     if toast.null_count < final.num_rows:
         final, lookups = _resolve_toast(changes, final, keep, key_names)
+    if deleted is not None:
+        final = final.append_column(DELETED_FIELD, deleted)
     return Reduced(final, tuple(lookups), by_op.get("I", 0), by_op.get("U", 0), by_op.get("D", 0))
+
+
+# The columns a final delete keeps of its own change (soft_deleted): the rest are the row's values.
+_CHANGE_COLUMNS = frozenset({LSN_COL, POS_COL, OP_COL, TS_COL, XID_COL})
+
+
+def soft_deleted(
+    changes: pa.Table, final: pa.Table, keep: np.ndarray, key_names: Sequence[str], mask: np.ndarray
+) -> tuple[pa.Table, np.ndarray, pa.Array]:
+    """Soft deletes' final rows (``final``, rows ``keep`` of ``changes``; ``mask``: those rows):
+    a final delete whose key's change just before it is in the window and not a delete takes that
+    change's values and unchanged-TOAST list (a row inserted or updated, then deleted, in one
+    window: what it held when deleted), its own commit LSN, time and op. Returns the rows, the rows
+    of ``changes`` their values come from (for the unchanged TOAST) and ``_pg2delta_deleted``:
+    false for a live row, true for a delete with those values, NULL for a delete the window holds
+    no values of (the MERGE marks the table's row, keeping its values)."""
+    is_delete = pc.equal(final.column(OP_COL), "D").to_numpy(zero_copy_only=False)
+    if not is_delete.any():
+        return final, keep, pa.array(np.zeros(final.num_rows, dtype=bool))
+    n = changes.num_rows
+    candidate = np.arange(n, dtype=np.int64)
+    candidate[mask] = -1  # every key's change before its last: the largest is the one just before
+    pairs = pa.table({**{f"k{i}": changes.column(k) for i, k in enumerate(key_names)},
+                      "last": pa.array(np.arange(n, dtype=np.int64)), "before": pa.array(candidate)})
+    pairs = pairs.group_by([f"k{i}" for i in range(len(key_names))], use_threads=False).aggregate(
+        [("last", "max"), ("before", "max")]
+    )
+    before = np.full(len(keep), -1, dtype=np.int64)
+    before[np.searchsorted(keep, pairs.column("last_max").to_numpy())] = pairs.column("before_max").to_numpy()
+    was_delete = pc.equal(changes.column(OP_COL), "D").to_numpy(zero_copy_only=False)
+    took = is_delete & (before >= 0) & ~was_delete[np.maximum(before, 0)]
+    deleted = pa.array(is_delete, mask=is_delete & ~took)
+    if not took.any():
+        return final, keep, deleted
+    rows = np.flatnonzero(took)
+    nfinal = final.num_rows
+    for name in final.column_names:
+        if name in key_names or name in _CHANGE_COLUMNS:
+            continue
+        both = pa.concat_arrays([final.column(name).combine_chunks(), changes.column(name).combine_chunks()])
+        index = np.arange(nfinal, dtype=np.int64)
+        index[rows] = nfinal + before[rows]
+        final = final.set_column(final.column_names.index(name), name, both.take(pa.array(index)))
+    values_of = keep.copy()
+    values_of[rows] = before[rows]
+    return final, values_of, deleted
 
 
 def fill_toast_in_order(changes: pa.Table, key_names: Sequence[str]) -> Reduced:
@@ -224,15 +283,21 @@ def merge_statement(
     sets = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
     cols = ", ".join(quote(c) for c in columns)
     vals = ", ".join(f"s.{quote(c)}" for c in columns)
-    op = quote(OP_COL)
-    deleted = f"UPDATE SET {soft.mark_from_source()}" if soft is not None else "DELETE"
-    gone = f"s.{op} <> 'D' AND s.{op} <> '{TRUNCATE_MARK_OP}'" if soft is not None else f"s.{op} <> 'D'"
-    stmt = (
-        f"MERGE INTO {target} AS t USING {soft.source(source, columns) if soft is not None else source} AS s ON {on} "
-        f"WHEN MATCHED AND s.{op} = 'D' THEN {deleted} "
-        f"WHEN MATCHED THEN UPDATE SET {sets} "
-        f"WHEN NOT MATCHED AND {gone} THEN INSERT ({cols}) VALUES ({vals})"
-    )
+    op, mark = quote(OP_COL), quote(DELETED_COL)
+    if soft is not None:  # a delete without values marks the table's row; every other row lands as it is
+        stmt = (
+            f"MERGE INTO {target} AS t USING {soft.source(source, columns)} AS s ON {on} "
+            f"WHEN MATCHED AND s.{op} = 'D' AND s.{mark} IS NULL THEN UPDATE SET {soft.mark_from_source()} "
+            f"WHEN MATCHED THEN UPDATE SET {sets} "
+            f"WHEN NOT MATCHED AND s.{mark} IS NOT NULL THEN INSERT ({cols}) VALUES ({vals})"
+        )
+    else:
+        stmt = (
+            f"MERGE INTO {target} AS t USING {source} AS s ON {on} "
+            f"WHEN MATCHED AND s.{op} = 'D' THEN DELETE "
+            f"WHEN MATCHED THEN UPDATE SET {sets} "
+            f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({cols}) VALUES ({vals})"
+        )
     if truncate and soft is not None:
         stmt += f" WHEN NOT MATCHED BY SOURCE AND NOT t.{quote(DELETED_COL)} THEN UPDATE SET {soft.mark_truncated()}"
     elif truncate:
@@ -245,11 +310,16 @@ class SoftDeletes:
     """``deletes = "soft"``: a deleted row stays, ``_pg2delta_deleted`` true, its other columns as
     they were, its row metadata the delete's; a key inserted again is matched and set anew, live.
 
+    The source's ``_pg2delta_deleted`` (:func:`soft_deleted`) says which: false, a live row; true, a
+    deleted row with the values it had (inserted or updated in the window before its delete): set
+    or inserted as it is, marked; NULL, a delete the window holds no values of: the table's row is
+    marked, its values kept (a key the table does not hold is not inserted: nothing to show of it).
+
     ``truncates``: the window's truncates of the table, in commit order, as (commit LSN, position,
     commit time in microseconds since 1970). The source then holds the changes before them too
     (pg2delta.apply.stage.table_changes ``whole``): a key whose final change is an insert or update
     before a truncate is marked by the first truncate after it (op ``T``, its values those of that
-    change; a key the lake does not hold is not inserted), a delete before a truncate keeps its own
+    change; inserted marked if the table does not hold it), a delete before a truncate keeps its own
     metadata, and the table's rows the window does not change are marked by the first truncate."""
 
     truncates: tuple[tuple[int, int, int | None], ...] = ()
@@ -268,7 +338,7 @@ class SoftDeletes:
             OP_COL: f"CASE WHEN {truncated} THEN '{TRUNCATE_MARK_OP}' ELSE s.{quote(OP_COL)} END",
             LSN_COL: f"CASE WHEN {truncated} THEN {first(0)} ELSE s.{quote(LSN_COL)} END",
             TS_COL: f"CASE WHEN {truncated} THEN {first(2)} ELSE s.{quote(TS_COL)} END",
-            DELETED_COL: f"(s.{quote(OP_COL)} = 'D' OR {truncated})",
+            DELETED_COL: f"CASE WHEN {truncated} THEN true ELSE s.{quote(DELETED_COL)} END",
         }
         cols = ", ".join(f"{made.get(c, f's.{quote(c)}')} AS {quote(c)}" for c in dict.fromkeys([*columns, OP_COL]))
         return f"(SELECT {cols} FROM {view} AS s)"
@@ -279,10 +349,11 @@ class SoftDeletes:
         lsn, pos = f"{prefix}{quote(LSN_COL)}", f"{prefix}{quote(POS_COL)}"
         return f"({lsn} < {int(t[0])} OR ({lsn} = {int(t[0])} AND {pos} < {int(t[1])}))"
 
-    def live(self) -> str:
-        """The source's rows a new table takes (its append): neither deleted nor truncated."""
-        also = f" AND NOT {self.before(self.truncates[-1])}" if self.truncates else ""
-        return f"{quote(OP_COL)} <> 'D'{also}"
+    @staticmethod
+    def landed() -> str:
+        """The rows of :meth:`source` a new table takes (its append): all but the deletes the window
+        holds no values of (as the MERGE inserts)."""
+        return f"{quote(DELETED_COL)} IS NOT NULL"
 
     def mark_from_source(self) -> str:
         """``SET`` of a row deleted by the source's delete."""

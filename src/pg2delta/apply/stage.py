@@ -229,14 +229,15 @@ class _StagedFiles:
 
 def reduce(
     schema: str, name: str, changes: pa.Table | None, key_names: list[str], data_columns: Sequence[str],
-    *, configured_key: bool = True, meta: Sequence[str] = (),
+    *, configured_key: bool = True, meta: Sequence[str] = (), soft: bool = False,
 ) -> tuple[Reduced, list[str], list[str]] | None:
     """``changes`` reduced to one final state per key, with the key and data columns the MERGE
     uses (a table without a key is keyed by commit position); None when there is nothing to merge.
     What the run merges and what ``pg2delta plan`` counts. ``configured_key=False``: the key is
     one PostgreSQL keeps unique (the replica identity, or the commit position), so a window of
     inserts only is kept as it is (:func:`~pg2delta.apply.merge.reduce_changes`). ``meta``: the
-    changes' meta columns the table keeps too (its row metadata, pg2delta.apply.rowmeta)."""
+    changes' meta columns the table keeps too (its row metadata, pg2delta.apply.rowmeta); ``soft``:
+    soft deletes (the final rows hold ``_pg2delta_deleted``, see pg2delta.apply.merge.soft_deleted)."""
     if changes is not None:
         changes = filtered(changes, pc.not_equal(changes.column(OP_COL), BEFORE_OP))  # changelog-only rows
     if changes is None or changes.num_rows == 0:
@@ -253,7 +254,8 @@ def reduce(
         key_names = [LSN_COL, POS_COL]
         data_columns = [*data_columns, LSN_COL, POS_COL]
     data_columns = list(dict.fromkeys([*data_columns, *meta]))
-    return reduce_changes(changes, key_names, data_columns, distinct_keys=not configured_key), key_names, data_columns
+    reduced = reduce_changes(changes, key_names, data_columns, distinct_keys=not configured_key, soft=soft)
+    return reduced, key_names, data_columns
 
 def newest_commit_ts(tgt: Target, truncates: Sequence[TruncateEvent], applied_lsn: int) -> int | None:
     """Commit time (microseconds since 1970, UTC) of the newest transaction the window applies to ``tgt``."""

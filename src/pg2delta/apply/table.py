@@ -47,7 +47,7 @@ from pg2delta.apply.stage import (
 )
 from pg2delta.apply.targets import Target, live
 from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL, TruncateEvent
-from pg2delta.decode.events import DELETED_COL, DELETED_FIELD
+from pg2delta.decode.events import DELETED_COL
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import Applied
@@ -116,7 +116,7 @@ def merge_changes(
         return
     soft = DELETED_COL in (meta := row_columns(side.config, schema, name))
     reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys,
-                      meta=[*meta[:3], POS_COL] if soft else meta)  # soft deletes: positions, for the truncates
+                      meta=[*meta[:3], POS_COL] if soft else meta, soft=soft)  # soft deletes: positions, for the truncates
     if reducing is None:
         _truncate_only(side, report, txn, meta)
         return
@@ -143,10 +143,9 @@ def merge_changes(
 
 def _staged_rows(source: pa.Table, data_columns: list[str], key_names: list[str], *, soft: bool) -> tuple[pa.Table, list[str]]:
     """The final rows :func:`merge_changes` stages, and the columns it lands: with soft deletes also
-    ``_pg2delta_deleted`` (a delete's row is kept, marked; the MERGE keeps the table's values) and
-    the positions (for the truncates, not landed)."""
+    ``_pg2delta_deleted`` (the reduce's: pg2delta.apply.merge.soft_deleted) and the positions (for
+    the truncates, not landed)."""
     if soft:
-        source = source.append_column(DELETED_FIELD, pc.equal(source.column(OP_COL), "D"))
         data_columns = [c for c in data_columns if c != POS_COL or c in key_names] + [DELETED_COL]
     return source.select(list(dict.fromkeys([*data_columns, OP_COL, *([POS_COL] if soft else [])]))), data_columns
 
@@ -261,7 +260,9 @@ def _statement(
     replay after a crash finds the table there and merges the same rows again. ``key_range``: the
     source's first key column's smallest and largest value, when known (an integer key)."""
     if append:
-        return AppendRows(tuple(data_columns), soft.live() if soft is not None else f"{quote(OP_COL)} <> 'D'")
+        if soft is not None:
+            return AppendRows(tuple(data_columns), soft.landed(), soft.source(view, data_columns))
+        return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
     merge = MergeRows(
         merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys, soft=soft),
         tuple(key_names), tuple(data_columns), truncate, nullable_keys,

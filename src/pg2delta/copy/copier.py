@@ -180,6 +180,15 @@ class Copier:
             self._snapshot_ts = int(row[0]) if row is not None else 0
         return CopyMeta(self.snapshot.consistent_lsn, self._snapshot_ts, rowmeta.soft_deletes(self.job.config, rel.namespace, rel.name))
 
+    def _kept(self, plan: CopyPlan) -> Any:
+        """What a soft-delete table keeps of its rows beside its copy (pg2delta.apply.rowmeta.KeptRows's
+        SQL builder; None: nothing, the copy replaces it)."""
+        if plan.meta is None or not plan.meta.soft:
+            return None
+        rel = plan.table.relation
+        configured = bool(self.job.config.table(rel.namespace, rel.name).key)
+        return rowmeta.KeptRows(tuple(plan.version.key_names), plan.meta.lsn, plan.meta.ts, configured).sql
+
     def _stage_rel(self, table: PublishedTable) -> str:
         return f"{self.staging}/{table.relation.namespace}.{table.relation.name}"
 
@@ -285,7 +294,7 @@ class Copier:
         # MERGE of the copy reads them afterwards: then the engine writes the table).
         history = self.job.history.enabled(rel.namespace, rel.name)
         if history or not self.job.engine.adopt_copy(uri, staged, plan.schema):
-            self.job.engine.replace_table(uri, staged)
+            self.job.engine.replace_table(uri, staged, keep=self._kept(plan))
         with self._logging:  # the applied log (and the history) take one table's rows at a time
             return self._log_copy(plan, rows, t0, progress, uri, stage_rel)
 

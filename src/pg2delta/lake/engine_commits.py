@@ -95,7 +95,8 @@ class Commits(DeltaReads):
             return
         cols = ", ".join(quote(c) for c in statement.columns)
         try:
-            rows_df = self.spark.sql(f"SELECT {cols} FROM {view} WHERE {statement.where}")
+            relation = view if statement.source is None else f"{statement.source} AS a"
+            rows_df = self.spark.sql(f"SELECT {cols} FROM {relation} WHERE {statement.where}")
             writer = self.delta_writer(rows_df, "append")
             if self.lake.delta_version(uri) is None:  # the append creates the table: one commit
                 writer = self.new_table_writer(writer, rows_df, uri)

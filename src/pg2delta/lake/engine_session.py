@@ -82,6 +82,7 @@ class AppendRows:
 
     columns: tuple[str, ...]
     where: str
+    source: str | None = None  # Spark SQL of the rows (a subquery over the view); None: the view itself
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from pg2delta.decode.changes import OP_COL, POS_COL
+from pg2delta.decode.events import DELETED_COL
 from pg2delta.errors import DataError, LakeError
 from pg2delta.lake import staged_sql
 from pg2delta.lake.engine_commits import Commits
@@ -185,7 +186,7 @@ class _Steps:
                 optional=optional, every_row=every_row, truncates=truncates, buckets=buckets,
                 bucket_files=bucket_files,
             )
-        changes = self.view(spark.read.parquet(changes_dir))
+        changes = self._soft(self.view(spark.read.parquet(changes_dir)), key_names, data_columns)
         ordered = self.view(spark.sql(staged_sql.ordered_changes_sql(changes, key_names, toast_columns, truncates)))
         chain = lake = None
         if toast_columns:
@@ -236,6 +237,7 @@ class _Steps:
                 changes = self.view(spark.read.parquet(*bucket_files[i]))
             else:
                 changes = self.view(source.where(f"pmod(hash({by_key}), {buckets}) = {i}"))
+            changes = self._soft(changes, key_names, data_columns)
             ordered = self.view(spark.sql(staged_sql.ordered_changes_sql(changes, key_names, (), truncates)))
             last = staged_sql.final_source_sql(
                 ordered, None, None, key_names, data_columns, (),
@@ -246,6 +248,13 @@ class _Steps:
                 parts.append(target)
         log.debug("%s: the staged changes reduced in %d buckets", uri, buckets)
         return self.view(spark.read.parquet(*parts)) if parts else self.view(spark.sql(last))
+
+    def _soft(self, changes: str, key_names: Sequence[str], data_columns: Sequence[str]) -> str:
+        """``changes`` of a soft-delete table (``_pg2delta_deleted`` among ``data_columns``) with each
+        delete's values (:func:`pg2delta.lake.staged_sql.soft_deletes_sql`); others as they are."""
+        if DELETED_COL not in data_columns:
+            return changes
+        return self.view(self.engine.spark.sql(staged_sql.soft_deletes_sql(changes, key_names, data_columns)))
 
     def _toast_chain(
         self, uri: str, ordered: str, key_names: Sequence[str], toast_columns: Sequence[str], *, every_row: bool

@@ -288,14 +288,20 @@ class DeltaWrites(Commits, TableFeatures):
         """``DELETE FROM`` the table the rows matching the Spark SQL ``condition`` (one commit)."""
         self._sql(f"DELETE FROM {self.target(uri)} WHERE {condition}", f"DELETE FROM {uri}")
 
-    def replace_table(self, uri: str, staged_dir: str) -> None:
+    def replace_table(self, uri: str, staged_dir: str, keep: Any = None) -> None:
         """Make the Delta table at ``uri`` hold exactly the Parquet files under ``staged_dir``, in one commit.
 
         The table is created when missing; an existing one is overwritten (schema included),
-        so readers see either the old table or the whole new one, never part of it.
+        so readers see either the old table or the whole new one, never part of it. ``keep``: a
+        builder ``(table view, copy view, table columns) -> Spark SQL`` of the existing table's rows
+        that stay beside the files' (soft deletes' rows, pg2delta.apply.rowmeta.KeptRows), conformed
+        to the files' columns, in the same commit.
         """
+        views: list[str] = []
         try:
             df = self.spark.read.parquet(staged_dir)
+            if keep is not None and self.lake.delta_version(uri) is not None:
+                df = self._with_kept(uri, df, keep, views)
             writer = self.delta_writer(df, "overwrite").option("overwriteSchema", "true")
             if self.lake.delta_version(uri) is None:
                 writer = self.new_table_writer(writer, df, uri)
@@ -309,6 +315,24 @@ class DeltaWrites(Commits, TableFeatures):
             raise
         except Exception as exc:
             raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
+        finally:
+            for name in views:
+                self.spark.catalog.dropTempView(name)
+
+    def _with_kept(self, uri: str, df: Any, keep: Any, views: list[str]) -> Any:
+        """``df`` (a copy) and the rows ``keep`` keeps of the table at ``uri`` (see :meth:`replace_table`)
+        in ``df``'s columns and types (a column the table lacks: NULL); ``views``: the temporary views made."""
+        table = self.spark.read.format("delta").load(uri)
+        names = [f"pg2delta_{uuid.uuid4().hex[:12]}" for _ in range(2)]
+        table.createOrReplaceTempView(names[0])
+        df.createOrReplaceTempView(names[1])
+        views.extend(names)
+        kept = self.spark.sql(keep(names[0], names[1], table.columns))
+        have = set(kept.columns)
+        return df.unionByName(kept.selectExpr(*(
+            f"CAST({quote(f.name) if f.name in have else 'NULL'} AS {f.dataType.simpleString()}) AS {quote(f.name)}"
+            for f in df.schema.fields
+        )))
 
     def adopt_copy(self, uri: str, staged_dir: str, schema: pa.Schema) -> bool:
         """Make the Parquet files under ``staged_dir`` (a table's copy, written with

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL, TS_COL
+from pg2delta.decode.events import DELETED_COL
 from pg2delta.lake.sql import key_equal, quote, sql_string
 
 SEG = "__pg2delta_seg"
@@ -75,6 +76,34 @@ def ordered_changes_sql(
         )
     values.append(f"row_number() OVER (PARTITION BY {by_key} ORDER BY {lsn} DESC, {pos} DESC) AS {RN}")
     return f"SELECT *, {', '.join(values)} FROM ({seg}) AS s"
+
+
+def soft_deletes_sql(changes: str, key_names: Sequence[str], data_columns: Sequence[str]) -> str:
+    """The staged changes of a soft-delete table as :func:`pg2delta.apply.merge.soft_deleted` makes
+    its final rows: a delete whose key's change just before it is not a delete takes that change's
+    values and unchanged-TOAST list, ``_pg2delta_deleted`` then true (NULL for a delete without
+    them, false for the other changes). Every column the reduce reads, the key and ``data_columns``."""
+    lsn, pos, op, toast, mark = (quote(c) for c in (LSN_COL, POS_COL, OP_COL, TOAST_COL, DELETED_COL))
+    over = f"OVER (PARTITION BY {', '.join(quote(k) for k in key_names)} ORDER BY {lsn}, {pos})"
+    own = {*key_names, LSN_COL, POS_COL, OP_COL, TS_COL, DELETED_COL}
+    values = [c for c in dict.fromkeys(data_columns) if c not in own]
+    took = f"({op} = 'D' AND {_PREV_OP} IS NOT NULL AND {_PREV_OP} <> 'D')"
+    lags = ", ".join([f"lag({op}) {over} AS {_PREV_OP}", f"lag({toast}) {over} AS {_prev(-1)}",
+                      *(f"lag({quote(c)}) {over} AS {_prev(i)}" for i, c in enumerate(values))])
+    cols = [
+        *(quote(c) for c in dict.fromkeys([*key_names, LSN_COL, POS_COL, OP_COL, TS_COL]) if c not in values),
+        *(f"CASE WHEN {took} THEN {_prev(i)} ELSE {quote(c)} END AS {quote(c)}" for i, c in enumerate(values)),
+        f"CASE WHEN {took} THEN {_prev(-1)} ELSE {toast} END AS {toast}",
+        f"CASE WHEN {op} <> 'D' THEN false WHEN {took} THEN true END AS {mark}",
+    ]
+    return f"SELECT {', '.join(cols)} FROM (SELECT *, {lags} FROM {changes}) AS c"
+
+
+_PREV_OP = "__pg2delta_prev_op"
+
+
+def _prev(i: int) -> str:
+    return f"__pg2delta_prev{i}" if i >= 0 else "__pg2delta_prev_toast"
 
 
 def toast_chain_sql(
