@@ -10,7 +10,10 @@ lake is read back with delta-rs and compared with PostgreSQL's rows and those va
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import json
+import signal
 import struct
 import uuid
 from pathlib import Path
@@ -25,7 +28,7 @@ from lake_read import read_delta
 from pg2delta import config as config_module
 from pg2delta.apply.rowmeta import row_columns
 from pg2delta.errors import ConfigError
-from workload import cli
+from workload import cli, confirmed_lsn
 
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 META = ("_pg2delta_lsn", "_pg2delta_commit_ts", "_pg2delta_op")
@@ -61,9 +64,18 @@ def _truth(dsn: str, slot: str, pub: str) -> dict[int, tuple[int, dt.datetime]]:
 
 
 def _rows(dsn: str, table: str) -> dict[int, dict[str, Any]]:
+    """PostgreSQL's rows of ``table``: v, big, the xid of their last change and email (None if no such column)."""
     with psycopg.connect(dsn) as conn:
-        cur = conn.execute(f"SELECT id, v, big, xmin::text::bigint AS xid FROM {table}")
-        return {r[0]: {"v": r[1], "big": r[2], "xid": r[3]} for r in cur.fetchall()}
+        cur = conn.execute(f"SELECT id, v, big, xmin::text::bigint AS xid, to_jsonb(t)->>'email' FROM {table} AS t")
+        return {r[0]: {"v": r[1], "big": r[2], "xid": r[3], "email": r[4]} for r in cur.fetchall()}
+
+
+HASH_KEY = "row-metadata-test-key"
+
+
+def _hashed(value: str | None) -> str | None:
+    """What ``hash = [...]`` lands for ``value``: HMAC-SHA-256 under the test's key, in hex."""
+    return None if value is None else hmac.new(HASH_KEY.encode(), value.encode(), hashlib.sha256).hexdigest()
 
 
 def _lake(path: Path) -> dict[int, dict[str, Any]]:
@@ -199,20 +211,25 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, tmp_path: P
 def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> None:
     """(The lake's side: the newest server only, conftest.LAKE_SIDE.) ``deletes = "soft"``: a deleted row stays with ``_pg2delta_deleted`` and its delete's commit
     LSN, time and op; a key change marks the old key; a key inserted again is live; a truncate marks
-    every row; the history keeps its own columns; verify compares the live rows."""
+    every row; the history keeps its own columns; verify compares the live rows; a resync keeps the
+    rows marked deleted. With column governance too (a hashed and an excluded column)."""
     lake, embedded = tmp_path / "lake", TEST_ENGINE == "embedded"
     tag = uuid.uuid4().hex[:8]
     slot, pub, truth_slot = f"sd_{tag}", f"sd_{tag}", f"sd_truth_{tag}"
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA rm")
-        conn.execute("CREATE TABLE rm.soft (id int PRIMARY KEY, v text, big text)")
+        conn.execute("CREATE TABLE rm.soft (id int PRIMARY KEY, v text, big text, "
+                     "email text DEFAULT 'someone@example.org', ssn text DEFAULT 'ssn-x')")  # hashed, excluded
         conn.execute("ALTER TABLE rm.soft ALTER big SET STORAGE EXTERNAL")
-        conn.execute("INSERT INTO rm.soft SELECT g, 'v' || g, repeat(chr(96 + g), 3000) FROM generate_series(1, 10) g")
+        conn.execute("INSERT INTO rm.soft SELECT g, 'v' || g, repeat(chr(96 + g), 3000), 'e' || g || '@example.org', "
+                     "'ssn-' || g FROM generate_series(1, 10) g")
         conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.soft")
-    path = tmp_path / "sd.toml"
+    path, key_file = tmp_path / "sd.toml", tmp_path / "hash.key"
+    key_file.write_text(HASH_KEY + "\n")
     path.write_text("\n".join([
         "[source]", f"dsn = {json.dumps(pgdb)}", f'slot = "{slot}"', f'publication = "{pub}"',
-        "[lake]", f'root = "{lake}"', "changelog = true", '[tables."rm.soft"]', 'deletes = "soft"',
+        "[lake]", f'root = "{lake}"', "changelog = true", f"hash_key_file = {json.dumps(str(key_file))}",
+        '[tables."rm.soft"]', 'deletes = "soft"', 'hash = ["email"]', 'exclude = ["ssn"]',
         *(['history = "scd2"'] if embedded else []),  # the history's own MERGEs: on the embedded engine only (CI time)
     ]) + "\n")
     done = cli("bootstrap", "--config", str(path))
@@ -249,9 +266,11 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         truth = _truth(pgdb, truth_slot, pub)
         live, got = _rows(pgdb, "rm.soft"), _lake(lake / "rm" / "soft")
         assert sorted(got) == sorted({*live, *deleted})
+        assert "ssn" not in read_delta(lake / "rm" / "soft").column_names
         for key, row in live.items():
             lrow = got[key]
             assert (lrow["v"], lrow["big"], lrow["_pg2delta_deleted"]) == (row["v"], row["big"], False), key
+            assert lrow["email"] == _hashed(row["email"]), key
             if row["xid"] in truth:
                 assert (lrow["_pg2delta_lsn"], lrow["_pg2delta_commit_ts"], lrow["_pg2delta_op"]) == (
                     *truth[row["xid"]], ops[key]), key
@@ -260,6 +279,7 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         for key, (xid, op, values) in deleted.items():
             lrow = got[key]
             assert (lrow["v"], lrow["big"], lrow["_pg2delta_deleted"]) == (values["v"], values["big"], True), key
+            assert lrow["email"] == _hashed(values["email"]), key
             assert (lrow["_pg2delta_lsn"], lrow["_pg2delta_commit_ts"], lrow["_pg2delta_op"]) == (*truth[xid], op), key
 
     copied_lsn = next(r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["kind"] == "bootstrap")["window_end"]
@@ -296,12 +316,12 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
             truncate(conn)  # 9 came back and went again: marked by this truncate, with its new values
             conn.execute(f"INSERT INTO rm.soft VALUES (5, 'after-{step}', 'a'), "
                          f"(11 + {int(spilled)}, '11', repeat('k', 3000))")  # 11: updated and deleted in the next window
-            once, again = 30 + int(spilled), 40 + int(spilled)
+            once, again = 30, 40 + int(spilled)  # the spilled window: 30 marked deleted before, inserted and deleted again
             conn.execute(f"INSERT INTO rm.soft VALUES ({once}, 'once-{step}', 'o'), ({again}, 'first-{step}', 'f')")
             with conn.transaction():
                 xid = xid_of(conn)
                 conn.execute("DELETE FROM rm.soft WHERE id IN (%s, %s)", (once, again))
-            deleted[once] = (xid, "D", {"v": f"once-{step}", "big": "o"})
+            deleted[once] = (xid, "D", {"v": f"once-{step}", "big": "o", "email": "someone@example.org"})
             conn.execute(f"INSERT INTO rm.soft VALUES ({again}, 'again-{step}', 'g')")  # inserted, deleted, inserted: live
             for key in (5, 11 + int(spilled)):
                 deleted.pop(key, None)
@@ -309,6 +329,9 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         assert done.returncode == 0, done.stderr[-3000:]
         assert ("by the engine" in done.stderr) == spilled, done.stderr[-3000:]
         check({5: "I", 11: "I", 12: "I", 40: "I", 41: "I"}, copied_lsn)
+    changelog = read_delta(lake / "_pg2delta" / "changelog" / "rm" / "soft")  # hashed there too, the excluded column left out
+    assert "ssn" not in changelog.column_names and changelog.num_rows
+    assert {len(e) for e in changelog.column("email").to_pylist() if e is not None} == {64}
     current = set(_rows(pgdb, "rm.soft"))
     if embedded:
         history = read_delta(lake / "rm" / "soft__history")
@@ -325,27 +348,35 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
 
     # A resync copies PostgreSQL's rows anew, in one commit: the rows marked deleted stay as they
     # were, a key inserted again is the copy's (live), a row deleted meanwhile (its change skipped,
-    # the copy holds what came before it) is marked deleted at the copy's snapshot with the lake's values.
+    # the copy holds what came before it) is marked deleted at the copy's snapshot with the lake's
+    # values. Killed after that commit, before its log row, the slot has not moved and the resync
+    # run again converges (the row marked by the first stays as it marked it).
     before = _lake(lake / "rm" / "soft")
     version = DeltaTable(str(lake / "rm" / "soft")).version()
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("DELETE FROM rm.soft WHERE id = 5")
         conn.execute("INSERT INTO rm.soft VALUES (30, 'back30', NULL)")
+    slot_at = confirmed_lsn(pgdb, slot)
+    killed = cli("resync", "--config", str(path), "--table", "rm.soft", env={"PG2DELTA_CRASH_AT": "copy_after_replace"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert DeltaTable(str(lake / "rm" / "soft")).version() == version + 1 and confirmed_lsn(pgdb, slot) == slot_at
+    first = _lake(lake / "rm" / "soft")
+    first_lsn = {r["_pg2delta_lsn"] for r in first.values() if r["_pg2delta_op"] == "S"}
+    assert len(first_lsn) == 1 and (first[5] | {"_pg2delta_commit_ts": None}) == (before[5] | {
+        "_pg2delta_deleted": True, "_pg2delta_op": "D", "_pg2delta_lsn": min(first_lsn), "_pg2delta_commit_ts": None})
     resynced = cli("resync", "--config", str(path), "--table", "rm.soft")
     assert resynced.returncode == 0, resynced.stderr[-3000:]
-    assert DeltaTable(str(lake / "rm" / "soft")).version() == version + 1
+    assert DeltaTable(str(lake / "rm" / "soft")).version() == version + 2
     live, got = _rows(pgdb, "rm.soft"), _lake(lake / "rm" / "soft")
     resync_lsn = max(r["window_end"] for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist()
                      if r["kind"] == "bootstrap" and r["table_name"] == "soft")
-    assert sorted(got) == sorted({*live, *deleted, 5}) and 30 in live
+    assert sorted(got) == sorted({*live, *deleted, 5}) and 30 in live and resync_lsn > min(first_lsn)
     copy_ts = {got[k]["_pg2delta_commit_ts"] for k in live}
     for key, row in live.items():
         assert (got[key]["v"], got[key]["big"], got[key]["_pg2delta_deleted"]) == (row["v"], row["big"], False), key
         assert (got[key]["_pg2delta_lsn"], got[key]["_pg2delta_op"]) == (resync_lsn, "S"), key
-    assert all(got[k] == before[k] for k in deleted if k != 30)
-    assert (got[5] | {"_pg2delta_commit_ts": None}) == (before[5] | {
-        "_pg2delta_deleted": True, "_pg2delta_op": "D", "_pg2delta_lsn": resync_lsn, "_pg2delta_commit_ts": None})
-    assert len(copy_ts) == 1 and got[5]["_pg2delta_commit_ts"] in copy_ts
+    assert all(got[k] == before[k] for k in deleted if k != 30) and got[5] == first[5]
+    assert len(copy_ts) == 1 and first[5]["_pg2delta_commit_ts"] in {first[k]["_pg2delta_commit_ts"] for k in live}
     verified = cli("verify", "--config", str(path), "--json")  # the changes before the copy: skipped
     assert verified.returncode == 0, verified.stderr[-3000:]
     report = json.loads(verified.stdout)["tables"]["rm.soft"]

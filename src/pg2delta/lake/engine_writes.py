@@ -8,10 +8,11 @@ table replaced by a copy, and a copy of a table as of an old version (backfill's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -129,6 +130,39 @@ def _save_file_per_task(writer: Any, uri: str, spark: Any) -> None:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, v)
+
+
+def _with_kept(writes: DeltaWrites, uri: str, df: Any, keep: Any, views: list[str]) -> Any:
+    """``df`` (a table's copy) and the rows of the Delta table at ``uri`` that stay beside it (soft
+    deletes' rows, pg2delta.apply.rowmeta.KeptRows): ``keep(table view, copy view, table columns)``
+    is their Spark SQL, conformed here to ``df``'s columns and types (a column the table lacks:
+    NULL); ``df`` alone when ``keep`` is None or there is no table. ``views``: the temporary views
+    made (see :func:`_temp_views`)."""
+    if keep is None or writes.lake.delta_version(uri) is None:
+        return df
+    spark = writes.spark
+    table = spark.read.format("delta").load(uri)
+    names = [f"pg2delta_{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    table.createOrReplaceTempView(names[0])
+    df.createOrReplaceTempView(names[1])
+    views.extend(names)
+    kept = spark.sql(keep(names[0], names[1], table.columns))
+    have = set(kept.columns)
+    return df.unionByName(kept.selectExpr(*(
+        f"CAST({quote(f.name) if f.name in have else 'NULL'} AS {f.dataType.simpleString()}) AS {quote(f.name)}"
+        for f in df.schema.fields
+    )))
+
+
+@contextlib.contextmanager
+def _temp_views(spark: Any) -> Iterator[list[str]]:
+    """A list to name temporary views in, each dropped at the end (once what reads them is written)."""
+    views: list[str] = []
+    try:
+        yield views
+    finally:
+        for name in views:
+            spark.catalog.dropTempView(name)
 
 
 def _add_columns(writes: DeltaWrites, uri: str, df: Any, staged: str, added: Sequence[str]) -> None:
@@ -289,50 +323,26 @@ class DeltaWrites(Commits, TableFeatures):
         self._sql(f"DELETE FROM {self.target(uri)} WHERE {condition}", f"DELETE FROM {uri}")
 
     def replace_table(self, uri: str, staged_dir: str, keep: Any = None) -> None:
-        """Make the Delta table at ``uri`` hold exactly the Parquet files under ``staged_dir``, in one commit.
-
-        The table is created when missing; an existing one is overwritten (schema included),
-        so readers see either the old table or the whole new one, never part of it. ``keep``: a
-        builder ``(table view, copy view, table columns) -> Spark SQL`` of the existing table's rows
-        that stay beside the files' (soft deletes' rows, pg2delta.apply.rowmeta.KeptRows), conformed
-        to the files' columns, in the same commit.
-        """
-        views: list[str] = []
-        try:
-            df = self.spark.read.parquet(staged_dir)
-            if keep is not None and self.lake.delta_version(uri) is not None:
-                df = self._with_kept(uri, df, keep, views)
-            writer = self.delta_writer(df, "overwrite").option("overwriteSchema", "true")
-            if self.lake.delta_version(uri) is None:
-                writer = self.new_table_writer(writer, df, uri)
-            else:  # written whole: partitioned as configured now
-                self.check_features(uri)
-                parts = DeltaFeatures(partition_by=self.features(uri).partition_by)
-                self.keep_stats_of(uri, df.schema, exclude=parts.partition_by)
-                writer = creating(writer, parts)
-            _save_file_per_task(writer, uri, self.spark if self.classic else None)
-        except LakeError:
-            raise
-        except Exception as exc:
-            raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
-        finally:
-            for name in views:
-                self.spark.catalog.dropTempView(name)
-
-    def _with_kept(self, uri: str, df: Any, keep: Any, views: list[str]) -> Any:
-        """``df`` (a copy) and the rows ``keep`` keeps of the table at ``uri`` (see :meth:`replace_table`)
-        in ``df``'s columns and types (a column the table lacks: NULL); ``views``: the temporary views made."""
-        table = self.spark.read.format("delta").load(uri)
-        names = [f"pg2delta_{uuid.uuid4().hex[:12]}" for _ in range(2)]
-        table.createOrReplaceTempView(names[0])
-        df.createOrReplaceTempView(names[1])
-        views.extend(names)
-        kept = self.spark.sql(keep(names[0], names[1], table.columns))
-        have = set(kept.columns)
-        return df.unionByName(kept.selectExpr(*(
-            f"CAST({quote(f.name) if f.name in have else 'NULL'} AS {f.dataType.simpleString()}) AS {quote(f.name)}"
-            for f in df.schema.fields
-        )))
+        """Make the Delta table at ``uri`` hold exactly the Parquet files under ``staged_dir`` (and the
+        existing rows ``keep`` keeps, see :func:`_with_kept`), in one commit. The table is created when
+        missing; an existing one is overwritten (schema included), so readers see either the old table
+        or the whole new one, never part of it."""
+        with _temp_views(self.spark) as views:
+            try:
+                df = _with_kept(self, uri, self.spark.read.parquet(staged_dir), keep, views)
+                writer = self.delta_writer(df, "overwrite").option("overwriteSchema", "true")
+                if self.lake.delta_version(uri) is None:
+                    writer = self.new_table_writer(writer, df, uri)
+                else:  # written whole: partitioned as configured now
+                    self.check_features(uri)
+                    parts = DeltaFeatures(partition_by=self.features(uri).partition_by)
+                    self.keep_stats_of(uri, df.schema, exclude=parts.partition_by)
+                    writer = creating(writer, parts)
+                _save_file_per_task(writer, uri, self.spark if self.classic else None)
+            except LakeError:
+                raise
+            except Exception as exc:
+                raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
 
     def adopt_copy(self, uri: str, staged_dir: str, schema: pa.Schema) -> bool:
         """Make the Parquet files under ``staged_dir`` (a table's copy, written with
