@@ -223,7 +223,9 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         conn.execute("ALTER TABLE rm.soft ALTER big SET STORAGE EXTERNAL")
         conn.execute("INSERT INTO rm.soft SELECT g, 'v' || g, repeat(chr(96 + g), 3000), 'e' || g || '@example.org', "
                      "'ssn-' || g FROM generate_series(1, 10) g")
-        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.soft")
+        conn.execute("CREATE TABLE rm.bare (v text)")  # no key: its rows go only by truncates
+        conn.execute("INSERT INTO rm.bare VALUES ('b1'), ('b2')")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.soft, rm.bare")
     path, key_file = tmp_path / "sd.toml", tmp_path / "hash.key"
     key_file.write_text(HASH_KEY + "\n")
     path.write_text("\n".join([
@@ -231,6 +233,7 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         "[lake]", f'root = "{lake}"', "changelog = true", f"hash_key_file = {json.dumps(str(key_file))}",
         '[tables."rm.soft"]', 'deletes = "soft"', 'hash = ["email"]', 'exclude = ["ssn"]',
         *(['history = "scd2"'] if embedded else []),  # the history's own MERGEs: on the embedded engine only (CI time)
+        '[tables."rm.bare"]', 'deletes = "soft"',
     ]) + "\n")
     done = cli("bootstrap", "--config", str(path))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -250,6 +253,9 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
             conn.execute("UPDATE rm.soft SET id = 104 WHERE id = 4")  # the old key is gone: marked
         deleted[4] = (xid, "D", old[4])
         conn.execute("INSERT INTO rm.soft VALUES (2, 'back', 'b')")  # a deleted key comes back live
+        conn.execute("INSERT INTO rm.bare VALUES ('b3')")  # inserted, then truncated in the window: kept, T
+        conn.execute("TRUNCATE rm.bare")
+        conn.execute("INSERT INTO rm.bare VALUES ('b4')")
         del deleted[2]
         with conn.transaction():  # a key change, then the new key deleted, in one window: both keys kept
             xid = conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]  # type: ignore[index]
@@ -284,6 +290,9 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
 
     copied_lsn = next(r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["kind"] == "bootstrap")["window_end"]
     check({1: "U", 104: "U", 2: "I"}, copied_lsn)
+    bare = {r["v"]: r for r in read_delta(lake / "rm" / "bare").to_pylist()}
+    assert {v: (r["_pg2delta_deleted"], r["_pg2delta_op"]) for v, r in bare.items()} == {
+        "b1": (True, "T"), "b2": (True, "T"), "b3": (True, "T"), "b4": (False, "I")}
 
     # One window: an update and a delete of a row before a truncate, keys inserted between two
     # truncates, one inserted again after them, one inserted and deleted, one inserted, deleted and
@@ -364,7 +373,10 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
     first_lsn = {r["_pg2delta_lsn"] for r in first.values() if r["_pg2delta_op"] == "S"}
     assert len(first_lsn) == 1 and (first[5] | {"_pg2delta_commit_ts": None}) == (before[5] | {
         "_pg2delta_deleted": True, "_pg2delta_op": "D", "_pg2delta_lsn": min(first_lsn), "_pg2delta_commit_ts": None})
-    resynced = cli("resync", "--config", str(path), "--table", "rm.soft")
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("INSERT INTO rm.bare VALUES ('b5')")
+    # With rm.bare, keyless: its rows marked by the truncate stay, its live rows are the copy's.
+    resynced = cli("resync", "--config", str(path), "--table", "rm.soft", "--table", "rm.bare", "--parallel", "1")
     assert resynced.returncode == 0, resynced.stderr[-3000:]
     assert DeltaTable(str(lake / "rm" / "soft")).version() == version + 2
     live, got = _rows(pgdb, "rm.soft"), _lake(lake / "rm" / "soft")
@@ -382,3 +394,7 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
     report = json.loads(verified.stdout)["tables"]["rm.soft"]
     assert report["source_rows"] == report["lake_rows"] == len(live) and not report["differences"], report
     assert _lake(lake / "rm" / "soft") == got
+    got_bare = {r["v"]: r for r in read_delta(lake / "rm" / "bare").to_pylist()}
+    assert {v: got_bare[v] for v in ("b1", "b2", "b3")} == {v: bare[v] for v in ("b1", "b2", "b3")}
+    assert {v: (r["_pg2delta_deleted"], r["_pg2delta_op"]) for v, r in got_bare.items() if v not in bare or v == "b4"} == {
+        "b4": (False, "S"), "b5": (False, "S")}
