@@ -74,7 +74,8 @@ class KeptRows:
     deleted at the snapshot: its LSN ``lsn`` and time ``ts`` (microseconds since 1970), op ``D``.
     A key the copy holds is the copy's row, live. ``key_names``: the copy's key (none: a keyless
     table, whose rows cannot be told apart from the copy's; its rows marked deleted by truncates
-    stay, its live ones are the copy's). ``nullable_keys``: a key set in the config (NULL equals NULL)."""
+    stay, its live ones are the copy's; likewise a table that lacks a column of the copy's key).
+    ``nullable_keys``: a key set in the config (NULL equals NULL)."""
 
     key_names: tuple[str, ...]
     lsn: int
@@ -91,10 +92,11 @@ class KeptRows:
             TS_COL: self._mark(deleted, TS_COL, f"timestamp_micros(CAST({int(self.ts)} AS BIGINT))", have),
             OP_COL: self._mark(deleted, OP_COL, "'D'", have),
         }
+        keyed = bool(self.key_names) and set(self.key_names) <= have
         if self.key_names:  # a keyless table's _pg2delta_lsn is its key
             made[LSN_COL] = self._mark(deleted, LSN_COL, f"CAST({int(self.lsn)} AS BIGINT)", have)
         cols = ", ".join(f"{made.get(c, f't.{quote(c)}')} AS {quote(c)}" for c in dict.fromkeys([*table_columns, *made]))
-        if not self.key_names:
+        if not keyed:
             return f"SELECT {cols} FROM {table} AS t WHERE {deleted}"
         keys = ", ".join(quote(k) for k in self.key_names)
         on = " AND ".join(key_equal(f"t.{quote(k)}", f"c.{quote(k)}", nullable=self.nullable_keys) for k in self.key_names)
