@@ -22,6 +22,7 @@ from engines import TEST_ENGINE
 from lake_read import has_deletion_vectors
 from pg2delta.config import Config, load
 from pg2delta.job import run
+from pg2delta.lake import engine_commits
 from pg2delta.lake.engine_writes import DELETION_VECTORS
 from pg2delta.maintain import maintain
 from pg2delta.source.throwaway import ThrowawayPostgres
@@ -104,10 +105,21 @@ def _assert_only_touched(
     return metrics
 
 
-def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(pgdb: str, tmp_path: Path) -> None:
+@pytest.fixture
+def vectors_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every MERGE into a table with deletion vectors writes them (the tests' tables are small:
+    by default their MERGEs rewrite the files they touch, pg2delta.lake.engine_commits.VECTORS_FROM_BYTES)."""
+    monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", -1)
+
+
+def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
+    pgdb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     slot, pub = _source(pgdb, 4)
     lake = tmp_path / "lake"
     cfg = _config(pgdb, slot, pub, lake)
+    default = engine_commits.VECTORS_FROM_BYTES
+    monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", -1)
     run(cfg)
     table = lake / "public" / "dvt"
     assert has_deletion_vectors(table)
@@ -133,9 +145,22 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(pgdb: s
     _assert_only_touched(table, before, last)
     assert_lake_matches(pgdb, lake, [DVT], context="after an update of the newest keys")
 
+    # By default a table as small as this one has its touched files rewritten, without vectors:
+    # the file of the first transaction's keys goes, a file without vectors holds its rows anew.
+    monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", default)
+    before = _key_ranges(table)
+    _change(pgdb, "UPDATE dvt SET v = 'small' WHERE id = 11")
+    run(cfg)
+    info, adds, removes = _last_commit(table)
+    removed, touched = {r["path"] for r in removes}, {p for p, (lo, hi) in before.items() if lo <= 11 <= hi}
+    assert info["operation"] == "MERGE" and removed and removed <= touched, (removed, touched)
+    assert int(info["operationMetrics"]["numTargetBytesRemoved"]) > 0, info["operationMetrics"]
+    assert not any(a.get("deletionVector") for a in adds) and not {a["path"] for a in adds} & set(before)
+    assert_lake_matches(pgdb, lake, [DVT], context="a small table's MERGE rewriting its touched file")
+
 
 def test_a_table_created_without_deletion_vectors_keeps_working_and_maintain_turns_them_on(
-    pgdb: str, tmp_path: Path
+    pgdb: str, tmp_path: Path, vectors_always: None
 ) -> None:
     slot, pub = _source(pgdb, 2)
     lake = tmp_path / "lake"

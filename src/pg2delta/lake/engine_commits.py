@@ -21,7 +21,8 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,12 @@ KEY_LIST_ROWS = 2_000_000
 # Key ranges a rewrite's condition names at most (key_ranges).
 MAX_RANGES = 64
 
+# Bytes of data files up to which Apache Spark's MERGE into a table with deletion vectors rewrites
+# the files it touches instead of writing vectors (Commits._rewrite_if_small: a small table's
+# MERGE costs 11 Spark jobs that way, 18 with vectors), and Delta's session setting that says which.
+VECTORS_FROM_BYTES = 8 << 20
+MERGE_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
+
 
 class Commits(DeltaReads):
     """How the engine commits a statement builder's result (:meth:`_commit`)."""
@@ -89,6 +96,10 @@ class Commits(DeltaReads):
             # Apache Spark's Delta prunes the files a MERGE reads by the conditions of its ON clause
             # on the table alone (data skipping on the files' key statistics).
             statement = statement.bounded if self.classic and statement.bounded else statement.statement
+            if self.classic:
+                with self._txn(txn), self._rewrite_if_small(uri):
+                    self._sql(statement, what)
+                return
         if isinstance(statement, str):
             with self._txn(txn):
                 self._sql(statement, what)
@@ -105,6 +116,35 @@ class Commits(DeltaReads):
             writer.save(uri)
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
+
+    @contextmanager
+    def _rewrite_if_small(self, uri: str) -> Iterator[None]:
+        """A ``MERGE`` in this block (Apache Spark) rewrites the files it touches rather than writing
+        deletion vectors when the table at ``uri`` holds at most :data:`VECTORS_FROM_BYTES` (its
+        files' sizes in the Delta log, read with pyarrow: no Spark job). Deletion vectors save
+        rewriting the untouched rows of large files, at the price of more Spark queries per
+        ``MERGE`` (18 jobs against 11 for a small table: the vectors' rows found and written),
+        which cost more than rewriting a small table's files (bench/README.md). The table keeps
+        the feature; a ``MERGE`` into it once it is larger writes vectors again. A session that
+        sets :data:`MERGE_VECTORS` itself (``[engine]``'s Spark settings) decides alone."""
+        conf = self.spark.conf
+        if not self.deletion_vectors or conf.get(MERGE_VECTORS, None) is not None or not self._small(uri):
+            yield
+            return
+        conf.set(MERGE_VECTORS, "false")
+        try:
+            yield
+        finally:
+            conf.unset(MERGE_VECTORS)
+
+    def _small(self, uri: str) -> bool:
+        """Whether the Delta table at ``uri`` holds at most :data:`VECTORS_FROM_BYTES` of data
+        files, by its log (False where the log cannot tell without the engine)."""
+        try:
+            found = self.lake.files_now(uri)
+        except LakeError:
+            return False
+        return found is not None and sum(found[1].values()) <= VECTORS_FROM_BYTES
 
     def update(self, uri: str, statement_for: Callable[[str], str], *, txn: Txn | None = None) -> None:
         """The ``UPDATE`` ``statement_for(target)`` of the Delta table at ``uri``, in one commit."""
