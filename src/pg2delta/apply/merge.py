@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from pg2delta.apply.keys import key_tuples
 from pg2delta.decode.changes import LSN_COL, OP_COL, POS_COL, TOAST_COL, TS_COL, XID_COL
 from pg2delta.decode.events import DELETED_COL, DELETED_FIELD, TRUNCATE_MARK_OP
+from pg2delta.lake.foreign import TRUNCATE_PREDICATE
 from pg2delta.lake.sql import quote
 
 _INDEX = "__pg2delta_index"
@@ -370,8 +371,10 @@ class SoftDeletes:
         )
 
     def update_truncated(self, target: str) -> str:
-        """The ``UPDATE`` of a truncate alone in its window (no source rows)."""
-        return f"UPDATE {target} SET {self.mark_truncated('')} WHERE NOT {quote(DELETED_COL)}"
+        """The ``UPDATE`` of a truncate alone in its window (no source rows); the condition names
+        :data:`pg2delta.lake.foreign.TRUNCATE_PREDICATE`, which marks the commit as pg2delta's on the
+        embedded engine (its commits show the condition, not the ``SET``)."""
+        return f"UPDATE {target} SET {self.mark_truncated('')} WHERE NOT {quote(DELETED_COL)} AND {TRUNCATE_PREDICATE}"
 
 
 def _value(t: tuple[int, int, int | None], i: int) -> str:
