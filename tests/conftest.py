@@ -124,6 +124,7 @@ LAKE_SIDE = (
     "tests/test_job_e2e.py::test_float_keys_with_nan",
     "tests/test_row_metadata.py::test_row_metadata_through",
     "tests/test_row_metadata.py::test_soft_deletes",
+    "tests/test_concurrent_writers.py::",
 )
 
 

@@ -233,6 +233,15 @@ def store_unavailable(exc: BaseException) -> bool:
     return False
 
 
+class CommitConflict(Pg2DeltaError):
+    """A Delta commit kept meeting other writers' commits that change no row (an ``OPTIMIZE`` or
+    ``VACUUM`` of the user's own, running at the same time) past its retries: transient, exit 75;
+    nothing of the window was committed there and the slot did not move (pg2delta.lake.conflicts)."""
+
+    kind = ErrorKind.LAKE
+    retryable = True
+
+
 class LakeChanged(Pg2DeltaError):
     """A table of the lake was changed by another writer since pg2delta's last commit."""
 

@@ -52,7 +52,16 @@ from pg2delta.lake import applied_log
 from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, log_rows, window_rows
 from pg2delta.lake.column_records import write_record
 from pg2delta.lake.engine import Engine, Lake
-from pg2delta.lake.foreign import Damaged, damaged_tables, last_logged_versions, refuse, remember, remembered
+from pg2delta.lake.foreign import (
+    Damaged,
+    damaged_tables,
+    landed_between,
+    last_logged_versions,
+    refuse,
+    remember,
+    remembered,
+    with_known,
+)
 from pg2delta.lsn import format_lsn
 from pg2delta.maintain import maintain_due
 from pg2delta.metastore import register_written
@@ -121,6 +130,9 @@ class _Run:
     # are looked at before the table is written (pg2delta.lake.foreign).
     logged: dict[tuple[str, str], int] | None = None
     damaged: dict[tuple[str, str], Damaged] | None = None  # remembered from before (foreign.remember)
+    # Per Delta table the window writes, its latest version when the window looked at it (None: no
+    # table yet), and the version the applied log records: what its commits are compared with.
+    checked: dict[tuple[str, str], tuple[int | None, int | None]] = field(default_factory=dict)
 
 
 class Job(Lakeside):
@@ -289,13 +301,11 @@ class Job(Lakeside):
         workers = self.config.window.parallel_tables
         map_tables(workers, kept, lambda t: run.applier.history(run.run_id, t, plans[(t.schema, t.table)], run.applied.get(t.owner), end))
         fault_point("after_history")
-        window.tables.extend(
-            self._apply_tables(
-                ordered,
-                lambda tgt: run.applier.apply(run.run_id, tgt, plans[(tgt.schema, tgt.table)], run.applied.get(tgt.owner), end),
-            )
-        )
+        window.tables.extend(self._apply_tables(
+            ordered, lambda tgt: run.applier.apply(run.run_id, tgt, plans[(tgt.schema, tgt.table)], run.applied.get(tgt.owner), end),
+        ))
         fault_point("after_commits")
+        _refuse_landed(self, run, window.tables)
         logged = [
             _logged(run, tgt, rep, plans[(tgt.schema, tgt.table)])
             for tgt, rep in zip(ordered, window.tables, strict=True)
@@ -407,18 +417,53 @@ def _refuse_foreign(job: Job, run: _Run, targets: Sequence[Target]) -> None:
         run.logged = last_logged_versions(log_rows(job.lake), job.config.source.slot)
         run.damaged = remembered(job.lake, job.config.source.slot)
     versions: dict[tuple[str, str], int | None] = {}
+    latest: dict[tuple[str, str], int | None] = {}
     for t in targets:
         a = run.applied.get(t.owner)
         known = [v for v in (run.logged.get((t.schema, t.table)),
                              a.delta_version if a is not None and (a.schema, a.table) == (t.schema, t.table) else None)
                  if v is not None]
         versions[(t.schema, t.table)] = max(known, default=None)
-    found = damaged_tables(job.lake, versions, run.damaged)
+        latest[(t.schema, t.table)] = job.lake.delta_version(job.lake.table_uri(t.schema, t.table))
+    run.checked = {k: (latest[k], versions[k]) for k in versions}
+    found = damaged_tables(job.lake, versions, run.damaged, latest=latest)
     if job.on_foreign == "refuse":
         refuse(found)
+    _remember(job, run, found)
+
+
+def _remember(job: Job, run: _Run, found: Sequence[Damaged]) -> None:
+    """Keep ``found`` (pg2delta.lake.foreign.remember) where it is news."""
+    assert run.damaged is not None
     fresh = [d for d in found if (k := run.damaged.get((d.schema, d.table))) is None or k.commits != d.commits]
     remember(job.lake, job.config.source.slot, fresh)
     run.damaged.update(((d.schema, d.table), d) for d in fresh)
+
+
+def _refuse_landed(job: Job, run: _Run, reports: Sequence[TableReport]) -> None:
+    """After the window's commits, before they are logged: stop (exit 21) when another writer's
+    commit that changes rows landed on a table between the window's look at it
+    (:func:`_refuse_foreign`) and the version read after pg2delta's commit (Apache Spark's Delta
+    commits a ``MERGE`` on top of a blind append by itself; a commit before the ``MERGE`` began is
+    no conflict at all). The window's commits are over it already, which would hide it from the
+    next look: it is remembered first (pg2delta.lake.foreign.remember), so the runs after refuse
+    too until a resync, ``status`` flags it and ``verify`` names it. Usually the one new version is
+    the window's own commit, one small read (pg2delta.lake.conflicts has the commits that met
+    pg2delta's and failed it)."""
+    found = []
+    for rep in reports:
+        key = (rep.schema, rep.table)
+        if rep.skipped or key not in run.checked:
+            continue
+        seen, logged = run.checked[key]
+        commits = landed_between(job.lake, rep.path, seen, rep.delta_version)
+        if commits:
+            found.append(Damaged(rep.schema, rep.table, logged, with_known(commits, (run.damaged or {}).get(key))))
+    if not found:
+        return
+    _remember(job, run, found)
+    if job.on_foreign == "refuse":
+        refuse(found, during=True)
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

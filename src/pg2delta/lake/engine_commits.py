@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from pg2delta.decode.changes import OP_COL
 from pg2delta.decode.events import DELETED_COL
 from pg2delta.errors import LakeError
+from pg2delta.lake.conflicts import committing
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import AppendRows, MergeRows, Txn
 from pg2delta.lake.sql import key_equal, quote
@@ -88,7 +89,14 @@ class Commits(DeltaReads):
     ) -> None:
         """Commit ``statement`` (Spark SQL, an :class:`AppendRows` or a :class:`MergeRows` of the
         temporary view ``view``, which holds ``rows`` rows when the caller knows) as one commit to the
-        Delta table at ``uri``, with Delta's idempotent-write id ``txn`` where the engine has them."""
+        Delta table at ``uri``, with Delta's idempotent-write id ``txn`` where the engine has them;
+        from a fresh snapshot again when another writer's commit that changes no row (an
+        ``OPTIMIZE``) met it (:func:`pg2delta.lake.conflicts.committing`)."""
+        committing(self.lake, uri, what, lambda: self._commit_once(uri, view, statement, what, txn, rows=rows))
+
+    def _commit_once(
+        self, uri: str, view: str, statement: str | AppendRows | MergeRows, what: str, txn: Txn | None, *, rows: int | None
+    ) -> None:
         if isinstance(statement, MergeRows):
             big = rows is None or rows >= EMBEDDED_REWRITE_ROWS
             if self.embedded and big and self._rewrite_range(uri, view, statement, what):
@@ -148,8 +156,17 @@ class Commits(DeltaReads):
 
     def update(self, uri: str, statement_for: Callable[[str], str], *, txn: Txn | None = None) -> None:
         """The ``UPDATE`` ``statement_for(target)`` of the Delta table at ``uri``, in one commit."""
-        with self._txn(txn):
-            self._sql(statement_for(self.target(uri)), f"UPDATE {uri}")
+        self._committed(uri, statement_for(self.target(uri)), f"UPDATE {uri}", txn)
+
+    def _committed(self, uri: str, statement: str, what: str, txn: Txn | None) -> None:
+        """The Spark SQL ``statement``, one commit to the Delta table at ``uri`` with the
+        idempotent-write id ``txn``, retried as :meth:`_commit` is."""
+
+        def attempt() -> None:
+            with self._txn(txn):
+                self._sql(statement, what)
+
+        committing(self.lake, uri, what, attempt)
 
     def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
         """``writer`` (of ``df``) of a commit that creates the Delta table ``uri``, with what the

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 from pg2delta.delta_features import NO_FEATURES, DeltaFeatures
 from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
+from pg2delta.lake.conflicts import committing
 from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_features import TableFeatures, creating
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
@@ -383,8 +384,7 @@ class DeltaWrites(Commits, TableFeatures):
 
     def delete_all(self, uri: str, *, txn: Txn | None = None) -> None:
         self.check_features(uri)
-        with self._txn(txn):
-            self._sql(_delete_all(self.target(uri), self.classic), f"DELETE FROM {uri}")
+        self._committed(uri, _delete_all(self.target(uri), self.classic), f"DELETE FROM {uri}", txn)
 
     def append(self, uri: str, table: pa.Table, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
         """Append ``table`` to the Delta table at ``uri`` (created if missing; new columns added).
@@ -399,7 +399,10 @@ class DeltaWrites(Commits, TableFeatures):
             self.lake.unstage(staged)
 
     def append_staged(self, uri: str, staged: str, *, fill_missing: bool = False, txn: Txn | None = None) -> None:
-        """:meth:`append` of the staged Parquet file (:meth:`read_staged`) or directory ``staged`` (its files' schemas merged)."""
+        """:meth:`append` of the staged file or directory ``staged`` (schemas merged), retried as :meth:`_commit` is."""
+        committing(self.lake, uri, f"append to {uri}", lambda: self._append_once(uri, staged, fill_missing, txn))
+
+    def _append_once(self, uri: str, staged: str, fill_missing: bool, txn: Txn | None) -> None:
         try:
             df = self.read_staged(staged) if staged.endswith(".parquet") else self.spark.read.option("mergeSchema", "true").parquet(staged)
             exists = self.lake.delta_version(uri) is not None

@@ -140,10 +140,11 @@ def foreign_commits(lake: Lake, uri: str, logged_version: int | None) -> list[Fo
     return scan(lake, uri, logged_version)[0]
 
 
-def scan(lake: Lake, uri: str, logged_version: int | None) -> tuple[list[ForeignCommit], int | None]:
+def scan(lake: Lake, uri: str, logged_version: int | None, latest: int | None = -1) -> tuple[list[ForeignCommit], int | None]:
     """:func:`foreign_commits`, and the version of pg2delta's own newest commit when it is after
-    ``logged_version`` (a commit the applied log does not record yet), else None."""
-    latest = lake.delta_version(uri)
+    ``logged_version`` (a commit the applied log does not record yet), else None. ``latest``: the
+    table's latest version when the caller read it (-1: read it here)."""
+    latest = lake.delta_version(uri) if latest == -1 else latest
     if latest is None:
         if logged_version is None:
             return [], None
@@ -162,6 +163,30 @@ def scan(lake: Lake, uri: str, logged_version: int | None) -> tuple[list[Foreign
         if changes_data(actions):
             found.append(_describe(version, actions))
     return found, None
+
+
+def commits_after(lake: Lake, uri: str, after: int, upto: int | None = None) -> list[tuple[ForeignCommit, bool, bool]]:
+    """Each commit of the Delta table at ``uri`` after version ``after`` up to ``upto`` (default: the
+    latest), newest first: what it was, whether it is pg2delta's own (:func:`own_commit`) and whether
+    it changes rows (:func:`changes_data`). A commit whose JSON is gone is left out."""
+    latest = lake.delta_version(uri) if upto is None else upto
+    out = []
+    for version in range(latest if latest is not None else after, after, -1):
+        actions = _actions(lake, uri, version)
+        if actions is not None:
+            out.append((_describe(version, actions), own_commit(actions), changes_data(actions)))
+    return out
+
+
+def landed_between(lake: Lake, uri: str, after: int | None, upto: int | None) -> list[ForeignCommit]:
+    """The commits another writer made to the table at ``uri`` that change rows, after version
+    ``after`` (None: the table did not exist) up to ``upto`` (the version after pg2delta's own
+    commit of a window), newest first: what landed between a run's look at the table
+    (:func:`scan`) and its commit, or on top of it before the run read its version, which the
+    look before the next window would not see under pg2delta's own commit."""
+    if upto is None or (after is not None and upto <= after):
+        return []
+    return [c for c, own, data in commits_after(lake, uri, -1 if after is None else after, upto) if data and not own]
 
 
 def with_known(found: Iterable[ForeignCommit], known: Damaged | None) -> tuple[ForeignCommit, ...]:
@@ -185,13 +210,16 @@ def last_logged_versions(rows: Iterable[Mapping[str, Any]], slot: str) -> dict[t
 
 
 def damaged_tables(
-    lake: Lake, logged: Mapping[tuple[str, str], int | None], known: Mapping[tuple[str, str], Damaged] | None = None
+    lake: Lake, logged: Mapping[tuple[str, str], int | None], known: Mapping[tuple[str, str], Damaged] | None = None,
+    *, latest: Mapping[tuple[str, str], int | None] | None = None,
 ) -> list[Damaged]:
     """The tables of ``logged`` ((schema, table) -> last logged version) with foreign commits:
-    found now after pg2delta's last commit, or ``known`` from before (:func:`remembered`)."""
+    found now after pg2delta's last commit, or ``known`` from before (:func:`remembered`).
+    ``latest``: each table's latest version, when the caller read it."""
     out = []
     for (schema, table), version in sorted(logged.items()):
-        found = foreign_commits(lake, lake.table_uri(schema, table), version)
+        now = latest.get((schema, table), -1) if latest is not None else -1
+        found = scan(lake, lake.table_uri(schema, table), version, now)[0]
         commits = with_known(found, known.get((schema, table)) if known else None)
         if commits:
             out.append(Damaged(schema, table, version, commits))
@@ -260,14 +288,18 @@ def forget(lake: Lake, slot: str, tables: Iterable[tuple[str, str]]) -> None:
         log.info("%s.%s copied again: its foreign commits are forgotten", schema, table)
 
 
-def refuse(damaged: Iterable[Damaged]) -> None:
-    """Stop the run (exit :data:`pg2delta.errors.EXIT_LAKE_CHANGED`) before it writes over ``damaged``."""
+def refuse(damaged: Iterable[Damaged], *, during: bool = False) -> None:
+    """Stop the run (exit :data:`pg2delta.errors.EXIT_LAKE_CHANGED`) before it writes over ``damaged``
+    (``during``: the commits landed while it wrote them, under its own)."""
     found = list(damaged)
     if not found:
         return
     names = " ".join(d.name for d in found)
+    said = ("another writer changed the lake while this run wrote it, under this run's commits, so the window "
+            "is not logged, the slot did not move and the next runs write nothing over it: ") if during else (
+            "the lake was changed behind pg2delta's back, so this run writes nothing over it: ")
     raise LakeChanged(
-        "the lake was changed behind pg2delta's back, so this run writes nothing over it: "
+        said
         + "; ".join(d.describe() for d in found)
         + f". pg2delta verify shows the keys; pg2delta resync --table {names.replace(' ', ' --table ')} "
         "copies the table(s) again"
@@ -276,6 +308,7 @@ def refuse(damaged: Iterable[Damaged]) -> None:
 
 __all__ = [
     "MARK", "REMEMBERED", "TRUNCATE_PREDICATE", "USER_METADATA", "Damaged", "ForeignCommit", "changes_data",
-    "damaged_tables", "foreign_commits", "forget", "last_logged_versions", "own_commit", "refuse", "remember",
+    "commits_after", "damaged_tables", "foreign_commits", "forget", "landed_between", "last_logged_versions",
+    "own_commit", "refuse", "remember",
     "remembered", "scan", "with_known",
 ]

@@ -1,0 +1,165 @@
+"""Another writer at the same time: a compaction and a foreign append committed while a run merges
+into the same table, by a second writer (delta-rs, in a thread of the test process) that commits as
+soon as the run's new data files appear in the table's folder: the run has read the table's version
+and has not committed yet.
+
+The compaction changes no row: the run retries its commit from the new version (one log line) and
+ends 0. The append changes rows behind pg2delta's back: the run stops with 21, the slot where it was,
+and a resync repairs the table. Either way the lake, read back with delta-rs, equals PostgreSQL, the
+changelog holds no change twice and the slot ends where the lake is. On both engines (marker
+``classic``): pysail fails its commit on any commit that landed since its read; Apache Spark's
+Delta raises ``ConcurrentDeleteReadException`` for the compaction and commits on top of the append
+by itself, which the run finds after its commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from changelog_support import changelog_rows
+from pg2delta.errors import EXIT_LAKE_CHANGED, EXIT_STATUS_LAKE_CHANGED
+from workload import TableSpec, assert_lake_matches, cli, confirmed_lsn
+
+pytestmark = [pytest.mark.e2e, pytest.mark.classic]
+
+ITEMS = TableSpec("public", "items", ("id",))
+ROWS = 20_000
+TINY = 64 << 10  # bytes: the files of windows of one row are smaller, the first window's larger
+
+
+class SecondWriter(threading.Thread):
+    """Commits ``action(path)`` to the Delta table at ``path`` once a file appears in its folder
+    that was not there when it started (the run's commit is being written)."""
+
+    def __init__(self, path: Path, action: Callable[[str], None]) -> None:
+        super().__init__(daemon=True)
+        self.path, self.action = path, action
+        self.before = {p.name for p in path.iterdir()}
+        self.committed: int | None = None  # the version the second writer's commit made
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if {p.name for p in self.path.iterdir()} - self.before:
+                try:
+                    self.action(str(self.path))
+                    self.committed = max(
+                        (int(h["version"]) for h in DeltaTable(str(self.path)).history()
+                         if str(h.get("engineInfo") or h.get("clientVersion") or "").startswith("delta-rs")),
+                        default=None,
+                    )
+                except Exception as exc:  # it lost the race (its own commit met the run's): said by the test
+                    self.error = exc
+                return
+            time.sleep(0.001)
+
+    def __enter__(self) -> SecondWriter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join(30)
+
+
+def _compact(path: str) -> None:
+    DeltaTable(path).optimize.compact(target_size=TINY)
+
+
+def _appending(table: Path) -> Callable[[str], None]:
+    """An append of one row to ``table`` by another job, its row made ready beforehand."""
+    row = pa.table({"id": [-1], "v": ["a stray job"], "n": [0]}).cast(pa.schema(DeltaTable(str(table)).schema().to_arrow()))
+
+    def append(path: str) -> None:
+        write_deltalake(path, row, mode="append")
+
+    return append
+
+
+def _sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s)
+
+
+def _during_a_run(
+    dsn: str, slot: str, common: list[str], table: Path, action: Callable[[str], None],
+    prepare: Callable[[int], None] = lambda attempt: None,
+) -> tuple[int, str, int, str | None]:
+    """A run with the second writer's ``action`` committed while it writes ``table``: its exit code,
+    its standard error, the version the second writer made and the slot's position before the run.
+    Up to three runs, each with another window (``prepare(attempt)`` first), while the second writer
+    loses the race (its commit met the run's: the run proved nothing)."""
+    for attempt in range(3):
+        prepare(attempt)
+        # Rows of every file: the run's MERGE reads the small files the compaction removes.
+        _sql(dsn, f"UPDATE items SET n = n + 1, v = 'window {attempt}' WHERE id % 3 = {attempt} OR id > {ROWS}")
+        before = confirmed_lsn(dsn, slot)
+        with SecondWriter(table, action) as second:
+            done = cli("run", *common)
+        if second.committed is not None:
+            print(f"{action.__name__}: the second writer committed version {second.committed} during run {attempt + 1}")
+            return done.returncode, done.stderr, second.committed, before
+        assert done.returncode == 0, done.stderr[-3000:]
+    raise AssertionError(f"the second writer lost the race three times: the test proved nothing ({second.error})")
+
+
+def test_a_compaction_and_a_foreign_append_during_a_run(pgdb: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    slot, pub, lake = f"slot_{tag}", f"pub_{tag}", tmp_path / "lake"
+    _sql(pgdb, "CREATE TABLE items (id int PRIMARY KEY, v text, n int)",
+         f"CREATE PUBLICATION {pub} FOR TABLE items",
+         f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+    config = tmp_path / "c.toml"
+    config.write_text(f'[source]\ndsn = "{pgdb}"\nslot = "{slot}"\npublication = "{pub}"\n'
+                      f'[lake]\nroot = "{lake}"\nchangelog = true\ndeletion_vectors = false\n[maintain]\ninterval = ""\n')
+    common = ["--config", str(config)]
+    _sql(pgdb, f"INSERT INTO items SELECT g, 'item ' || g, 0 FROM generate_series(1, {ROWS}) g")
+    assert cli("run", *common).returncode == 0
+    table = lake / "public" / "items"
+
+    def small_files(attempt: int) -> None:
+        """Two small files (windows of a new key each) beside the large one: a fast compaction."""
+        for key in (ROWS + 2 * attempt + 1, ROWS + 2 * attempt + 2):
+            _sql(pgdb, f"INSERT INTO items VALUES ({key}, 'item', 0)")
+            assert cli("run", *common).returncode == 0
+
+    # A compaction (dataChange = false) while the run merges: retried, the run ends 0.
+    code, stderr, compacted, _ = _during_a_run(pgdb, slot, common, table, _compact, small_files)
+    assert code == 0, stderr[-3000:]
+    history = {h["version"]: h["operation"] for h in DeltaTable(str(table)).history()}
+    retries = [line for line in stderr.splitlines() if "met a concurrent commit that changes no row" in line]
+    assert len(retries) == 1 and "OPTIMIZE by delta-rs" in retries[0], (compacted, history, stderr[-3000:])
+    assert history[compacted] == "OPTIMIZE" and max(history) > compacted, history
+    assert_lake_matches(pgdb, lake, [ITEMS], context="after a compaction during a run")
+
+    # A foreign append while the run merges: the run stops with 21, the slot where it was.
+    code, stderr, appended, before = _during_a_run(pgdb, slot, common, table, _appending(table))
+    assert code == EXIT_LAKE_CHANGED, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("pg2delta: lake_changed error")]
+    assert len(lines) == 1 and f"version {appended}: WRITE by delta-rs" in lines[0], stderr[-3000:]
+    assert "resync --table public.items" in lines[0], lines
+    assert confirmed_lsn(pgdb, slot) == before, "the slot moved past a window written over a foreign commit"
+    assert cli("run", *common).returncode == EXIT_LAKE_CHANGED, "the next run built on the damaged table"
+    assert cli("status", *common).returncode == EXIT_STATUS_LAKE_CHANGED
+
+    assert cli("resync", *common, "--table", "public.items").returncode == 0
+    done = cli("run", *common)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_lake_matches(pgdb, lake, [ITEMS], context="resynced after a foreign append during a run")
+    with psycopg.connect(pgdb, autocommit=True) as conn:  # the slot is past every change
+        waiting = conn.execute("SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
+                               "'proto_version', '1', 'publication_names', %s)", (slot, pub)).fetchone()
+    assert waiting == (0,), waiting
+    changes = [(r["_pg2delta_lsn"], r["_pg2delta_pos"]) for r in changelog_rows(lake, ITEMS)]
+    assert changes and len(changes) == len(set(changes)), "a change twice in the changelog"

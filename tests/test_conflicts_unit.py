@@ -1,0 +1,104 @@
+"""pg2delta.lake.conflicts on real Delta tables written by delta-rs (no server, no engine): which
+commits that landed meanwhile make a failed commit retried, refused or left to stand."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from pg2delta.errors import EXIT_LAKE_CHANGED, EXIT_RETRYABLE, CommitConflict, LakeChanged, LakeError
+from pg2delta.lake import conflicts
+from pg2delta.lake.conflicts import committing, delta_conflict
+from pg2delta.lake.foreign import MARK, commits_after
+from pg2delta.lake.lake_files import Lake
+
+
+def _table(tmp_path: Path) -> str:
+    path = str(tmp_path / "t")
+    for i in range(3):
+        write_deltalake(path, pa.table({"id": pa.array([i], pa.int64())}), mode="append")
+    return path
+
+
+def _stale_conflict(path: str) -> LakeError:
+    """A real conflict from delta-rs: a delete through a table object read before a compaction (a
+    Z-order, which rewrites the files every time)."""
+    stale = DeltaTable(path)
+    DeltaTable(path).optimize.z_order(["id"])
+    try:
+        stale.delete("id = 0")
+    except Exception as exc:
+        return LakeError(f"MERGE into {path} failed: {exc}")
+    raise AssertionError("delta-rs committed over a compaction it did not read")
+
+
+def test_what_counts_as_a_conflict(tmp_path: Path) -> None:
+    path = _table(tmp_path)
+    assert delta_conflict(_stale_conflict(path))
+    for text in ("io.delta.exceptions.ConcurrentDeleteReadException: This transaction attempted to read ...",
+                 "[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: Files were added ...",
+                 "MetadataChangedException: The metadata of the Delta table has been changed",
+                 "Failed to commit transaction: 0"):
+        assert delta_conflict(LakeError(text)), text
+    assert not delta_conflict(LakeError("No space left on device"))
+
+
+def test_retried_over_a_compaction_and_a_vacuum_refused_over_an_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(conflicts, "BACKOFF_SECONDS", 0.0)
+    path = _table(tmp_path)
+    lake = Lake(str(tmp_path))
+    calls: list[int] = []
+
+    def attempt() -> str:  # fails once, on a compaction and a VACUUM another writer committed meanwhile
+        calls.append(1)
+        if len(calls) == 1:
+            failure = _stale_conflict(path)
+            DeltaTable(path).vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+            raise failure
+        return "done"
+
+    with caplog.at_level(logging.WARNING, logger="pg2delta.lake.engine"):
+        assert committing(lake, path, "MERGE into t", attempt) == "done"
+    assert len(calls) == 2
+    retried = [r.getMessage() for r in caplog.records if "met a concurrent commit that changes no row" in r.getMessage()]
+    assert len(retried) == 1 and "VACUUM END" in retried[0] and "OPTIMIZE" in retried[0], retried
+    kinds = [(c.operation, own, data) for c, own, data in commits_after(lake, path, 2)]
+    assert kinds == [("VACUUM END", False, False), ("VACUUM START", False, False), ("OPTIMIZE", False, False)]
+
+    def over_an_append() -> None:
+        failure = _stale_conflict(path)
+        write_deltalake(path, pa.table({"id": pa.array([9], pa.int64())}), mode="append")
+        raise failure
+
+    with pytest.raises(LakeChanged) as refused:
+        committing(lake, path, "MERGE into t", over_an_append)
+    assert refused.value.exit_code == EXIT_LAKE_CHANGED and "WRITE by delta-rs" in str(refused.value)
+    assert refused.value.__context__ is None  # not taken for the object store's lost answer (cli)
+
+
+def test_an_own_commit_stands_and_endless_compactions_give_75(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(conflicts, "BACKOFF_SECONDS", 0.0)
+    path = _table(tmp_path)
+    lake = Lake(str(tmp_path))
+
+    def landed() -> None:  # the attempt's own commit landed and its answer was lost
+        write_deltalake(path, pa.table({"id": pa.array([7], pa.int64())}), mode="append",
+                        commit_properties=CommitProperties(custom_metadata={"userMetadata": MARK}))
+        raise LakeError("append to t failed: Failed to commit transaction: 5")
+
+    with pytest.raises(LakeError, match="Failed to commit transaction: 5") as stood:
+        committing(lake, path, "append to t", landed)
+    assert not isinstance(stood.value, (LakeChanged, CommitConflict))
+
+    def compacting() -> None:
+        raise _stale_conflict(path)
+
+    with pytest.raises(CommitConflict) as gave_up:
+        committing(lake, path, "MERGE into t", compacting)
+    assert gave_up.value.exit_code == EXIT_RETRYABLE and f"{conflicts.ATTEMPTS} times" in str(gave_up.value)
