@@ -77,21 +77,12 @@ MERGE_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
 class Commits(DeltaReads):
     """How the engine commits a statement builder's result (:meth:`_commit`)."""
 
-    def _commit(
-        self,
-        uri: str,
-        view: str,
-        statement: str | AppendRows | MergeRows,
-        what: str,
-        txn: Txn | None,
-        *,
-        rows: int | None = None,
-    ) -> None:
+    def _commit(self, uri: str, view: str, statement: str | AppendRows | MergeRows, what: str, txn: Txn | None,
+                *, rows: int | None = None) -> None:
         """Commit ``statement`` (Spark SQL, an :class:`AppendRows` or a :class:`MergeRows` of the
         temporary view ``view``, which holds ``rows`` rows when the caller knows) as one commit to the
         Delta table at ``uri``, with Delta's idempotent-write id ``txn`` where the engine has them;
-        from a fresh snapshot again when another writer's commit that changes no row (an
-        ``OPTIMIZE``) met it (:func:`pg2delta.lake.conflicts.committing`)."""
+        again when another writer's commit met it (:func:`pg2delta.lake.conflicts.committing`)."""
         committing(self.lake, uri, what, lambda: self._commit_once(uri, view, statement, what, txn, rows=rows))
 
     def _commit_once(
@@ -159,13 +150,10 @@ class Commits(DeltaReads):
         self._committed(uri, statement_for(self.target(uri)), f"UPDATE {uri}", txn)
 
     def _committed(self, uri: str, statement: str, what: str, txn: Txn | None) -> None:
-        """The Spark SQL ``statement``, one commit to the Delta table at ``uri`` with the
-        idempotent-write id ``txn``, retried as :meth:`_commit` is."""
-
+        """The Spark SQL ``statement``: one commit to ``uri`` with the id ``txn``, retried as :meth:`_commit` is."""
         def attempt() -> None:
             with self._txn(txn):
                 self._sql(statement, what)
-
         committing(self.lake, uri, what, attempt)
 
     def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
