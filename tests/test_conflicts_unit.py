@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pg2delta.errors import EXIT_LAKE_CHANGED, EXIT_RETRYABLE, CommitConflict, LakeChanged, LakeError
 from pg2delta.lake import conflicts
 from pg2delta.lake.conflicts import committing, delta_conflict
-from pg2delta.lake.foreign import MARK, commits_after
+from pg2delta.lake.foreign import MARK, commits_after, own_commit
 from pg2delta.lake.lake_files import Lake
 
 
@@ -95,6 +95,10 @@ def test_an_own_commit_stands_and_endless_compactions_give_75(tmp_path: Path, mo
     with pytest.raises(LakeError, match="Failed to commit transaction: 5") as stood:
         committing(lake, path, "append to t", landed)
     assert not isinstance(stood.value, (LakeChanged, CommitConflict))
+    # The embedded engine's SQL commits carry no user metadata: an SCD2 history's MERGE is known by
+    # its source's column, as pysail 0.7.2 writes its condition.
+    history_merge = {"operation": "MERGE", "operationParameters": {"mergePredicate": "s . __pg2delta_action = 'close' "}}
+    assert own_commit([{"commitInfo": history_merge}])
 
     def compacting() -> None:
         raise _stale_conflict(path)

@@ -12,8 +12,9 @@ How pg2delta's own commits are told apart, read from each commit's JSON in ``_de
 * every commit pg2delta makes through a writer carries ``commitInfo.userMetadata = "pg2delta"``
   (:data:`MARK`; the Spark session sets it for its SQL commits too);
 * on the embedded engine, whose SQL commits carry no user metadata, pg2delta's ``MERGE`` names the
-  source's ``_pg2delta_op`` column and its ``DELETE`` of a truncate the predicate
-  :data:`TRUNCATE_PREDICATE`: both show in ``commitInfo.operationParameters``;
+  source's ``_pg2delta_op`` column (an SCD2 history's ``MERGE`` its ``__pg2delta_action``) and its
+  ``DELETE`` (or soft deletes' ``UPDATE``) of a truncate the predicate :data:`TRUNCATE_PREDICATE`:
+  they show in ``commitInfo.operationParameters``;
 * a Delta ``txn`` action whose ``appId`` starts with ``pg2delta/`` (Apache Spark's idempotent writes);
 * commits up to the version the applied log recorded for the table are pg2delta's by definition.
 
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 MARK = "pg2delta"  # commitInfo.userMetadata of pg2delta's commits
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"  # Delta's session setting for it
 TRUNCATE_PREDICATE = "'_pg2delta_truncate' IS NOT NULL"  # the embedded engine's DELETE of a truncate
-_FINGERPRINTS = ("_pg2delta_op", "_pg2delta_truncate")
+_FINGERPRINTS = ("_pg2delta_op", "_pg2delta_truncate", "__pg2delta_action")  # the last: pg2delta.apply.history.ACTION
 _APP_PREFIX = "pg2delta/"
 
 
