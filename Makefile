@@ -60,9 +60,10 @@ FAST_JVM = SPARK_CONF_DIR=$(CURDIR)/$(1)/empty-conf \
 XDIST ?= -n 2
 # Which tests `make test` runs. all (the default, what .ci/run runs): everything. core: lint, the
 # docs, the embedded tier and the Spark 3.5 tier without the tests marked `deploy`. deploy: those
-# tests (Airflow, the wheel, object storage on both engines, the Hive catalog, a standalone cluster,
-# a failover), the Spark 4.0 and compat tiers and the dashboard. core and deploy are the two CI jobs
-# that each fit the 25-minute budget (`.ci/run core`, `.ci/run deploy`; docs/development.md).
+# tests (Airflow, spark-submit of every command, the wheel, object storage on both engines, the
+# Hive catalog, a standalone cluster, a failover), the Spark 4.0 and compat tiers and the
+# dashboard. core and deploy are meant as two CI jobs side by side, each within the 25-minute
+# budget (`.ci/run core`, `.ci/run deploy`; docs/development.md, "CI", has their times).
 TIER ?= all
 ifeq ($(TIER),core)
 EMBEDDED_MARKS := not monitoring and not deploy

@@ -32,6 +32,7 @@ SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.classic,
+    pytest.mark.deploy,  # how users run it: CI's second half
     pytest.mark.skipif(
         TEST_ENGINE != "spark" or not SPARK_SUBMIT.exists(),
         reason="spark-submit comes with the full pyspark (make test-spark)",
