@@ -8,8 +8,7 @@ ends 0. The append changes rows behind pg2delta's back: the run stops with 21, t
 and a resync repairs the table. Either way the lake, read back with delta-rs, equals PostgreSQL, the
 changelog holds no change twice and the slot ends where the lake is. On both engines (marker
 ``classic``): pysail fails its commit on any commit that landed since its read; Apache Spark's
-Delta raises ``ConcurrentDeleteReadException`` for the compaction and commits on top of the append
-by itself, which the run finds after its commit.
+Delta raises ``ConcurrentAppendException`` for both (delta-rs's commits are not blind appends).
 """
 
 from __future__ import annotations

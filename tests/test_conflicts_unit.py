@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pg2delta.errors import EXIT_LAKE_CHANGED, EXIT_RETRYABLE, CommitConflict, LakeChanged, LakeError
 from pg2delta.lake import conflicts
 from pg2delta.lake.conflicts import committing, delta_conflict
-from pg2delta.lake.foreign import MARK, commits_after, own_commit
+from pg2delta.lake.foreign import MARK, commits_after, landed_between, own_commit
 from pg2delta.lake.lake_files import Lake
 
 
@@ -106,3 +106,17 @@ def test_an_own_commit_stands_and_endless_compactions_give_75(tmp_path: Path, mo
     with pytest.raises(CommitConflict) as gave_up:
         committing(lake, path, "MERGE into t", compacting)
     assert gave_up.value.exit_code == EXIT_RETRYABLE and f"{conflicts.ATTEMPTS} times" in str(gave_up.value)
+
+
+def test_what_landed_under_a_window_own_commit(tmp_path: Path) -> None:
+    """pg2delta.lake.foreign.landed_between, which a run asks after its commits: another writer's
+    append between the run's look and its own commit counts, its own commits and a compaction do not."""
+    path = _table(tmp_path)  # versions 0-2
+    lake = Lake(str(tmp_path))
+    write_deltalake(path, pa.table({"id": pa.array([5], pa.int64())}), mode="append")  # 3: someone's
+    DeltaTable(path).optimize.z_order(["id"])  # 4: a compaction
+    write_deltalake(path, pa.table({"id": pa.array([6], pa.int64())}), mode="append",
+                    commit_properties=CommitProperties(custom_metadata={"userMetadata": MARK}))  # 5: the run's
+    assert [c.version for c in landed_between(lake, path, 2, 5)] == [3]
+    assert landed_between(lake, path, 3, 5) == [] and landed_between(lake, path, 5, 5) == []
+    assert [c.version for c in landed_between(lake, path, None, 5)] == [3, 2, 1, 0]  # a table the window created

@@ -5,8 +5,9 @@ commits the next version if nobody took it. When somebody did, the engines diffe
 
 * Apache Spark's Delta checks the winning commits against what its transaction read. What does
   not conflict it commits on top by itself (a ``MERGE`` next to a blind append, under the default
-  ``WriteSerializable`` isolation); the rest raises ``ConcurrentAppendException``,
-  ``ConcurrentDeleteReadException`` (an ``OPTIMIZE`` removed files the ``MERGE`` read),
+  ``WriteSerializable`` isolation, Delta's documentation says); the rest raises
+  ``ConcurrentAppendException`` (a delta-rs compaction or append next to a ``MERGE`` that read the
+  table's files, measured here), ``ConcurrentDeleteReadException``,
   ``ConcurrentDeleteDeleteException``, ``MetadataChangedException``, ``ProtocolChangedException``
   or ``ConcurrentTransactionException``;
 * pysail 0.7.2 checks nothing: its commit fails (``Failed to commit transaction: 0``) whenever the
