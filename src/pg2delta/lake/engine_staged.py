@@ -18,7 +18,7 @@ from typing import Any
 
 from pg2delta.decode.changes import OP_COL, POS_COL
 from pg2delta.decode.events import DELETED_COL
-from pg2delta.errors import DataError, LakeError
+from pg2delta.errors import DataError, LakeError, Pg2DeltaError
 from pg2delta.lake import staged_sql
 from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_session import Txn
@@ -85,7 +85,7 @@ class StagedReduce(Commits):
             log.debug("%s: %d rows to merge", uri, merged)
             self._commit(uri, final, statement_for(self.target(uri), final), f"MERGE into {uri}", txn, rows=merged)
             return merged
-        except (LakeError, DataError):
+        except Pg2DeltaError:  # its own, and the commit's refusals (pg2delta.lake.conflicts: 21, 75) as they are
             raise
         except Exception as exc:
             raise LakeError(f"cannot reduce the staged changes of {uri}: {' '.join(str(exc).split())[:500]}") from exc
