@@ -321,9 +321,14 @@ class SoftDeletes:
     (pg2delta.apply.stage.table_changes ``whole``): a key whose final change is an insert or update
     before a truncate is marked by the first truncate after it (op ``T``, its values those of that
     change; inserted marked if the table does not hold it), a delete before a truncate keeps its own
-    metadata, and the table's rows the window does not change are marked by the first truncate."""
+    metadata, and the table's rows the window does not change are marked by the first truncate.
+
+    ``keyless``: a table without a key, whose rows are keyed by their commit position
+    (``_pg2delta_lsn``, ``_pg2delta_pos``): a truncate's mark keeps that key (rows of different
+    transactions share positions: given the truncate's LSN they would share a key)."""
 
     truncates: tuple[tuple[int, int, int | None], ...] = ()
+    keyless: bool = False
 
     def source(self, view: str, columns: Sequence[str]) -> str:
         """The MERGE's source: ``view`` with the keys a truncate removed marked (see the class)."""
@@ -337,7 +342,7 @@ class SoftDeletes:
 
         made = {
             OP_COL: f"CASE WHEN {truncated} THEN '{TRUNCATE_MARK_OP}' ELSE s.{quote(OP_COL)} END",
-            LSN_COL: f"CASE WHEN {truncated} THEN {first(0)} ELSE s.{quote(LSN_COL)} END",
+            **({} if self.keyless else {LSN_COL: f"CASE WHEN {truncated} THEN {first(0)} ELSE s.{quote(LSN_COL)} END"}),
             TS_COL: f"CASE WHEN {truncated} THEN {first(2)} ELSE s.{quote(TS_COL)} END",
             DELETED_COL: f"CASE WHEN {truncated} THEN true ELSE s.{quote(DELETED_COL)} END",
         }
@@ -365,8 +370,9 @@ class SoftDeletes:
     def mark_truncated(self, t: str = "t.") -> str:
         """``SET`` of a row the window's first truncate deleted (``t``: the target's prefix)."""
         first = self.truncates[0] if self.truncates else (0, 0, None)
+        lsn = "" if self.keyless else f"{t}{quote(LSN_COL)} = {_value(first, 0)}, "
         return (
-            f"{t}{quote(DELETED_COL)} = true, {t}{quote(LSN_COL)} = {_value(first, 0)}, "
+            f"{t}{quote(DELETED_COL)} = true, {lsn}"
             f"{t}{quote(TS_COL)} = {_value(first, 2)}, {t}{quote(OP_COL)} = '{TRUNCATE_MARK_OP}'"
         )
 

@@ -74,9 +74,11 @@ class TableReport:
     # The window's truncates (commit LSN, position, commit time), in order: what soft deletes mark rows with.
     truncates_at: tuple[tuple[int, int, int | None], ...] = ()
 
-    def soft(self, meta: Sequence[str]) -> SoftDeletes | None:
-        """The soft deletes of a table whose row columns are ``meta`` (None: deletes remove rows)."""
-        return SoftDeletes(self.truncates_at) if DELETED_COL in meta else None
+    def soft(self, meta: Sequence[str], key_names: Sequence[str]) -> SoftDeletes | None:
+        """The soft deletes of a table whose row columns are ``meta`` (None: deletes remove rows) and
+        key ``key_names`` (none, or the commit position: a keyless table)."""
+        keyless = not key_names or LSN_COL in key_names
+        return SoftDeletes(self.truncates_at, keyless) if DELETED_COL in meta else None
 
 
 def merge_changes(
@@ -118,7 +120,7 @@ def merge_changes(
     reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys,
                       meta=[*meta[:3], POS_COL] if soft else meta, soft=soft)  # soft deletes: positions, for the truncates
     if reducing is None:
-        _truncate_only(side, report, txn, meta)
+        _truncate_only(side, report, txn, meta, key_names)
         return
     reduced, key_names, data_columns = reducing
     # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
@@ -172,7 +174,7 @@ def _commit_rows(
         uri, staged,
         lambda target, view: _statement(
             target, view, key_names, data_columns, append, report.truncated, nullable_keys, key_range,
-            soft=report.soft(data_columns),
+            soft=report.soft(data_columns, key_names),
         ),
         txn=txn, rows=report.rows_merged,
     )
@@ -184,11 +186,13 @@ def _commit_rows(
     )
 
 
-def _truncate_only(side: Lakeside, report: TableReport, txn: Txn | None, meta: Sequence[str] = ()) -> None:
+def _truncate_only(
+    side: Lakeside, report: TableReport, txn: Txn | None, meta: Sequence[str] = (), key_names: Sequence[str] = (),
+) -> None:
     """A window with no change to merge: its truncate (if any) deletes every row of the table (or
     marks them, with soft deletes)."""
     if report.truncated and side.lake.delta_version(report.path) is not None:
-        soft = report.soft(meta)
+        soft = report.soft(meta, key_names)
         if soft is not None:
             side.engine.update(report.path, soft.update_truncated, txn=txn)
         else:
@@ -215,7 +219,7 @@ def _merge_staged(
     schema, name, uri = report.schema, report.table, report.path
     meta = row_columns(side.config, schema, name)
     if staged.rows == 0 or staged.uri is None or staged.name is None:
-        _truncate_only(side, report, txn, meta)
+        _truncate_only(side, report, txn, meta, key_names)
         return
     data_columns = [c for c in data_columns if c not in META_NAMES]
     if not key_names:
@@ -234,7 +238,7 @@ def _merge_staged(
     side.engine.ensure_table(uri, staged.uri, data_columns, existing)
     if reshaped is not None:
         reshaped()
-    truncate, soft = report.truncated, report.soft(meta)
+    truncate, soft = report.truncated, report.soft(meta, key_names)
     report.rows_merged = side.engine.merge_reduced(
         uri, staged.uri,
         lambda target, view: _statement(target, view, key_names, data_columns, append, truncate, nullable_keys, soft=soft),
