@@ -21,7 +21,7 @@ proves them with a Delta round trip, then writes into ``<dir>``:
   settings from a properties file instead::
 
       SPARK_CONF_DIR=<dir>/empty-conf \
-      SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=<dir>/spark.jsa -XX:TieredStopAtLevel=1 -Xlog:disable -Xlog:all=warning:stderr" \
+      SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=<dir>/spark.jsa -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -Xlog:disable -Xlog:all=warning:stderr" \
       spark-submit --properties-file <dir>/conf/spark-defaults.conf jobs/pg2delta_run.py ...
 
   (``PYSPARK_SUBMIT_ARGS="--properties-file <dir>/conf/spark-defaults.conf pyspark-shell"`` for a
