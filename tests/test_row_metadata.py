@@ -99,6 +99,42 @@ def _check(dsn: str, lake: Path, table: str, truth: dict[int, tuple[int, dt.date
             assert lrow["_pg2delta_commit_ts"].isoformat() == copied[1], key
 
 
+def _soft_first_window(dsn: str, tmp_path: Path, tag: str) -> None:
+    """A soft-delete table the run's first window creates (no bootstrap: the window's rows are
+    appended, marked as a MERGE would mark them): a row updated then deleted keeps the update's
+    values and the delete's LSN, a row deleted before a truncate its own delete, the rows the
+    truncate found live are marked ``T`` with the truncate's LSN (one updated first keeps that
+    update's values), a key inserted again after it is live."""
+    slot, pub, truth_slot, lake = f"fw_{tag}", f"fw_{tag}", f"fw_truth_{tag}", tmp_path / "fresh"
+    xids: dict[str, int] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE rm.fresh (id int PRIMARY KEY, v text)")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.fresh")
+        for s in (slot, truth_slot):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (s,))
+        for step, sql in (("insert", "INSERT INTO rm.fresh SELECT g, 'v' || g FROM generate_series(1, 5) g"),
+                          ("update", "UPDATE rm.fresh SET v = 'u' || id WHERE id IN (2, 4)"),
+                          ("delete2", "DELETE FROM rm.fresh WHERE id = 2"), ("delete3", "DELETE FROM rm.fresh WHERE id = 3"),
+                          ("truncate", "TRUNCATE rm.fresh"), ("again", "INSERT INTO rm.fresh VALUES (1, 'again'), (6, 'six')")):
+            with conn.transaction():
+                xids[step] = int(conn.execute("SELECT txid_current() % 4294967296").fetchone()[0])  # type: ignore[index]
+                conn.execute(sql)
+    path = tmp_path / "fresh.toml"
+    path.write_text("\n".join(["[source]", f"dsn = {json.dumps(dsn)}", f'slot = "{slot}"', f'publication = "{pub}"',
+                               "[lake]", f'root = "{lake}"', '[tables."rm.fresh"]', 'deletes = "soft"']) + "\n")
+    done = cli("run", "--config", str(path))
+    assert done.returncode == 0 and "appended" in done.stderr, done.stderr[-3000:]
+    truth = _truth(dsn, truth_slot, pub)
+    lsn = {step: truth[xid][0] for step, xid in xids.items()}
+    got = {k: (r["v"], r["_pg2delta_deleted"], r["_pg2delta_op"], r["_pg2delta_lsn"]) for k, r in _lake(lake / "rm" / "fresh").items()}
+    assert got == {1: ("again", False, "I", lsn["again"]), 6: ("six", False, "I", lsn["again"]),
+                   2: ("u2", True, "D", lsn["delete2"]), 3: ("v3", True, "D", lsn["delete3"]),
+                   4: ("u4", True, "T", lsn["truncate"]), 5: ("v5", True, "T", lsn["truncate"])}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert {k: r[0] for k, r in got.items() if not r[1]} == dict(conn.execute("SELECT id, v FROM rm.fresh").fetchall())
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (truth_slot,))
+
+
 @pytest.mark.e2e
 def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
@@ -204,6 +240,7 @@ def test_row_metadata_through_changes_resync_and_backfill(pgdb: str, tmp_path: P
     assert backfill.returncode == 0, backfill.stderr[-3000:]
     assert sorted(map(str, read_delta(copy / "rm" / "items").to_pylist())) == sorted(
         map(str, read_delta(lake / "rm" / "items").to_pylist()))
+    _soft_first_window(pgdb, tmp_path, tag)
 
 
 def _check_bare(dsn: str, lake: Path, truncated: list[str]) -> None:
