@@ -152,6 +152,23 @@ def _bindir_for(bindir: Path, user: pwd.struct_passwd | None) -> Path:
     return target / inside / "bin"
 
 
+def _as_user(argv: list[str], user: pwd.struct_passwd | None) -> list[str]:
+    """``argv`` run as ``user``: through util-linux's ``setpriv``, not subprocess's ``user=``.
+
+    With ``user=`` (or a preexec_fn) Python starts the child with fork(), which runs every
+    library's fork handlers in the child; gRPC's (the embedded engine's client, in this process)
+    then polls descriptors the child closes before exec and aborts it now and then (initdb
+    "failed (-6)", 15 in 1,000 starts beside a busy session). Without them Python uses vfork(),
+    which runs no handlers: setpriv changes the user after the exec.
+    """
+    if user is None:
+        return argv
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise RuntimeError("setpriv (util-linux) is needed to start PostgreSQL as a non-root user")
+    return [setpriv, f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--", *argv]
+
+
 @dataclass
 class ThrowawayPostgres:
     """A running throwaway server. Use :meth:`start`; stop it with :meth:`stop` or ``with``."""
@@ -220,13 +237,7 @@ class ThrowawayPostgres:
         user = self.user
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C.UTF-8"
-        # The server's user is set by subprocess itself (user=, group=), not by a preexec_fn: Python
-        # code run between fork and exec can hang the child for good when another thread (the
-        # embedded engine's, a writer's) held a lock at the fork.
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, env=env, cwd=self.root, check=False,
-            user=None if user is None else user.pw_uid, group=None if user is None else user.pw_gid,
-        )
+        proc = subprocess.run(_as_user(argv, user), capture_output=True, text=True, env=env, cwd=self.root, check=False)
         if proc.returncode != 0:
             log = ""
             logfile = self.root / "server.log"
