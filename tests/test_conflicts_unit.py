@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -68,7 +69,7 @@ def test_retried_over_a_compaction_and_a_vacuum_refused_over_an_append(
     assert len(calls) == 2
     retried = [r.getMessage() for r in caplog.records if "met a concurrent commit that changes no row" in r.getMessage()]
     assert len(retried) == 1 and "VACUUM END" in retried[0] and "OPTIMIZE" in retried[0], retried
-    kinds = [(c.operation, own, data) for c, own, data in commits_after(lake, path, 2)]
+    kinds = [(c.what.operation, c.own, c.data) for c in commits_after(lake, path, 2)]
     assert kinds == [("VACUUM END", False, False), ("VACUUM START", False, False), ("OPTIMIZE", False, False)]
 
     def over_an_append() -> None:
@@ -96,9 +97,13 @@ def test_an_own_commit_stands_and_endless_compactions_give_75(tmp_path: Path, mo
         committing(lake, path, "append to t", landed)
     assert not isinstance(stood.value, (LakeChanged, CommitConflict))
     # The embedded engine's SQL commits carry no user metadata: an SCD2 history's MERGE is known by
-    # its source's column, as pysail 0.7.2 writes its condition.
+    # its source's column, as pysail 0.7.2 writes its condition; only in the embedded engine's commits.
     history_merge = {"operation": "MERGE", "operationParameters": {"mergePredicate": "s . __pg2delta_action = 'close' "}}
-    assert own_commit([{"commitInfo": history_merge}])
+    assert own_commit([{"commitInfo": history_merge | {"engineInfo": "sail-delta-lake:0.7.2"}}])
+    assert not own_commit([{"commitInfo": history_merge | {"engineInfo": "Apache-Spark/3.5.3 Delta-Lake/3.3.0"}}])
+    assert not own_commit([{"commitInfo": history_merge | {"engineInfo": "sail-delta-lake:0.7.2", "userMetadata": "a job"}}])
+    assert own_commit([{"commitInfo": {"operation": "WRITE", "userMetadata": MARK}}])
+    assert own_commit([{"commitInfo": {"operation": "MERGE"}}, {"txn": {"appId": "pg2delta/1/s", "version": 3}}])
 
     def compacting() -> None:
         raise _stale_conflict(path)
@@ -117,6 +122,23 @@ def test_what_landed_under_a_window_own_commit(tmp_path: Path) -> None:
     DeltaTable(path).optimize.z_order(["id"])  # 4: a compaction
     write_deltalake(path, pa.table({"id": pa.array([6], pa.int64())}), mode="append",
                     commit_properties=CommitProperties(custom_metadata={"userMetadata": MARK}))  # 5: the run's
+    reads: list[str] = []
+    lake.fs = _Counting(lake.fs, reads)
     assert [c.version for c in landed_between(lake, path, 2, 5)] == [3]
     assert landed_between(lake, path, 3, 5) == [] and landed_between(lake, path, 5, 5) == []
     assert [c.version for c in landed_between(lake, path, None, 5)] == [3, 2, 1, 0]  # a table the window created
+    assert sorted(reads) == sorted(f"{v:020d}.json" for v in range(6)), reads  # each commit read once
+
+
+class _Counting:
+    """A filesystem that notes the name of every file opened for reading (read_commit's reads)."""
+
+    def __init__(self, fs: Any, reads: list[str]) -> None:
+        self.fs, self.reads = fs, reads
+
+    def open_input_stream(self, path: str) -> Any:
+        self.reads.append(path.rsplit("/", 1)[-1])
+        return self.fs.open_input_stream(path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)

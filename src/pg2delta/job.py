@@ -413,6 +413,7 @@ def _refuse_foreign(job: Job, run: _Run, targets: Sequence[Target]) -> None:
     commits another writer made since pg2delta's last one, or had before (pg2delta.lake.foreign):
     merging over them would bury the damage under pg2delta's own commits. ``on_foreign =
     "remember"`` (verify) records them instead, so that the runs after still refuse."""
+    job.lake.commits_read.clear()  # the window's first look reads the logs afresh; its later looks share its reads
     if run.logged is None or run.damaged is None:  # once per run
         run.logged = last_logged_versions(log_rows(job.lake), job.config.source.slot)
         run.damaged = remembered(job.lake, job.config.source.slot)
@@ -448,8 +449,8 @@ def _refuse_landed(job: Job, run: _Run, reports: Sequence[TableReport]) -> None:
     no conflict at all). The window's commits are over it already, which would hide it from the
     next look: it is remembered first (pg2delta.lake.foreign.remember), so the runs after refuse
     too until a resync, ``status`` flags it and ``verify`` names it. Usually the one new version is
-    the window's own commit, one small read (pg2delta.lake.conflicts has the commits that met
-    pg2delta's and failed it)."""
+    the window's own commit, one small read; the commits a failed commit met were read then
+    (pg2delta.lake.conflicts) and are not read again (pg2delta.lake.foreign.read_commit)."""
     found = []
     for rep in reports:
         key = (rep.schema, rep.table)

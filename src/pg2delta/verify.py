@@ -623,11 +623,11 @@ def _tables_at(engine: Engine, config: Config, lsn: int, wanted: Sequence[str]) 
         key = max(logged, key=lambda r: int(r["window_end"]))["key_columns"] if logged else None
         # Readers read the latest version: verify holds the slot's lock, so no run commits meanwhile.
         uri = engine.lake.table_uri(t.schema, t.table)
-        commits, own = scan(engine.lake, uri, t.delta_version)
+        latest = engine.lake.delta_version(uri)
+        commits, own = scan(engine.lake, uri, t.delta_version, latest=latest)
         if own is not None:  # a run between verify's and its lock
             raise LakeError(f"{name}: a run committed past {format_lsn(lsn)} meanwhile; run pg2delta verify again",
                             retryable=True)
-        latest = engine.lake.delta_version(uri)
         out.append(TableToVerify(t.schema, t.table, uri, t.delta_version if latest is None else latest, key,
                                  with_known(commits, known.get((t.schema, t.table)))))
     return out

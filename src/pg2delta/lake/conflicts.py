@@ -89,10 +89,10 @@ def committing(lake: Lake, uri: str, what: str, attempt: Callable[[], T]) -> T:
                 raise
             failed = exc
         # Outside the except block: the errors raised below do not carry the engine's as their context.
-        landed = commits_after(lake, uri, floor)
-        if not landed or any(own and data for _, own, data in landed):
+        landed = commits_after(lake, uri, floor)  # read once: the run's look after its commits reads them again
+        if not landed or any(c.own and c.data for c in landed):
             raise failed  # nothing new (another failure), or this attempt's own commit landed
-        foreign = [c for c, own, data in landed if data and not own]
+        foreign = [c.what for c in landed if c.data and not c.own]
         if foreign:
             rel = uri.removeprefix(f"{lake.root}/")
             name = rel.replace("/", ".") if rel.count("/") == 1 and not rel.startswith("_") else "<schema.table>"
@@ -102,7 +102,7 @@ def committing(lake: Lake, uri: str, what: str, attempt: Callable[[], T]) -> T:
                 f"and the slot did not move. pg2delta verify shows the keys; pg2delta resync --table {name} "
                 "copies the table again"
             )
-        others = "; ".join(c.describe() for c, _, _ in landed)
+        others = "; ".join(c.what.describe() for c in landed)
         if n == ATTEMPTS:
             raise CommitConflict(
                 f"{what} met another writer's commits {ATTEMPTS} times in a row (the last: {others}); "

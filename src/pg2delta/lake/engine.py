@@ -87,7 +87,7 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
         if not features.column_mapping:
             return creating_table(writer, df.schema, deletion_vectors=self.deletion_vectors, features=features)
         empty = df.limit(0)
-        creating_table(empty.write.format("delta").mode("append"), empty.schema, deletion_vectors=self.deletion_vectors,
+        creating_table(self.delta_writer(empty, "append"), empty.schema, deletion_vectors=self.deletion_vectors,
                        features=features).save(uri)
         return creating(writer, DeltaFeatures(partition_by=features.partition_by))
 

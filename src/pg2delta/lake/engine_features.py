@@ -153,7 +153,7 @@ class TableFeatures(EngineSession):
             self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ({sets})", f"ALTER TABLE {uri} SET TBLPROPERTIES")
         else:
             try:
-                self._delta_rs(uri).alter.set_table_properties(props)
+                self._delta_rs(uri).alter.set_table_properties(props, commit_properties=self._marked())
             except Exception as exc:
                 raise LakeError(f"cannot set the properties {sorted(props)} of {uri}: {' '.join(str(exc).split())[:500]}") from exc
         log.info("set %s on %s", ", ".join(f"{k} = {v}" for k, v in sorted(props.items())), uri)

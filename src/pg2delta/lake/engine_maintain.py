@@ -89,9 +89,9 @@ class DeltaMaintenance(EngineSession):
                 zorder = f" ZORDER BY ({quote(key)})" if order and key is not None else ""
                 self._sql(f"OPTIMIZE {self.target(uri)}{zorder}", f"OPTIMIZE {uri}")
             elif order and key is not None:
-                self._delta_rs(uri).optimize.z_order([key], target_size=target_size or None)
+                self._delta_rs(uri).optimize.z_order([key], target_size=target_size or None, commit_properties=self._marked())
             else:
-                self._delta_rs(uri).optimize.compact(target_size=target_size or None)
+                self._delta_rs(uri).optimize.compact(target_size=target_size or None, commit_properties=self._marked())
         except LakeError:
             raise
         except Exception as exc:
@@ -113,7 +113,8 @@ class DeltaMaintenance(EngineSession):
                 self._sql(f"VACUUM {self.target(uri)} RETAIN {retention_hours} HOURS", f"VACUUM {uri}")
                 return -1
             removed = self._delta_rs(uri).vacuum(
-                retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
+                retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
+                commit_properties=self._marked(),
             )
             return len(removed)
         except LakeError:

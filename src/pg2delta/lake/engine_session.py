@@ -161,6 +161,7 @@ def open_session(config: EngineConfig) -> OpenedSession:
 
             spark = SparkSession.builder.remote(config.remote).getOrCreate()
             _CONNECT_SESSIONS.append(spark)
+            spark.conf.set(USER_METADATA, MARK)  # the mark of its SQL commits where the server has Delta's setting
             return OpenedSession(spark)
         return _open_classic(config)
     except ImportError as exc:
@@ -195,6 +196,8 @@ def _open_classic(config: EngineConfig) -> OpenedSession:
 
     builder = SparkSession.builder.appName(config.app_name)
     conf = dict(config.spark_conf)
+    if not conf.get(USER_METADATA, MARK).startswith(MARK):  # the config's own text after pg2delta's mark
+        conf[USER_METADATA] = f"{MARK}: {conf[USER_METADATA]}"
     conf.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
     conf.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     for key, value in conf.items():
@@ -351,6 +354,13 @@ class EngineSession:
         from deltalake import DeltaTable
 
         return DeltaTable("s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri)
+
+    @staticmethod
+    def _marked() -> Any:
+        """delta-rs's commit properties of pg2delta's commits: the mark (pg2delta.lake.foreign.MARK)."""
+        from deltalake import CommitProperties
+
+        return CommitProperties(custom_metadata={"userMetadata": MARK})
 
     def nan_safe_keys(self, schema: Any, key_names: Sequence[str]) -> frozenset[str]:
         """The key columns of ``schema`` (a Spark ``StructType``) that joins with a Delta table must

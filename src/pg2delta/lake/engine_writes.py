@@ -26,7 +26,7 @@ from pg2delta.lake.engine_commits import Commits
 from pg2delta.lake.engine_features import TableFeatures, creating
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_session import Txn
-from pg2delta.lake.foreign import MARK, TRUNCATE_PREDICATE
+from pg2delta.lake.foreign import TRUNCATE_PREDICATE
 from pg2delta.lake.sql import quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
@@ -173,10 +173,10 @@ def _add_columns(writes: DeltaWrites, uri: str, df: Any, staged: str, added: Seq
     then failed, every run after it too (found by ``make soak``: a column added to pgbench_history).
     So on the embedded engine the columns still missing after it are added by delta-rs, in one
     metadata-only commit marked as pg2delta's."""
-    df.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+    writes.delta_writer(df, "append").option("mergeSchema", "true").save(uri)
     if not writes.classic:
         import pyarrow.dataset as ds
-        from deltalake import CommitProperties, Schema
+        from deltalake import Schema
 
         table = writes._delta_rs(uri)
         have = {f.name for f in table.schema().fields}
@@ -185,7 +185,7 @@ def _add_columns(writes: DeltaWrites, uri: str, df: Any, staged: str, added: Seq
         if missing:
             table.alter.add_columns(
                 list(Schema.from_arrow(pa.schema(missing)).fields),
-                commit_properties=CommitProperties(custom_metadata={"userMetadata": MARK}),
+                commit_properties=writes._marked(),
             )
     log.info("added columns %s to %s", list(added), uri)
 
@@ -207,7 +207,7 @@ class DeltaWrites(Commits, TableFeatures):
                 return False
             df = self.read_staged(staged).select(*[quote(c) for c in columns]).limit(0)
             if existing is None:
-                creating_table(df.write.format("delta").mode("append"), df.schema, deletion_vectors=self.deletion_vectors,
+                creating_table(self.delta_writer(df, "append"), df.schema, deletion_vectors=self.deletion_vectors,
                           features=self.features(uri)).save(uri)
                 log.info("created delta table %s", uri)
                 return True
@@ -246,7 +246,7 @@ class DeltaWrites(Commits, TableFeatures):
             else:
                 # pysail has no ALTER TABLE; an empty list of columns means none to it and to delta-rs.
                 props = dict(want, **({STATS_COLUMNS: ""} if INDEXED_COLUMNS in want and STATS_COLUMNS in have else {}))
-                self._delta_rs(uri).alter.set_table_properties(props)
+                self._delta_rs(uri).alter.set_table_properties(props, commit_properties=self._marked())
         except LakeError:
             raise
         except Exception as exc:
@@ -435,10 +435,10 @@ class DeltaWrites(Commits, TableFeatures):
             columns = [c for c in df.columns if c not in internal]
             empty = df.select(*[df[c] for c in columns]).limit(0)
             if self.lake.delta_version(uri) is None:
-                creating_table(empty.write.format("delta").mode("append"), empty.schema, deletion_vectors=self.deletion_vectors,
+                creating_table(self.delta_writer(empty, "append"), empty.schema, deletion_vectors=self.deletion_vectors,
                           features=self.features(uri)).save(uri)
             elif set(columns) - set(self.spark.read.format("delta").load(uri).columns):
-                empty.write.format("delta").mode("append").option("mergeSchema", "true").save(uri)
+                self.delta_writer(empty, "append").option("mergeSchema", "true").save(uri)
             df.createOrReplaceTempView(view)
         except Exception as exc:
             raise LakeError(f"cannot stage the copy for {uri}: {' '.join(str(exc).split())[:500]}") from exc

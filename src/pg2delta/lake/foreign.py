@@ -9,20 +9,29 @@ So a run looks, before it writes a table, at the commits since pg2delta's last o
 
 How pg2delta's own commits are told apart, read from each commit's JSON in ``_delta_log``:
 
-* every commit pg2delta makes through a writer carries ``commitInfo.userMetadata = "pg2delta"``
-  (:data:`MARK`; the Spark session sets it for its SQL commits too);
-* on the embedded engine, whose SQL commits carry no user metadata, pg2delta's ``MERGE`` names the
-  source's ``_pg2delta_op`` column (an SCD2 history's ``MERGE`` its ``__pg2delta_action``) and its
-  ``DELETE`` (or soft deletes' ``UPDATE``) of a truncate the predicate :data:`TRUNCATE_PREDICATE`:
-  they show in ``commitInfo.operationParameters``;
-* a Delta ``txn`` action whose ``appId`` starts with ``pg2delta/`` (Apache Spark's idempotent writes);
-* commits up to the version the applied log recorded for the table are pg2delta's by definition.
+* the mark: every commit pg2delta makes carries ``commitInfo.userMetadata = "pg2delta"``
+  (:data:`MARK`): its writers' ``userMetadata`` option on every engine, Apache Spark's session
+  setting :data:`USER_METADATA` for its SQL commits, delta-rs's commit properties;
+* a Delta ``txn`` action whose ``appId`` starts with ``pg2delta/`` (Apache Spark's idempotent
+  writes, which older lakes' commits carry too);
+* the embedded engine's SQL commits alone, which cannot carry a mark, by what they name (measured
+  with pysail 0.7.2: its ``MERGE``, ``DELETE`` and ``UPDATE`` write no ``userMetadata`` whether
+  :data:`USER_METADATA` is set or not, and no ``txn`` action for the ``txnAppId``/``txnVersion``
+  options or settings; its writer's ``userMetadata`` option does land). Only in a commit whose
+  ``engineInfo`` is pysail's (:data:`EMBEDDED_WRITER`) and that has no ``userMetadata``:
+  pg2delta's ``MERGE`` names the source's ``_pg2delta_op`` column (an SCD2 history's ``MERGE`` its
+  ``__pg2delta_action``) and its ``DELETE`` (or soft deletes' ``UPDATE``) of a truncate the
+  predicate :data:`TRUNCATE_PREDICATE`, in ``commitInfo.operationParameters``;
+* commits up to the version the applied log recorded for the table are pg2delta's by definition
+  (a lake written before the mark keeps working: its commits are all logged).
 
 A commit that changes no data (every ``add`` and ``remove`` with ``dataChange = false``, or none:
 ``OPTIMIZE``, ``VACUUM``, table properties) changes nothing readers read and is not counted, whoever
-made it. Only the commits after pg2delta's newest one are looked at (the log is read backwards from
-the latest version, usually one file): the run never builds on a damaged table, so commits before
-its own are its own or were seen when they were new.
+made it. Only the commits after pg2delta's newest one that changes rows are looked at (the log is
+read backwards from the latest version, usually one file): the run never builds on a damaged table,
+so commits before its own are its own or were seen when they were new. pg2delta's own commits that
+change no row (``maintain``'s, a schema or property change: marked too) do not stop that look: a
+compaction by ``maintain`` may come after another writer's commit to a table no window wrote.
 """
 
 from __future__ import annotations
@@ -44,7 +53,10 @@ log = logging.getLogger(__name__)
 MARK = "pg2delta"  # commitInfo.userMetadata of pg2delta's commits
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"  # Delta's session setting for it
 TRUNCATE_PREDICATE = "'_pg2delta_truncate' IS NOT NULL"  # the embedded engine's DELETE of a truncate
-_FINGERPRINTS = ("_pg2delta_op", "_pg2delta_truncate", "__pg2delta_action")  # the last: pg2delta.apply.history.ACTION
+# What the embedded engine's SQL commits name (the last: pg2delta.apply.history.ACTION), and the
+# start of its commits' engineInfo (pysail 0.7.2: "sail-delta-lake:0.7.2"): see the module docstring.
+_FINGERPRINTS = ("_pg2delta_op", "_pg2delta_truncate", "__pg2delta_action")
+EMBEDDED_WRITER = "sail"
 _APP_PREFIX = "pg2delta/"
 
 
@@ -89,18 +101,21 @@ class Damaged:
 
 def own_commit(actions: Iterable[Mapping[str, Any]]) -> bool:
     """Whether one commit's actions carry pg2delta's marks (see the module docstring)."""
+    fingerprinted = False
     for action in actions:
         if "txn" in action and str(action["txn"].get("appId") or "").startswith(_APP_PREFIX):
             return True
         info = action.get("commitInfo")
         if info is None:
             continue
-        if str(info.get("userMetadata") or "").startswith(MARK):
+        user = info.get("userMetadata")
+        if str(user or "").startswith(MARK):
             return True
-        params = json.dumps(info.get("operationParameters") or {})
-        if any(f in params for f in _FINGERPRINTS):
-            return True
-    return False
+        writer = str(info.get("engineInfo") or info.get("clientVersion") or "")
+        if user is None and writer.startswith(EMBEDDED_WRITER):
+            params = json.dumps(info.get("operationParameters") or {})
+            fingerprinted = any(f in params for f in _FINGERPRINTS)
+    return fingerprinted
 
 
 def changes_data(actions: Iterable[Mapping[str, Any]]) -> bool:
@@ -120,9 +135,27 @@ def _describe(version: int, actions: list[dict[str, Any]]) -> ForeignCommit:
                          None if ts is None else int(ts))
 
 
-def _actions(lake: Lake, uri: str, version: int) -> list[dict[str, Any]] | None:
-    """The actions of one commit, or None when its JSON is gone (log clean-up after a checkpoint)."""
-    name = f"{lake.fs_path(uri)}/_delta_log/{version:020d}.json"
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One commit of a Delta table as the checks see it: what it was, whether it is pg2delta's own
+    (:func:`own_commit`) and whether it changes rows (:func:`changes_data`)."""
+
+    what: ForeignCommit
+    own: bool
+    data: bool
+
+
+def read_commit(lake: Lake, uri: str, version: int) -> Commit | None:
+    """Commit ``version`` of the Delta table at ``uri``, or None when its JSON is gone (log
+    clean-up after a checkpoint). Each commit's JSON is read once per window
+    (:attr:`Lake.commits_read`): a failed commit's look at what landed meanwhile
+    (:mod:`pg2delta.lake.conflicts`) and the run's look after its commits (:func:`landed_between`)
+    read the same versions."""
+    key = (lake.fs_path(uri), version)
+    known = lake.commits_read.get(key)
+    if isinstance(known, Commit):
+        return known
+    name = f"{key[0]}/_delta_log/{version:020d}.json"
     try:
         with lake.fs.open_input_stream(name) as f:
             text = f.read().decode()
@@ -130,7 +163,10 @@ def _actions(lake: Lake, uri: str, version: int) -> list[dict[str, Any]] | None:
         return None
     except (OSError, pa.ArrowException) as exc:
         raise LakeError(f"cannot read commit {version} of {uri}: {exc}") from exc
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    commit = Commit(_describe(version, actions), own_commit(actions), changes_data(actions))
+    lake.commits_read[key] = commit
+    return commit
 
 
 def foreign_commits(lake: Lake, uri: str, logged_version: int | None) -> list[ForeignCommit]:
@@ -138,14 +174,13 @@ def foreign_commits(lake: Lake, uri: str, logged_version: int | None) -> list[Fo
     (newest first); ``logged_version``: the newest version the applied log records for it (None:
     none). A table gone, or whose latest version is below the logged one (replaced or deleted
     behind pg2delta's back), is one entry saying so."""
-    return scan(lake, uri, logged_version)[0]
+    return scan(lake, uri, logged_version, latest=lake.delta_version(uri))[0]
 
 
-def scan(lake: Lake, uri: str, logged_version: int | None, latest: int | None = -1) -> tuple[list[ForeignCommit], int | None]:
+def scan(lake: Lake, uri: str, logged_version: int | None, *, latest: int | None) -> tuple[list[ForeignCommit], int | None]:
     """:func:`foreign_commits`, and the version of pg2delta's own newest commit when it is after
     ``logged_version`` (a commit the applied log does not record yet), else None. ``latest``: the
-    table's latest version when the caller read it (-1: read it here)."""
-    latest = lake.delta_version(uri) if latest == -1 else latest
+    table's latest version (None: there is no table), read by the caller."""
     if latest is None:
         if logged_version is None:
             return [], None
@@ -156,27 +191,23 @@ def scan(lake: Lake, uri: str, logged_version: int | None, latest: int | None = 
     found: list[ForeignCommit] = []
     floor = -1 if logged_version is None else logged_version
     for version in range(latest, floor, -1):
-        actions = _actions(lake, uri, version)
-        if actions is None:
+        commit = read_commit(lake, uri, version)
+        if commit is None:
             break
-        if own_commit(actions):
-            return found, version if changes_data(actions) else None
-        if changes_data(actions):
-            found.append(_describe(version, actions))
+        if commit.data:
+            if commit.own:
+                return found, version
+            found.append(commit.what)
     return found, None
 
 
-def commits_after(lake: Lake, uri: str, after: int, upto: int | None = None) -> list[tuple[ForeignCommit, bool, bool]]:
-    """Each commit of the Delta table at ``uri`` after version ``after`` up to ``upto`` (default: the
-    latest), newest first: what it was, whether it is pg2delta's own (:func:`own_commit`) and whether
-    it changes rows (:func:`changes_data`). A commit whose JSON is gone is left out."""
+def commits_after(lake: Lake, uri: str, after: int | None, upto: int | None = None) -> list[Commit]:
+    """Each commit of the Delta table at ``uri`` after version ``after`` (None: from the first) up
+    to ``upto`` (default: the latest), newest first. A commit whose JSON is gone is left out."""
     latest = lake.delta_version(uri) if upto is None else upto
-    out = []
-    for version in range(latest if latest is not None else after, after, -1):
-        actions = _actions(lake, uri, version)
-        if actions is not None:
-            out.append((_describe(version, actions), own_commit(actions), changes_data(actions)))
-    return out
+    first = 0 if after is None else after + 1
+    found = (read_commit(lake, uri, v) for v in range(latest if latest is not None else first - 1, first - 1, -1))
+    return [c for c in found if c is not None]
 
 
 def landed_between(lake: Lake, uri: str, after: int | None, upto: int | None) -> list[ForeignCommit]:
@@ -187,7 +218,7 @@ def landed_between(lake: Lake, uri: str, after: int | None, upto: int | None) ->
     look before the next window would not see under pg2delta's own commit."""
     if upto is None or (after is not None and upto <= after):
         return []
-    return [c for c, own, data in commits_after(lake, uri, -1 if after is None else after, upto) if data and not own]
+    return [c.what for c in commits_after(lake, uri, after, upto) if c.data and not c.own]
 
 
 def with_known(found: Iterable[ForeignCommit], known: Damaged | None) -> tuple[ForeignCommit, ...]:
@@ -216,11 +247,12 @@ def damaged_tables(
 ) -> list[Damaged]:
     """The tables of ``logged`` ((schema, table) -> last logged version) with foreign commits:
     found now after pg2delta's last commit, or ``known`` from before (:func:`remembered`).
-    ``latest``: each table's latest version, when the caller read it."""
+    ``latest``: the tables' latest versions the caller read (the others are read here)."""
     out = []
     for (schema, table), version in sorted(logged.items()):
-        now = latest.get((schema, table), -1) if latest is not None else -1
-        found = scan(lake, lake.table_uri(schema, table), version, now)[0]
+        uri = lake.table_uri(schema, table)
+        now = latest[(schema, table)] if latest is not None and (schema, table) in latest else lake.delta_version(uri)
+        found = scan(lake, uri, version, latest=now)[0]
         commits = with_known(found, known.get((schema, table)) if known else None)
         if commits:
             out.append(Damaged(schema, table, version, commits))
@@ -308,8 +340,9 @@ def refuse(damaged: Iterable[Damaged], *, during: bool = False) -> None:
 
 
 __all__ = [
-    "MARK", "REMEMBERED", "TRUNCATE_PREDICATE", "USER_METADATA", "Damaged", "ForeignCommit", "changes_data",
+    "EMBEDDED_WRITER", "MARK", "REMEMBERED", "TRUNCATE_PREDICATE", "USER_METADATA", "Commit", "Damaged", "ForeignCommit",
+    "changes_data",
     "commits_after", "damaged_tables", "foreign_commits", "forget", "landed_between", "last_logged_versions",
-    "own_commit", "refuse", "remember",
+    "own_commit", "read_commit", "refuse", "remember",
     "remembered", "scan", "with_known",
 ]

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -93,6 +94,10 @@ class Lake:
         # Where this process stages: the shared area, or once the process holds a slot's lock the
         # slot's own folder in it (:meth:`own_staging`), which nobody else writes.
         self.staging_rel = STAGING_ROOT
+        # Commits of Delta tables already read, (table path, version) -> what pg2delta.lake.foreign
+        # made of them: a commit's JSON is written once. The run empties it at each window's first
+        # look at its tables (a table deleted and made again by another writer is read afresh).
+        self.commits_read: dict[tuple[str, int], Any] = {}
 
     def own_staging(self, slot: str) -> int:
         """Stage under the slot's own folder of the staging area from now on, and empty it first:
