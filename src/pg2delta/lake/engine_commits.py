@@ -89,16 +89,8 @@ class Commits(DeltaReads):
         self, uri: str, view: str, statement: str | AppendRows | MergeRows, what: str, txn: Txn | None, *, rows: int | None
     ) -> None:
         if isinstance(statement, MergeRows):
-            big = rows is None or rows >= EMBEDDED_REWRITE_ROWS
-            if self.embedded and big and self._rewrite_range(uri, view, statement, what):
-                return
-            # Apache Spark's Delta prunes the files a MERGE reads by the conditions of its ON clause
-            # on the table alone (data skipping on the files' key statistics).
-            statement = statement.bounded if self.classic and statement.bounded else statement.statement
-            if self.classic:
-                with self._txn(txn), self._rewrite_if_small(uri):
-                    self._sql(statement, what)
-                return
+            self._commit_merge(uri, view, statement, what, txn, rows=rows)
+            return
         if isinstance(statement, str):
             with self._txn(txn):
                 self._sql(statement, what)
@@ -115,6 +107,16 @@ class Commits(DeltaReads):
             writer.save(uri)
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
+
+    def _commit_merge(self, uri: str, view: str, merge: MergeRows, what: str, txn: Txn | None, *, rows: int | None) -> None:
+        """``merge`` committed as it costs the engine least: the embedded engine rewrites its key range
+        (:meth:`_rewrite_range`) where it can; Apache Spark's ``MERGE`` is bounded by the source's
+        key range (Delta prunes the files it reads by the ``ON`` clause's conditions on the table)
+        and rewrites a small table's files (:meth:`_rewrite_if_small`)."""
+        if self.embedded and (rows is None or rows >= EMBEDDED_REWRITE_ROWS) and self._rewrite_range(uri, view, merge, what):
+            return
+        with self._txn(txn), self._rewrite_if_small(uri):
+            self._sql(merge.bounded if self.classic and merge.bounded else merge.statement, what)
 
     @contextmanager
     def _rewrite_if_small(self, uri: str) -> Iterator[None]:
