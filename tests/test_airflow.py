@@ -7,12 +7,17 @@ Checked: bootstrap and run leave the lake (read with delta-rs) equal to PostgreS
 nothing to do succeeds; a run while another holds the slot's advisory lock (exit 73) is skipped; an
 unreachable server (exit 75) is retried; a missing publication (exit 78) fails without retries.
 The SparkSubmitOperator DAGs are parsed (spark-submit itself is tested in test_spark_submit.py).
+
+Each ``airflow dags test`` is Airflow's own command line (``airflow.__main__.main`` with that argv)
+in one long-lived Python of the Airflow venv (:data:`DRIVER`), its output (the task logs) captured
+per command: Airflow's start-up (seconds of imports) once for the module, not once a command.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import sqlite3
 import subprocess
 import sys
@@ -48,9 +53,46 @@ pytestmark = [
 ]
 
 
+# Runs `airflow <args>` for each JSON request on stdin ({"args": [...], "env": {...}, "log": path}):
+# Airflow's own main() with that argv and those environment entries, stdout and stderr (file
+# descriptors 1 and 2, so the tasks' subprocesses and Airflow's log handlers too) into the log
+# file; answers {"code": exit code} on the first stdout it had.
+DRIVER = """
+import json, os, sys, traceback
+from airflow.__main__ import main
+answer = os.fdopen(os.dup(1), "w")
+saved = os.dup(1), os.dup(2)
+for line in sys.stdin:
+    request = json.loads(line)
+    os.environ.update(request["env"])
+    code = 0
+    with open(request["log"], "w") as log:
+        sys.stdout.flush(); sys.stderr.flush()
+        os.dup2(log.fileno(), 1); os.dup2(log.fileno(), 2)
+        sys.argv = ["airflow", *request["args"]]
+        try:
+            main()
+        except SystemExit as exc:
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+    answer.write(json.dumps({"code": code}) + "\\n")
+    answer.flush()
+os._exit(0)  # the commands are done: no wait for Airflow's threads and exit handlers
+"""
+
+
 @dataclass
 class Airflow:
     home: Path
+    _driver: subprocess.Popen[str] | None = None
+    _calls: int = 0
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "AIRFLOW", "VIRTUAL_ENV"))}
@@ -71,10 +113,38 @@ class Airflow:
         )
 
     def dags_test(self, dag_id: str, config: Path, conf: dict[str, object] | None = None) -> subprocess.CompletedProcess[str]:
+        """``airflow dags test`` through :data:`DRIVER`, with ``PG2DELTA_CONFIG`` set to ``config``."""
         args = ["dags", "test", dag_id, "-f", str(EMBEDDED_DAGS)]
         if conf:
             args += ["-c", json.dumps(conf)]
-        return self(*args, PG2DELTA_CONFIG=str(config))
+        if self._driver is None:
+            self._driver = subprocess.Popen(
+                [str(AIRFLOW_VENV / "bin" / "python"), "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True, env=self.env(), cwd=self.home,
+            )
+        assert self._driver.stdin is not None and self._driver.stdout is not None
+        self._calls += 1
+        log = self.home / f"dags-test-{self._calls}.log"
+        request = {"args": args, "env": {"PG2DELTA_CONFIG": str(config)}, "log": str(log)}
+        self._driver.stdin.write(json.dumps(request) + "\n")
+        self._driver.stdin.flush()
+        if not select.select([self._driver.stdout], [], [], 600)[0]:
+            self._driver.kill()
+            pytest.fail(f"airflow {' '.join(args)}: no answer in 600 s\n{log.read_text(errors='replace')[-4000:]}")
+        answer = self._driver.stdout.readline()
+        assert answer, f"the Airflow driver ended (exit {self._driver.poll()})"
+        return subprocess.CompletedProcess(["airflow", *args], json.loads(answer)["code"], log.read_text(errors="replace"), "")
+
+    def close(self) -> None:
+        if self._driver is not None:
+            assert self._driver.stdin is not None
+            self._driver.stdin.close()
+            try:
+                self._driver.wait(60)
+            except subprocess.TimeoutExpired:
+                self._driver.kill()
+                self._driver.wait()
+            self._driver = None
 
     def states(self, dag_id: str) -> dict[str, str]:
         return {task: state for task, (state, _) in self.tasks(dag_id).items()}
@@ -96,11 +166,14 @@ def _tail(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory: pytest.TempPathFactory) -> Airflow:
+def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     af = Airflow(tmp_path_factory.mktemp("airflow-home"))
     migrated = af("db", "migrate")
     assert migrated.returncode == 0, _tail(migrated)
-    return af
+    try:
+        yield af
+    finally:
+        af.close()
 
 
 @pytest.fixture(scope="module")
