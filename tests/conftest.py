@@ -51,8 +51,7 @@ SLOW_FIRST = (
     "tests/test_catalog.py",  # 138 s, Apache Spark
     "tests/test_soak.py",  # 130 s
     "tests/test_maintain_defaults.py::test_time_travel_and_backfill_across_a_vacuum",  # 117 s, Apache Spark
-    "tests/test_object_store_spark.py",  # four spark-submits
-    "tests/test_spark_cluster.py",  # a master, a worker and three spark-submits
+    "tests/test_spark_cluster.py",  # a master, a worker and four spark-submits
     "tests/test_job_e2e.py::test_float_keys_with_nan",  # 74 s on Apache Spark 3.5, 127 s on 4.0
     "tests/test_bootstrap.py::test_bootstrap_killed",
     "tests/test_maintain_defaults.py::test_run_killed_in_its_maintenance",

@@ -5,7 +5,7 @@ again, resync, backfill, maintain with VACUUM, verify, versions, status), the en
 credentials given only as the standard ``AWS_*`` variables. Every lake is read back by delta-rs
 with the object store's options and compared with PostgreSQL. The server's conditional put
 (``If-None-Match: *``), on which delta-rs's commits to S3 rely, is tested directly.
-Apache Spark with ``s3a://`` through spark-submit: test_object_store_spark.py.
+Apache Spark with ``s3a://`` through spark-submit: test_spark_cluster.py.
 """
 
 from __future__ import annotations
