@@ -9,15 +9,24 @@ and a resync repairs the table. Either way the lake, read back with delta-rs, eq
 changelog holds no change twice and the slot ends where the lake is. On both engines (marker
 ``classic``): pysail fails its commit on any commit that landed since its read; Apache Spark's
 Delta raises ``ConcurrentAppendException`` for both (delta-rs's commits are not blind appends).
+
+On Apache Spark also Apache Spark's own ``OPTIMIZE`` as the second writer: made beforehand on a
+copy of the table as the run will read it (an ``OPTIMIZE`` takes Spark seconds, a run's commit
+comes a moment after its files), its commit and files landed in the table during the run as Delta
+commits (the commit's file created only if absent). Delta's ``MERGE`` raises
+``ConcurrentDeleteReadException`` on it; the run retries.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -25,7 +34,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from changelog_support import changelog_rows
+from engines import TEST_ENGINE
 from pg2delta.errors import EXIT_LAKE_CHANGED, EXIT_STATUS_LAKE_CHANGED
+from pg2delta.lake.foreign import USER_METADATA
 from workload import TableSpec, assert_lake_matches, cli, confirmed_lsn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.classic]
@@ -37,9 +48,10 @@ TINY = 64 << 10  # bytes: the files of windows of one row are smaller, the first
 
 class SecondWriter(threading.Thread):
     """Commits ``action(path)`` to the Delta table at ``path`` once a file appears in its folder
-    that was not there when it started (the run's commit is being written)."""
+    that was not there when it started (the run's commit is being written); ``action`` returns the
+    version it made, or None for the newest by delta-rs."""
 
-    def __init__(self, path: Path, action: Callable[[str], None]) -> None:
+    def __init__(self, path: Path, action: Callable[[str], int | None]) -> None:
         super().__init__(daemon=True)
         self.path, self.action = path, action
         self.before = {p.name for p in path.iterdir()}
@@ -51,8 +63,8 @@ class SecondWriter(threading.Thread):
         while not self.stop.is_set():
             if {p.name for p in self.path.iterdir()} - self.before:
                 try:
-                    self.action(str(self.path))
-                    self.committed = max(
+                    made = self.action(str(self.path))
+                    self.committed = made if made is not None else max(
                         (int(h["version"]) for h in DeltaTable(str(self.path)).history()
                          if str(h.get("engineInfo") or h.get("clientVersion") or "").startswith("delta-rs")),
                         default=None,
@@ -75,6 +87,32 @@ def _compact(path: str) -> None:
     DeltaTable(path).optimize.compact(target_size=TINY)
 
 
+class SparkOptimize:
+    """Apache Spark's ``OPTIMIZE`` of ``table``, made on a copy by :meth:`prepare` (with a session
+    of the tests' Spark that does not carry pg2delta's mark), landed by :meth:`land`: its new files,
+    then its commit's JSON, created only if no commit took that version (Delta's own rule)."""
+
+    def __init__(self, spark: Any, table: Path, copy: Path) -> None:
+        self.spark, self.table, self.copy = spark.newSession(), table, copy
+        self.spark.conf.unset(USER_METADATA)
+        self.version = -1
+
+    def prepare(self) -> None:
+        shutil.rmtree(self.copy, ignore_errors=True)
+        shutil.copytree(self.table, self.copy)
+        self.spark.sql(f"OPTIMIZE delta.`{self.copy}`").collect()
+        self.version = DeltaTable(str(self.copy)).version()
+        assert DeltaTable(str(self.copy)).history(1)[0]["operation"] == "OPTIMIZE"
+
+    def land(self, path: str) -> int:
+        for f in self.copy.iterdir():
+            if f.is_file() and not (Path(path) / f.name).exists():
+                shutil.copy(f, Path(path) / f.name)
+        name = f"_delta_log/{self.version:020d}.json"
+        os.link(self.copy / name, Path(path) / name)  # FileExistsError: the run's commit took the version
+        return self.version
+
+
 def _appending(table: Path) -> Callable[[str], None]:
     """An append of one row to ``table`` by another job, its row made ready beforehand."""
     row = pa.table({"id": [-1], "v": ["a stray job"], "n": [0]}).cast(pa.schema(DeltaTable(str(table)).schema().to_arrow()))
@@ -92,7 +130,7 @@ def _sql(dsn: str, *statements: str) -> None:
 
 
 def _during_a_run(
-    dsn: str, slot: str, common: list[str], table: Path, action: Callable[[str], None],
+    dsn: str, slot: str, common: list[str], table: Path, action: Callable[[str], int | None],
     prepare: Callable[[int], None] = lambda attempt: None,
 ) -> tuple[int, str, int, str | None]:
     """A run with the second writer's ``action`` committed while it writes ``table``: its exit code,
@@ -107,13 +145,14 @@ def _during_a_run(
         with SecondWriter(table, action) as second:
             done = cli("run", *common)
         if second.committed is not None:
-            print(f"{action.__name__}: the second writer committed version {second.committed} during run {attempt + 1}")
+            print(f"{getattr(action, '__name__', action)}: the second writer committed version {second.committed} "
+                  f"during run {attempt + 1}")
             return done.returncode, done.stderr, second.committed, before
         assert done.returncode == 0, done.stderr[-3000:]
     raise AssertionError(f"the second writer lost the race three times: the test proved nothing ({second.error})")
 
 
-def test_a_compaction_and_a_foreign_append_during_a_run(pgdb: str, tmp_path: Path) -> None:
+def test_a_compaction_and_a_foreign_append_during_a_run(pgdb: str, tmp_path: Path, shared_engine: Any) -> None:
     tag = uuid.uuid4().hex[:8]
     slot, pub, lake = f"slot_{tag}", f"pub_{tag}", tmp_path / "lake"
     _sql(pgdb, "CREATE TABLE items (id int PRIMARY KEY, v text, n int)",
@@ -141,6 +180,21 @@ def test_a_compaction_and_a_foreign_append_during_a_run(pgdb: str, tmp_path: Pat
     assert len(retries) == 1 and "OPTIMIZE by delta-rs" in retries[0], (compacted, history, stderr[-3000:])
     assert history[compacted] == "OPTIMIZE" and max(history) > compacted, history
     assert_lake_matches(pgdb, lake, [ITEMS], context="after a compaction during a run")
+
+    if TEST_ENGINE == "spark":  # Apache Spark's own OPTIMIZE: retried as well
+        optimize = SparkOptimize(shared_engine.spark, table, tmp_path / "optimized")
+
+        def optimized_copy(attempt: int) -> None:
+            """A small file more for the OPTIMIZE to compact, then the OPTIMIZE made on the copy."""
+            _sql(pgdb, f"INSERT INTO items VALUES ({ROWS + 10 + attempt}, 'item', 0)")
+            assert cli("run", *common).returncode == 0
+            optimize.prepare()
+
+        code, stderr, optimized, _ = _during_a_run(pgdb, slot, common, table, optimize.land, optimized_copy)
+        assert code == 0, stderr[-3000:]
+        retries = [line for line in stderr.splitlines() if "met a concurrent commit that changes no row" in line]
+        assert len(retries) == 1 and f"version {optimized}: OPTIMIZE by Apache-Spark" in retries[0], stderr[-3000:]
+        assert_lake_matches(pgdb, lake, [ITEMS], context="after Apache Spark's OPTIMIZE during a run")
 
     # A foreign append while the run merges: the run stops with 21, the slot where it was.
     code, stderr, appended, before = _during_a_run(pgdb, slot, common, table, _appending(table))
