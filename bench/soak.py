@@ -1,5 +1,6 @@
-"""`make soak`: a mixed workload for a set time, pg2delta run every few seconds as a new process, faults
-at random, then the lake compared with PostgreSQL, every table, every row.
+"""`make soak`: a mixed workload for a set time (or of a set size: ``--transactions``), pg2delta run
+every few seconds as a new process, faults at random, then the lake compared with PostgreSQL, every
+table, every row.
 
 On a throwaway PostgreSQL (18 by default: ``--pg``), with the lake on the S3-compatible server of
 the tests (S3Proxy, ``make s3proxy``) behind their fault-injecting proxy (tests/s3fault.py):
@@ -220,7 +221,7 @@ class Soak:
         print(f"run {self.runs}: fault={kind or '-'}{'' if injected or not kind else ' (missed)'} exit={code} {took:.1f} s", flush=True)
         if code != 0:
             return None
-        if kind is None:
+        if kind is None or not injected:  # a fault that came too late: a run without one all the same
             self.durations.append(took)
         report: dict[str, Any] = json.loads(out) if out.strip().startswith("{") else {}
         self.changes += int(report.get("changes") or 0)
@@ -292,6 +293,22 @@ def _scheduled(soak: Soak, seconds: float) -> None:
         time.sleep(soak.rng.uniform(0.5, 1.5) * soak.args.interval)
 
 
+def _scheduled_for(soak: Soak, bench: Pgbench, shapes: ShapeWriter) -> None:
+    """Runs as :func:`_scheduled` while pgbench does its ``--transactions`` (the writer beside it
+    stops with it), then on until every kind of fault happened once (at most 40 runs more): the
+    soak's length is set by the work, not by the clock, so a loaded machine's slower runs meet the
+    same workload, not a larger one."""
+    while not bench.finished.is_set():
+        soak.run_once(soak.next_fault())
+        time.sleep(soak.rng.uniform(0.5, 1.5) * soak.args.interval)
+    shapes.stop()
+    for _ in range(40):
+        if all(soak.faults[k] for k in soak.kinds):
+            break
+        soak.run_once(soak.next_fault())
+        time.sleep(soak.rng.uniform(0.5, 1.5) * soak.args.interval)
+
+
 def _catch_up(soak: Soak, stop_lsn: int) -> int:
     """Runs without faults until one has nothing to do and the slot passed ``stop_lsn``."""
     for n in range(1, 31):
@@ -317,10 +334,13 @@ def soak(args: argparse.Namespace, pg: ThrowawayPostgres, store: S3Server | None
     try:
         prepare(pg, args.scale, PUBLICATION)
         _bootstrap(s)
-        bench = Pgbench(pg, args.rate).start()
-        shapes = ShapeWriter(pg, args.seed, args.seconds).start()
+        bench = Pgbench(pg, args.rate, total=args.transactions).start()
+        shapes = ShapeWriter(pg, args.seed, args.seconds, bench.progress if args.transactions else None).start()
         sampler = WalSampler(pg.dsn)
-        _scheduled(s, args.seconds)
+        if args.transactions:
+            _scheduled_for(s, bench, shapes)
+        else:
+            _scheduled(s, args.seconds)
         sampler.stop()
         shapes.stop()
         bench.stop()
@@ -362,6 +382,9 @@ def _parser() -> argparse.ArgumentParser:
     env: Callable[[str, str], str] = lambda name, default: os.environ.get(name) or default  # noqa: E731
     ap.add_argument("--seconds", type=float, default=float(env("SOAK_SECONDS", "300")),
                     help="how long the workload and the faults go on (SOAK_SECONDS; default 300)")
+    ap.add_argument("--transactions", type=int, default=0,
+                    help="the workload's size instead of its time: pgbench's transactions at --rate (the writer beside "
+                         "it stops with it); the runs go on until they are done and every kind of fault happened")
     ap.add_argument("--seed", type=int, default=int(env("SOAK_SEED", "0")) or None,
                     help="the random choices' seed (SOAK_SEED; default: a new one, printed)")
     ap.add_argument("--pg", type=int, default=int(env("SOAK_PG", "18")), help="PostgreSQL version (15 or 18)")
@@ -393,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         if store is not None:
             store.stop()
         pg.stop()
-    figures = {"soak_seconds": args.seconds, "soak_pg": args.pg, "soak_store": "local" if args.local else "s3", **figures}
+    size = {"soak_transactions": args.transactions} if args.transactions else {"soak_seconds": args.seconds}
+    figures = {**size, "soak_pg": args.pg, "soak_store": "local" if args.local else "s3", **figures}
     for name, value in figures.items():
         print(f"{name}={value}", flush=True)
     failed = any(figures[k] for k in ("soak_lost", "soak_duplicated", "soak_different", "soak_changelog_duplicated", "soak_unexpected_exits"))

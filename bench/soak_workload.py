@@ -22,6 +22,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -65,32 +66,50 @@ def _conn_args(pg: ThrowawayPostgres) -> list[str]:
 
 @dataclass
 class Pgbench:
-    """pgbench at ``rate`` transactions a second on ``clients`` connections until :meth:`stop`."""
+    """pgbench at ``rate`` transactions a second on ``clients`` connections until :meth:`stop`, or
+    until ``total`` transactions are done (0: no such bound), when :attr:`finished` is set."""
 
     pg: ThrowawayPostgres
     rate: float
+    total: int = 0
     clients: int = 2
     transactions: int = 0
     starts: int = 0
+    finished: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _proc: subprocess.Popen[str] | None = None
     _thread: threading.Thread | None = None
+    _started: float | None = None
 
     def start(self) -> Pgbench:
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="pgbench", daemon=True)
         self._thread.start()
         return self
 
+    def progress(self) -> float:
+        """The share of the time ``total`` takes at ``rate`` gone since :meth:`start` (0 without a
+        bound): pgbench, held to its rate, is never ahead of it, so a change made at a share below 1
+        comes while pgbench is still writing (its count is known only when a pgbench ends)."""
+        if not self.total or self._started is None:
+            return 0.0
+        return min(1.0, (time.monotonic() - self._started) * self.rate / self.total)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
+            if self.total and self.transactions >= self.total:
+                self.finished.set()
+                return
             self.starts += 1
+            # -t: transactions per client, what is left of the total (a restart aborts its clients)
+            bound = ["-t", str(-(-(self.total - self.transactions) // self.clients))] if self.total else ["-T", "3600"]
             argv = [str(self.pg.bindir / "pgbench"), "-n", "-c", str(self.clients), "-j", "1",
-                    "-R", str(self.rate), "-T", "3600", *_conn_args(self.pg)]
+                    "-R", str(self.rate), *bound, *_conn_args(self.pg)]
             self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             out, _ = self._proc.communicate()
             found = re.search(r"number of transactions actually processed: (\d+)", out)
             self.transactions += int(found.group(1)) if found else 0
-            if not self._stop.is_set():
+            if not self._stop.is_set() and not (self.total and self.transactions >= self.total):
                 time.sleep(0.5)  # its clients aborted (a server restart): start it again
 
     def stop(self) -> None:
@@ -108,11 +127,14 @@ class Pgbench:
 
 @dataclass
 class ShapeWriter:
-    """Changes ``soak.items`` (rows, shape, truncates) until :meth:`stop`; counts what it did."""
+    """Changes ``soak.items`` (rows, shape, truncates) until :meth:`stop`; counts what it did. Its
+    once-only changes come at fixed shares of the soak: of ``seconds``, or of ``progress()`` (the
+    share of the workload done) when given."""
 
     pg: ThrowawayPostgres
     seed: int
     seconds: float
+    progress: Callable[[], float] | None = None
     done: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -140,7 +162,7 @@ class ShapeWriter:
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self.pg.dsn, autocommit=True, connect_timeout=5, application_name="soak-shapes")
-                elapsed = (time.monotonic() - started) / self.seconds
+                elapsed = self.progress() if self.progress else (time.monotonic() - started) / self.seconds
                 if once and elapsed >= once[0][0]:
                     once.pop(0)[1](conn)
                 elif time.monotonic() >= next_shape:
