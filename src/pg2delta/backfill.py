@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from pg2delta.apply.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
 from pg2delta.apply.lakeside import Lakeside
-from pg2delta.apply.rowmeta import soft_deletes
+from pg2delta.apply.rowmeta import row_columns, soft_deletes
 from pg2delta.apply.table import TableReport, merge_changes
 from pg2delta.config import Config
 from pg2delta.decode.changes import LSN_COL, META_NAMES, OP_COL, POS_COL, TS_COL
@@ -418,8 +418,8 @@ def _apply_one(
                 _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
                 unmarked = False
             merge_changes(
-                job, tr, run_id, changes, list(key), [c for c in rows.column_names],
-                nullable_keys=nullable_keys, lookup_version=lookup,
+                job.writer, tr, run_id, changes, list(key), [c for c in rows.column_names],
+                meta=row_columns(job.config, plan.schema, plan.table), nullable_keys=nullable_keys, lookup_version=lookup,
                 reshape=functools.partial(_widen, job.engine, uri, rows.schema),
             )
             fault_point("backfill_after_merge")

@@ -177,7 +177,9 @@ class Job(Lakeside):
                     catalog, catalog_conn,
                     bootstrapped=bootstrapped, attnums=self._attnums,
                 )
-                applier = TableApplier(self, app_id, bootstrapped=bootstrapped, rewritten=self._rewritten)
+                applier = TableApplier(
+                    cfg, self.writer, self.history, app_id, bootstrapped=bootstrapped, rewritten=self._rewritten,
+                )
                 run = _Run(
                     src, uuid.uuid4().hex, applied, publication, planner, applier,
                     catalog, key_resolver(cfg, catalog_conn), run_progress(start, upper), start,

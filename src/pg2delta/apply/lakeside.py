@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from pg2delta.apply.history import HISTORY_SUFFIX, HistoryWriter
 from pg2delta.config import Config
@@ -21,6 +22,19 @@ from pg2delta.delta_features import NO_FEATURES, DeltaFeatures
 from pg2delta.lake.engine import Engine, Lake
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LakeWriter:
+    """What a table's commits are made with, and nothing else of the operation: the lake's files and
+    its engine, started when first asked for (``start_engine``: it may still be starting)."""
+
+    lake: Lake
+    start_engine: Callable[[], Engine]
+
+    @property
+    def engine(self) -> Engine:
+        return self.start_engine()
 
 
 class Lakeside:
@@ -51,6 +65,11 @@ class Lakeside:
                     # What an idle run must never log (it decides from the slot alone).
                     log.info("engine %s started (%.1f s)", self.config.engine.kind, time.monotonic() - t0)
         return self._engine
+
+    @property
+    def writer(self) -> LakeWriter:
+        """The lake and the engine alone, for the stages that commit (pg2delta.apply.table)."""
+        return LakeWriter(self.lake, lambda: self.engine)
 
     def delta_features(self, schema: str, table: str) -> DeltaFeatures:
         """The configured Delta features of the lake's table ``schema.table`` (none for a history table)."""
@@ -94,4 +113,4 @@ class Lakeside:
             self._engine = None
 
 
-__all__ = ["Lakeside"]
+__all__ = ["LakeWriter", "Lakeside"]

@@ -25,9 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pg2delta.apply.history import StagedWindow, window_versions
+from pg2delta.apply.history import HistoryWriter, StagedWindow, window_versions
 from pg2delta.apply.keys import key_tuple
-from pg2delta.apply.lakeside import Lakeside
+from pg2delta.apply.lakeside import LakeWriter
 from pg2delta.apply.merge import (
     Reduced,
     SoftDeletes,
@@ -46,6 +46,7 @@ from pg2delta.apply.stage import (
     table_changes,
 )
 from pg2delta.apply.targets import Target, live
+from pg2delta.config import Config
 from pg2delta.decode.changes import BEFORE_OP, LSN_COL, META_NAMES, OP_COL, POS_COL, TruncateEvent
 from pg2delta.decode.events import DELETED_COL
 from pg2delta.errors import DataError, SchemaError
@@ -82,13 +83,14 @@ class TableReport:
 
 
 def merge_changes(
-    side: Lakeside,
+    to: LakeWriter,
     report: TableReport,
     run_id: str,
     changes: pa.Table | StagedChanges | None,
     key_names: list[str],
     data_columns: Sequence[str],
     *,
+    meta: Sequence[str],
     nullable_keys: bool,
     lookup_version: int | None,
     optional: set[str] | None = None,
@@ -98,49 +100,48 @@ def merge_changes(
 ) -> None:
     """Reduce ``changes`` (commit order, after the last truncate) and MERGE them into ``report.path``.
 
-    ``data_columns`` may name meta columns (they are left out). ``report.truncated`` adds the
-    truncate (alone when there are no changes); unchanged TOAST the changes cannot fill is read
-    from the table at ``lookup_version``. ``reshape`` (after those reads, before anything is
+    ``data_columns`` may name meta columns (left out); ``meta``: the table's row columns (rowmeta).
+    ``report.truncated`` adds the truncate (alone when there are no changes); unchanged TOAST the
+    changes cannot fill is read from the table at ``lookup_version``. ``reshape`` (after those reads, before anything is
     written) changes the Delta table's shape and returns the columns it then has;
     ``reshaped`` runs once the table has every column of the MERGE. ``txn``: Delta's
     idempotent-write id of the commit. Shared by the run and by ``pg2delta backfill``.
     """
-    schema, name, uri = report.schema, report.table, report.path
     if isinstance(changes, StagedChanges):
         try:
             _merge_staged(
-                side, report, changes, key_names, data_columns, nullable_keys=nullable_keys,
+                to, report, changes, key_names, data_columns, meta=meta, nullable_keys=nullable_keys,
                 lookup_version=lookup_version, optional=optional, reshape=reshape, reshaped=reshaped, txn=txn,
             )
         finally:
             if changes.name is not None:
-                side.lake.unstage_dir(changes.name)
+                to.lake.unstage_dir(changes.name)
         return
-    soft = DELETED_COL in (meta := row_columns(side.config, schema, name))
+    soft, (schema, name, uri) = DELETED_COL in meta, (report.schema, report.table, report.path)
     reducing = reduce(schema, name, changes, key_names, data_columns, configured_key=nullable_keys,
                       meta=[*meta[:3], POS_COL] if soft else meta, soft=soft)  # soft deletes: positions, for the truncates
     if reducing is None:
-        _truncate_only(side, report, txn, meta, key_names)
+        _truncate_only(to, report, txn, meta, key_names)
         return
     reduced, key_names, data_columns = reducing
     # Unchanged TOAST comes from the table as the last logged window left it: a replay after a
     # crash between tables must not see what the crashed run already merged.
-    source = fill_lookups(side.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional)
+    source = fill_lookups(to.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional)
     report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
     report.rows_merged, key_range = source.num_rows, integer_range(source.column(key_names[0]))
     existing = reshape() if reshape is not None else None
     source, data_columns = _staged_rows(source, data_columns, key_names, soft=soft)
-    staged = side.lake.stage(source, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
+    staged = to.lake.stage(source, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
     # The rows are in the staged file now: the driver's reduced copies go back to the system before
     # the engine's MERGE, which takes about as much again in this process on the embedded engine
     # (bench/README.md, "A bulk UPDATE into a populated table").
     del source, reduced, reducing
     release_memory()
     try:
-        _commit_rows(side, report, staged, key_names, data_columns, existing, reshaped, nullable_keys=nullable_keys, txn=txn,
+        _commit_rows(to, report, staged, key_names, data_columns, existing, reshaped, nullable_keys=nullable_keys, txn=txn,
                      key_range=key_range)
     finally:
-        side.lake.unstage(staged)
+        to.lake.unstage(staged)
 
 
 def _staged_rows(source: pa.Table, data_columns: list[str], key_names: list[str], *, soft: bool) -> tuple[pa.Table, list[str]]:
@@ -158,19 +159,19 @@ def truncates_at(truncates: Sequence[TruncateEvent]) -> tuple[tuple[int, int, in
 
 
 def _commit_rows(
-    side: Lakeside, report: TableReport, staged: str, key_names: list[str], data_columns: list[str],
+    to: LakeWriter, report: TableReport, staged: str, key_names: list[str], data_columns: list[str],
     existing: frozenset[str] | None, reshaped: Callable[[], None] | None, *, nullable_keys: bool, txn: Txn | None,
     key_range: tuple[int, int] | None = None,
 ) -> None:
     """Commit the staged final rows of :func:`merge_changes`: an append into a new table (which the
     append creates, in one commit), else a MERGE."""
     uri = report.path
-    new = append = side.lake.delta_version(uri) is None
+    new = append = to.lake.delta_version(uri) is None
     if not new:
-        side.engine.ensure_table(uri, staged, data_columns, existing)
+        to.engine.ensure_table(uri, staged, data_columns, existing)
     if reshaped is not None:
         reshaped()
-    side.engine.merge(
+    to.engine.merge(
         uri, staged,
         lambda target, view: _statement(
             target, view, key_names, data_columns, append, report.truncated, nullable_keys, key_range,
@@ -178,7 +179,7 @@ def _commit_rows(
         ),
         txn=txn, rows=report.rows_merged,
     )
-    report.delta_version = side.lake.delta_version(uri)
+    report.delta_version = to.lake.delta_version(uri)
     log.info(
         "applied %s.%s (%s): %d inserts, %d updates, %d deletes%s -> delta version %s",
         report.schema, report.table, "appended" if append else "merged", report.inserts, report.updates,
@@ -187,27 +188,28 @@ def _commit_rows(
 
 
 def _truncate_only(
-    side: Lakeside, report: TableReport, txn: Txn | None, meta: Sequence[str] = (), key_names: Sequence[str] = (),
+    to: LakeWriter, report: TableReport, txn: Txn | None, meta: Sequence[str] = (), key_names: Sequence[str] = (),
 ) -> None:
     """A window with no change to merge: its truncate (if any) deletes every row of the table (or
     marks them, with soft deletes)."""
-    if report.truncated and side.lake.delta_version(report.path) is not None:
+    if report.truncated and to.lake.delta_version(report.path) is not None:
         soft = report.soft(meta, key_names)
         if soft is not None:
-            side.engine.update(report.path, soft.update_truncated, txn=txn)
+            to.engine.update(report.path, soft.update_truncated, txn=txn)
         else:
-            side.engine.delete_all(report.path, txn=txn)
-        report.delta_version = side.lake.delta_version(report.path)
+            to.engine.delete_all(report.path, txn=txn)
+        report.delta_version = to.lake.delta_version(report.path)
 
 
 
 def _merge_staged(
-    side: Lakeside,
+    to: LakeWriter,
     report: TableReport,
     staged: StagedChanges,
     key_names: list[str],
     data_columns: Sequence[str],
     *,
+    meta: Sequence[str],
     nullable_keys: bool,
     lookup_version: int | None,
     optional: set[str] | None,
@@ -217,9 +219,8 @@ def _merge_staged(
 ) -> None:
     """:func:`merge_changes` of staged changes: reduced and merged by the engine (pg2delta.window.spill)."""
     schema, name, uri = report.schema, report.table, report.path
-    meta = row_columns(side.config, schema, name)
     if staged.rows == 0 or staged.uri is None or staged.name is None:
-        _truncate_only(side, report, txn, meta, key_names)
+        _truncate_only(to, report, txn, meta, key_names)
         return
     data_columns = [c for c in data_columns if c not in META_NAMES]
     if not key_names:
@@ -234,19 +235,19 @@ def _merge_staged(
     report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
     existing = reshape() if reshape is not None else None
     distinct = one_change_per_key(staged.ops, unique_key=not nullable_keys)
-    append = side.lake.delta_version(uri) is None
-    side.engine.ensure_table(uri, staged.uri, data_columns, existing)
+    append = to.lake.delta_version(uri) is None
+    to.engine.ensure_table(uri, staged.uri, data_columns, existing)
     if reshaped is not None:
         reshaped()
     truncate, soft = report.truncated, report.soft(meta, key_names)
-    report.rows_merged = side.engine.merge_reduced(
+    report.rows_merged = to.engine.merge_reduced(
         uri, staged.uri,
         lambda target, view: _statement(target, view, key_names, data_columns, append, truncate, nullable_keys, soft=soft),
         work=f"{staged.name}-reduce", key_names=key_names, data_columns=data_columns,
         toast_columns=staged.toast_columns, lookup_version=lookup_version, nullable_keys=nullable_keys,
         optional=optional or (), txn=txn, rows=staged.rows, bucket_files=staged.buckets, distinct_keys=distinct,
     )
-    report.delta_version = side.lake.delta_version(uri)
+    report.delta_version = to.lake.delta_version(uri)
     log.info(
         "applied %s.%s (%s by the engine, %d changes in %d staged files): %d inserts, %d updates, "
         "%d deletes%s -> delta version %s", schema, name, "appended" if append else "reduced and merged",
@@ -385,14 +386,19 @@ def map_tables(workers: int, targets: Sequence[Target], fn: Callable[[Target], A
 class TableApplier:
     """The run's apply of one target per window: a MERGE per Delta table, then its history.
 
-    ``app_id``: Delta's idempotent-write application id of this server and slot ("": none).
-    ``bootstrapped``: the lake was bootstrapped; a table without a copy is skipped (the next run
-    copies it). ``rewritten``: tables whose rows this run set anew (a column's default): their
-    commits are not recognised as done by Delta's idempotent-write id.
+    It is handed what it uses, not the run: ``config`` (the tables' settings), ``to`` (the lake and
+    its engine), ``history`` (the SCD2 history tables). ``app_id``: Delta's idempotent-write
+    application id of this server and slot ("": none). ``bootstrapped``: the lake was bootstrapped;
+    a table without a copy is skipped (the next run copies it). ``rewritten``: tables whose rows
+    this run set anew (a column's default): their commits are not recognised as done by Delta's
+    idempotent-write id.
     """
 
-    def __init__(self, side: Lakeside, app_id: str, *, bootstrapped: bool, rewritten: set[int] | None = None) -> None:
-        self.side = side
+    def __init__(
+        self, config: Config, to: LakeWriter, history: HistoryWriter, app_id: str, *,
+        bootstrapped: bool, rewritten: set[int] | None = None,
+    ) -> None:
+        self.config, self.to, self.histories = config, to, history
         self.app_id = app_id
         self.bootstrapped = bootstrapped
         self.rewritten: set[int] = set() if rewritten is None else rewritten
@@ -405,34 +411,59 @@ class TableApplier:
         on every engine."""
         return Txn(self.app_id, version) if self.app_id else None
 
-    # --- which Delta table, in which shape ---------------------------------------------------
+    def _nullable_keys(self, tgt: Target) -> bool:
+        """Whether ``tgt`` is merged on a configured key (primary keys and identity indexes are NOT NULL)."""
+        return bool(self.config.table(tgt.schema, tgt.table).key) or any(
+            bool(self.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
+        )
+
+    def _skipped(self, report: TableReport, applied: Applied | None, window_end: int) -> bool:
+        """Whether the window has nothing for the table: the applied log holds it, or it has no copy yet."""
+        if (applied.end_lsn if applied else 0) >= window_end:
+            report.skipped = True
+        elif applied is None and self.bootstrapped:
+            # Added to the publication after this run started: the next run copies it at a later snapshot.
+            log.info("skipped %s.%s: not copied yet, the next run copies it", report.schema, report.table)
+            report.skipped = True
+        return report.skipped
+
+    def _changes(
+        self, run_id: str, tgt: Target, pl: Plan | None, applied_lsn: int
+    ) -> tuple[pa.Table | StagedChanges | None, list[TruncateEvent], set[str]]:
+        """The table's changes of the window past ``applied_lsn`` (staged as Parquet when spilled),
+        its truncates, and the columns kept by an update (pg2delta.apply.stage)."""
+        soft = soft_deletes(self.config, tgt.schema, tgt.table)  # the changes before a truncate too
+        if pl is None or not any(b.spilled for tw in tgt.parts for b in tw.batches):
+            return table_changes(tgt, pl, applied_lsn, whole=soft)
+        truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
+        staged, kept_by_update = stage_changes(
+            self.to.lake, tgt, pl, applied_lsn, f"{run_id}/{tgt.schema}.{tgt.table}.{uuid.uuid4().hex[:8]}",
+            bucket_key=list(pl.key) or [LSN_COL, POS_COL], soft=soft, whole=soft,
+        )  # the MERGE's key (a keyless table's: its position)
+        release_memory()
+        return staged, truncates, kept_by_update
+
+    def _reshape(self, uri: str, pl: Plan, drop: Sequence[str], fill: pa.Table | None) -> frozenset[str] | None:
+        """The Delta table's shape changes of the plan, before its MERGE; the columns it then has."""
+        self.to.engine.rename_columns(uri, pl.renamed)  # column mapping: a commit of its own, no file rewritten
+        if pl.widened or drop or fill is not None:
+            # One commit, before the MERGE: rows the window writes get their own values from it.
+            self.to.engine.rewrite(uri, {c: new for c, _, new in pl.widened}, drop=drop, fill=fill)
+        if not pl.existing:
+            return None
+        return (pl.existing - set(drop)) | frozenset(fill.column_names if fill is not None else ())
 
     def apply(
         self, run_id: str, tgt: Target, pl: Plan | None, applied: Applied | None, window_end: int
     ) -> TableReport:
+        """MERGE the window's changes of ``tgt`` (planned as ``pl``) into its Delta table, in one commit."""
         applied_lsn = applied.end_lsn if applied else 0
         schema, name = tgt.schema, tgt.table
-        uri = self.side.lake.table_uri(schema, name)
+        uri = self.to.lake.table_uri(schema, name)
         report = TableReport(schema, name, uri)
-        if applied_lsn >= window_end:
-            report.skipped = True
+        if self._skipped(report, applied, window_end):
             return report
-        if applied is None and self.bootstrapped:
-            # Added to the publication after this run started: the next run copies it at a later snapshot.
-            log.info("skipped %s.%s: not copied yet, the next run copies it", schema, name)
-            report.skipped = True
-            return report
-        changes: pa.Table | StagedChanges | None
-        soft = soft_deletes(self.side.config, schema, name)  # the changes before a truncate too
-        if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
-            truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= applied_lsn]
-            changes, kept_by_update = stage_changes(
-                self.side.lake, tgt, pl, applied_lsn, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}",
-                bucket_key=list(pl.key) or [LSN_COL, POS_COL], soft=soft, whole=soft,
-            )  # the MERGE's key (a keyless table's: its position)
-            release_memory()
-        else:
-            changes, truncates, kept_by_update = table_changes(tgt, pl, applied_lsn, whole=soft)
+        changes, truncates, kept_by_update = self._changes(run_id, tgt, pl, applied_lsn)
         report.truncated, report.truncates_at = bool(truncates), truncates_at(truncates)
         # The table's newest change in the window is its commit's idempotent-write version: a
         # replay of the window holds the same changes (or more, then a higher version) for it.
@@ -441,13 +472,11 @@ class TableApplier:
         )
         txn = self.txn(newest)
         report.commit_ts = newest_commit_ts(tgt, truncates, applied_lsn)
+        meta = row_columns(self.config, schema, name)
         if pl is None:  # no changes to merge, perhaps a truncate
-            merge_changes(self.side, report, run_id, None, [], [], nullable_keys=False, lookup_version=None, txn=txn)
+            merge_changes(self.to, report, run_id, None, [], [], meta=meta, nullable_keys=False, lookup_version=None, txn=txn)
             return report
-        nullable_keys = bool(self.side.config.table(schema, name).key) or any(
-            bool(self.side.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
-        )  # primary keys and identity indexes are NOT NULL
-        drop = pl.kept if self.side.config.table(schema, name).dropped_columns == "drop" else ()
+        drop = pl.kept if self.config.table(schema, name).dropped_columns == "drop" else ()
         # Rows already in the table get the value PostgreSQL reads for columns added with a default.
         fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl.fill_table and pl.fills else None
         if fill is not None:
@@ -455,26 +484,14 @@ class TableApplier:
             # wrote: those MERGEs (this window's and the later ones of this run) must then run
             # again rather than be recognised as done.
             self.rewritten.add(tgt.owner)
-        if tgt.owner in self.rewritten:
-            txn = None
-
-        def reshape() -> frozenset[str] | None:
-            self.side.engine.rename_columns(uri, pl.renamed)  # column mapping: a commit of its own, no file rewritten
-            if pl.widened or drop or fill is not None:
-                # One commit, before the MERGE: rows the window writes get their own values from it.
-                self.side.engine.rewrite(uri, {c: new for c, _, new in pl.widened}, drop=drop, fill=fill)
-            if not pl.existing:
-                return None
-            return (pl.existing - set(drop)) | frozenset(fill.column_names if fill is not None else ())
-
-        reshaped = functools.partial(fault_point, "after_schema_change")
         merge_changes(
-            self.side, report, run_id, changes, list(pl.key), [n for n, _ in pl.columns],
-            nullable_keys=nullable_keys, lookup_version=applied.delta_version if applied else None,
-            optional=kept_by_update, reshape=reshape, reshaped=reshaped, txn=txn,
+            self.to, report, run_id, changes, list(pl.key), [n for n, _ in pl.columns], meta=meta,
+            nullable_keys=self._nullable_keys(tgt), lookup_version=applied.delta_version if applied else None,
+            optional=kept_by_update, reshape=functools.partial(self._reshape, uri, pl, drop, fill),
+            reshaped=functools.partial(fault_point, "after_schema_change"),
+            txn=None if tgt.owner in self.rewritten else txn,
         )
         return report
-
 
     def history(self, run_id: str, tgt: Target, pl: Plan | None, applied: Applied | None, end: int) -> None:
         """The window's versions of ``tgt`` into its history (pg2delta.apply.history), past the history's end.
@@ -485,26 +502,24 @@ class TableApplier:
         ``window.memory_budget`` has its versions computed by the engine from staged files."""
         schema, name = tgt.schema, tgt.table
         applied_lsn = applied.end_lsn if applied else 0
-        if not self.side.history.enabled(schema, name) or applied_lsn >= end or (applied is None and self.bootstrapped):
+        if not self.histories.enabled(schema, name) or applied_lsn >= end or (applied is None and self.bootstrapped):
             return
-        uri = self.side.history.uri(schema, name)
-        high = self.side.history.high(self.side.engine, uri)
+        uri = self.histories.uri(schema, name)
+        high = self.histories.high(self.to.engine, uri)
         since = applied_lsn if high is None else max(applied_lsn, high + 1)
         truncates = [t for tw in tgt.parts for t in tw.truncates if t.commit_lsn >= since]
         key_names = list(pl.key) if pl is not None else []
         columns = [(n, t) for n, t in pl.columns if n not in META_NAMES] if pl is not None else []
-        nullable_keys = bool(self.side.config.table(schema, name).key) or any(
-            bool(self.side.config.table(*tw.latest.qualified_name).key) for tw in tgt.parts
-        )
+        nullable_keys = self._nullable_keys(tgt)
         fresh = high is None or high < applied_lsn  # nothing of this window in the history yet
         fill = pa.table({c: pa.repeat(v, 1) for c, v in pl.fills}) if pl is not None and pl.fill_table and pl.fills else None
         fill = fill if fresh else None
-        table_uri = self.side.lake.table_uri(schema, name)
+        table_uri = self.to.lake.table_uri(schema, name)
         lookup_version = applied.delta_version if applied else None
         if pl is not None and any(b.spilled for tw in tgt.parts for b in tw.batches):
             staging = f"{run_id}/{schema}.{name}.history.{uuid.uuid4().hex[:8]}"
             try:
-                staged, kept = stage_changes(self.side.lake, tgt, pl, applied_lsn, staging, whole=True)
+                staged, kept = stage_changes(self.to.lake, tgt, pl, applied_lsn, staging, whole=True)
                 if staged.rows and staged.uri is not None:
                     window = StagedWindow(
                         staged.uri, staged.rows, since,
@@ -512,12 +527,12 @@ class TableApplier:
                         staged.toast_columns, table_uri,
                         lookup_version, frozenset(kept),
                     )
-                    self.side.history.write_staged(
-                        self.side.engine, uri, run_id, window, key_names, columns, nullable_keys=nullable_keys, fill=fill
+                    self.histories.write_staged(
+                        self.to.engine, uri, run_id, window, key_names, columns, nullable_keys=nullable_keys, fill=fill
                     )
                     return
             finally:
-                self.side.lake.unstage_dir(staging)
+                self.to.lake.unstage_dir(staging)
             changes: pa.Table | None = None
         else:
             changes, kept = conform(live(tgt, applied_lsn), pl) if pl is not None else (None, set())
@@ -527,12 +542,12 @@ class TableApplier:
             ))
             if changes.num_rows and key_names:
                 changes = fill_lookups(
-                    self.side.engine, table_uri, fill_toast_in_order(changes, key_names), key_names, lookup_version,
+                    self.to.engine, table_uri, fill_toast_in_order(changes, key_names), key_names, lookup_version,
                     nullable_keys=nullable_keys, optional=kept,
                 )
             changes = filtered(changes, pc.greater_equal(changes.column(LSN_COL), since))
         versions = window_versions(changes, truncates, key_names, [n for n, _ in columns])
-        self.side.history.write(self.side.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill)
+        self.histories.write(self.to.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill)
 
 
 __all__ = ["TableApplier", "TableReport", "apply_tables", "fill_lookups", "map_tables", "merge_changes"]
