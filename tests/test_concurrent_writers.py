@@ -13,8 +13,9 @@ Delta raises ``ConcurrentAppendException`` for both (delta-rs's commits are not 
 On Apache Spark also Apache Spark's own ``OPTIMIZE`` as the second writer: made beforehand on a
 copy of the table as the run will read it (an ``OPTIMIZE`` takes Spark seconds, a run's commit
 comes a moment after its files), its commit and files landed in the table during the run as Delta
-commits (the commit's file created only if absent). Delta's ``MERGE`` raises
-``ConcurrentDeleteReadException`` on it; the run retries.
+commits (the commit's file created only if absent). Delta's ``MERGE`` fails on it (which of
+Delta's conflict exceptions is not recorded here: the retry's line names the commit, not the
+exception); the run retries.
 """
 
 from __future__ import annotations
