@@ -4,7 +4,8 @@ the Host header the client sent, which is passed on as it is) or answers some of
 throttling or failing S3 would: ``503 SlowDown``, ``500 InternalError``.
 
 ``policy(method, path, n)`` decides for the n-th request (from 1): ``None`` passes it through, a
-status code is answered with S3's error body for it. A negative one, ``-500``, is the ambiguous
+status code is answered with S3's error body for it, ``0`` cuts the connection without an answer
+(the request never reaches the store), as a load balancer's reset or a network blip does. A negative one, ``-500``, is the ambiguous
 answer: the request goes through to the store (a PUT lands) and the client gets the error instead
 of the store's answer, as when a load balancer or the network loses the reply.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +39,9 @@ class FaultProxy:
 
     target: S3Server
     policy: Policy = passthrough
+    # The policy sees only requests whose User-Agent holds this ("": every request): "aws-sdk-java"
+    # is Hadoop's s3a in Apache Spark's JVM, not the driver's Python clients (pyarrow, delta-rs).
+    agent: str = ""
     requests: int = 0
     faults: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -63,10 +68,15 @@ class FaultProxy:
                 with proxy._lock:
                     proxy.requests += 1
                     n = proxy.requests
-                status = proxy.policy(self.command, self.path, n)
+                mine = proxy.agent in (self.headers.get("User-Agent") or "")
+                status = proxy.policy(self.command, self.path, n) if mine else None
                 if status is not None:
                     with proxy._lock:
                         proxy.faults += 1
+                    if status == 0:
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
                     if status > 0:
                         self._error(status, n)
                         return

@@ -10,9 +10,14 @@ no Python on the executors). Where the test may create a mount namespace (root),
 executors run with the driver's folders (its config, working and temporary directories) covered by
 empty ones, so nothing they read can come from the driver's disk.
 
-A bootstrap, a run SIGKILLed between its tables' commits (the slot unmoved), the run again and
-``verify``; the lake read back by delta-rs with the store's options equals PostgreSQL, and every
-application ran its tasks on the worker's executor with the jars it fetched from the driver. This
+A bootstrap, a run SIGKILLed between its tables' commits (the slot unmoved), a run against a store
+that answers every write of s3a's ``500`` (exit 75 within pg2delta's bounded s3a retries,
+pg2delta.lake.engine_session.S3A_RETRIES, one line, the slot unmoved), the run again through a store
+that throttles (``503 SlowDown``) and cuts connections now and then (0), and ``verify``; the store
+behind tests/s3fault.py's proxy, whose faults hit only s3a's requests (the driver's and the
+executor's JVMs; the driver's pyarrow and delta-rs are tests/test_object_store_faults.py's). The
+lake read back by delta-rs with the store's options equals PostgreSQL, and every application ran
+its tasks on the worker's executor with the jars it fetched from the driver. This
 is also the Apache Spark tier's ``s3a://`` test: the driver commits the Delta logs there and the
 executor writes and reads the data files, with the store's settings pg2delta gives s3a
 (pg2delta.config.s3a_settings) and the credentials only from the environment (the same commands once more
@@ -25,14 +30,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from engines import TEST_ENGINE, spark_properties, spark_submit_flags
 from pg2delta.faults import FAULT_ENV
+from s3fault import FaultProxy
 from s3server import S3Server
 from spark_cluster import SparkCluster, spark_home
 from test_object_store import assert_s3_lake_matches
@@ -94,6 +101,28 @@ def _ok(done: subprocess.CompletedProcess[str], what: str) -> None:
     assert done.returncode == 0, f"{what}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
+def _store_fails_then_throttles(
+    cluster: SparkCluster, driver_dir: Path, config: Path, proxy: FaultProxy, through: dict[str, str], slot_unmoved: Callable[[], bool]
+) -> None:
+    """A run against a store refusing every write of s3a's: 75 within bounded retries, one line, the
+    slot unmoved; then the run again through a store throttling and cutting s3a's requests: 0."""
+    proxy.policy = lambda method, path, n: 500 if method in ("PUT", "POST", "DELETE") else None
+    started = time.monotonic()
+    failed = _submit(cluster, driver_dir, "pg2delta_run.py", "--config", str(config), env=through)
+    took = time.monotonic() - started
+    output = failed.stdout + failed.stderr
+    lines = [line for line in output.splitlines() if line.startswith("pg2delta:")]
+    assert failed.returncode == 75 and len(lines) == 1 and "object store" in lines[0], (failed.returncode, took, output[-3000:])
+    assert took < 300, f"a failing store held the run {took:.0f} s: s3a's retries are not bounded"
+    assert slot_unmoved(), "the slot moved past a window the store refused"
+    # one s3a request in 6 throttled, one in 7 of the others' connections cut
+    proxy.policy = lambda method, path, n: 503 if n % 6 == 0 else 0 if n % 7 == 0 else None
+    faults = proxy.faults
+    _ok(_submit(cluster, driver_dir, "pg2delta_run.py", "--config", str(config), env=through), "the run again, the store throttling")
+    assert proxy.faults > faults, "s3a never met a throttled or cut request: the test proved nothing"
+    proxy.policy = lambda method, path, n: None
+
+
 def test_bootstrap_killed_run_and_rerun_on_a_standalone_cluster(
     pgdb: str, s3_server: S3Server, s3_lake: str, cluster: SparkCluster, driver_dir: Path
 ) -> None:
@@ -106,16 +135,21 @@ def test_bootstrap_killed_run_and_rerun_on_a_standalone_cluster(
         f'[source]\ndsn = "{pgdb}"\nslot = "{slot}"\npublication = "{pub}"\n'
         f'[lake]\nroot = "{root}"\n[engine]\nkind = "spark"\n'
     )
-    with Workload(pgdb, 91) as wl:
-        wl.phase(40, truncate=False)
-        _ok(_submit(cluster, driver_dir, "pg2delta_bootstrap.py", "--config", str(config)), "bootstrap on the cluster")
-        wl.phase(40)
-        before = confirmed_lsn(pgdb, slot)
-        killed = _submit(cluster, driver_dir, "pg2delta_run.py", "--config", str(config), env={FAULT_ENV: "between_tables"})
-        assert killed.returncode != 0 and "fault injection: killing the process at between_tables" in killed.stdout + killed.stderr, (
-            killed.stdout[-2000:] + killed.stderr[-2000:])
-        assert confirmed_lsn(pgdb, slot) == before, "the slot moved past a killed run"
-        _ok(_submit(cluster, driver_dir, "pg2delta_run.py", "--config", str(config)), "the run again on the cluster")
+    proxy = FaultProxy(s3_server, agent="aws-sdk-java").start()
+    through = {"AWS_ENDPOINT_URL": proxy.endpoint}
+    try:
+        with Workload(pgdb, 91) as wl:
+            wl.phase(40, truncate=False)
+            _ok(_submit(cluster, driver_dir, "pg2delta_bootstrap.py", "--config", str(config), env=through), "bootstrap on the cluster")
+            wl.phase(40)
+            before = confirmed_lsn(pgdb, slot)
+            killed = _submit(cluster, driver_dir, "pg2delta_run.py", "--config", str(config), env={FAULT_ENV: "between_tables", **through})
+            assert killed.returncode != 0 and "fault injection: killing the process at between_tables" in killed.stdout + killed.stderr, (
+                killed.stdout[-2000:] + killed.stderr[-2000:])
+            assert confirmed_lsn(pgdb, slot) == before, "the slot moved past a killed run"
+            _store_fails_then_throttles(cluster, driver_dir, config, proxy, through, lambda: confirmed_lsn(pgdb, slot) == before)
+    finally:
+        proxy.stop()
     verified = _submit(cluster, driver_dir, "pg2delta_verify.py", "--config", str(config), "--json")
     _ok(verified, "verify on the cluster")
     # Spark's Python runner merges the driver's log into stdout (docs/engines/spark-submit.md): the report is the JSON object in it
@@ -125,11 +159,11 @@ def test_bootstrap_killed_run_and_rerun_on_a_standalone_cluster(
     assert report["equal"] is True and report["tables"] and set(report["tables"]) <= {t.qualified for t in TABLES}, report
     assert_s3_lake_matches(pgdb, s3_server, s3_lake, "standalone cluster: bootstrap, a run killed, the run again")
 
-    # every application (bootstrap, killed run, run, verify) ran tasks on the worker's executor,
+    # every application (bootstrap, killed run, failed run, run, verify) ran tasks on the worker's executor,
     # with Delta's and hadoop-aws's jars fetched from the driver (spark.jars), not from a shared disk
     executors = cluster.executor_logs()
     apps = {name.split("/")[0] for name in executors}
-    assert len(apps) == 4, sorted(executors)
+    assert len(apps) == 5, sorted(executors)
     for app in apps:
         text = "".join(log for name, log in executors.items() if name.startswith(app + "/"))
         assert "Running task" in text, f"{app}: no task ran on the executor\n{text[-2000:]}"

@@ -56,6 +56,34 @@ _CLASSIC_SQL_CONF = {
 }
 
 
+# Hadoop s3a's retries against a throttling or failing object store (S3 503 SlowDown, 500, a cut or
+# hung connection), bounded so that a store that keeps failing ends the run in a couple of minutes
+# (exit 75) instead of hours: hadoop-aws 3.3's defaults nest 21 AWS SDK attempts (fs.s3a.attempts.maximum,
+# its own backoff up to 20 s each) inside 21 s3a attempts for a throttled request whose backoff
+# doubles without a cap from 100 ms (fs.s3a.retry.throttle.*), and wait 200 s for a silent socket.
+# Measured against a proxy answering 503 (docs/operations/faults.md). Milliseconds without a suffix:
+# what the AWS SDK v1 builds (Hadoop 3.3) read too. Set only where nothing else did: core-site.xml,
+# spark.hadoop.* (spark-defaults.conf, --conf, [engine.spark_conf]) and per-bucket settings win.
+S3A_RETRIES = {
+    "fs.s3a.attempts.maximum": "3",
+    "fs.s3a.retry.throttle.limit": "6",
+    "fs.s3a.retry.throttle.interval": "500",
+    "fs.s3a.retry.limit": "4",
+    "fs.s3a.retry.interval": "500",
+    "fs.s3a.connection.timeout": "60000",
+}
+
+
+def _s3a_retries(spark: Any) -> None:
+    """:data:`S3A_RETRIES` into the session's Hadoop configuration, each where only Hadoop's own
+    default (core-default.xml) names it; before the first ``s3a://`` access creates its file system."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in S3A_RETRIES.items():
+        sources = hadoop.getPropertySources(key)
+        if sources is None or all(str(source) == "core-default.xml" for source in sources):
+            hadoop.set(key, value, "pg2delta")
+
+
 # Delta's idempotent-write identifiers as session settings: a MERGE, DELETE or append made with
 # them is skipped by Delta itself when the table already recorded a transaction of that app id
 # with a version at least as high (delta-io/delta#1555, Delta 2.3 and later).
@@ -210,6 +238,7 @@ def _open_classic(config: EngineConfig) -> OpenedSession:
         except ImportError:
             pass
     spark = builder.getOrCreate()
+    _s3a_retries(spark)
     session_conf = {k: v for k, v in _CLASSIC_SQL_CONF.items() if k not in conf}
     for key, value in session_conf.items():
         spark.conf.set(key, value)
