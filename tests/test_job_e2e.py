@@ -356,15 +356,19 @@ def test_float_keys_with_nan(pgdb: str, tmp_path: Path, spill: bool) -> None:
 
     run_it()
     # Each change of a NaN-keyed row in a window of its own for its table, so each one meets the
-    # lake's row (changes of different tables share a window).
+    # lake's row (changes of different tables, or of other keys, share a window: -0's update and
+    # Infinity's delete each meet their own row in one MERGE).
     windows = [
         [
             "UPDATE fv SET v = 'b2' WHERE id = 2",  # rewrites the file holding the NaNs of rows 1 and 3
             "UPDATE fk SET v = 'nan2' WHERE k = 'NaN'",  # big unchanged: read from the lake's NaN row
             "UPDATE fk2 SET v = 'b2' WHERE a = 2 AND f = 'NaN'",
         ],
-        ["UPDATE fk SET v = 'zero2' WHERE k = 0", "DELETE FROM fk2 WHERE a = 1 AND f = 'NaN'"],
-        ["DELETE FROM fk WHERE k = 'Infinity'"],
+        [
+            "UPDATE fk SET v = 'zero2' WHERE k = 0",
+            "DELETE FROM fk2 WHERE a = 1 AND f = 'NaN'",
+            "DELETE FROM fk WHERE k = 'Infinity'",
+        ],
         ["UPDATE fk SET k = 'Infinity' WHERE k = 'NaN'"],  # a key change away from NaN
         ["UPDATE fk SET k = 'NaN' WHERE k = 1.5"],  # and onto NaN
     ]
