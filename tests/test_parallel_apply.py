@@ -21,7 +21,7 @@ from psycopg import sql
 
 from engines import TEST_ENGINE
 from lake_read import read_delta
-from pg2delta.apply.table import TableReport
+from pg2delta.apply.table import TableReport, apply_tables
 from pg2delta.config import Config, WindowConfig, load
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import Job, run
@@ -133,6 +133,6 @@ def test_first_failure_stops_tables_not_started(tmp_path: Path) -> None:
         return TableReport("s", name, name)
 
     with pytest.raises(ValueError, match="b failed"):
-        job._apply_tables(list("abcdefgh"), apply)  # type: ignore[arg-type]
+        apply_tables(job.config.window.parallel_tables, list("abcdefgh"), apply)  # type: ignore[arg-type]
     assert "b" in started and len(started) < 8
-    assert [r.table for r in job._apply_tables(list("acd"), apply)] == ["a", "c", "d"]  # type: ignore[arg-type]
+    assert [r.table for r in apply_tables(job.config.window.parallel_tables, list("acd"), apply)] == ["a", "c", "d"]  # type: ignore[arg-type]

@@ -8,9 +8,10 @@ One run:
    copies again) tables the lake cannot follow by changes alone (pg2delta.apply.targets);
 4. repeats, until the bound is reached, the stages of one window: **read and decode** it
    (pg2delta.window.read), map its relations to Delta tables (pg2delta.apply.targets) and **decide** each
-   table's shape (pg2delta.apply.tableplan) before anything is written; write the changelog and the
-   histories; **reduce, stage and apply** every table (pg2delta.apply.stage, pg2delta.apply.table: one data
-   commit per table and window); then **log** the window in the applied log
+   table's shape (pg2delta.apply.tableplan) before anything is written; **commit** it
+   (pg2delta.apply.commits): the changelog, the histories, then every table reduced, staged and
+   merged (pg2delta.apply.stage, pg2delta.apply.table: one data commit per table and window); then
+   **log** the window in the applied log
    (pg2delta.lake.applied_log) and, only then, **advance** the slot to the window's end
    (:meth:`Job._log_and_advance`, the one place that moves the slot).
 
@@ -31,9 +32,10 @@ from typing import Any
 
 import pg2delta.copy.copier as copying
 from pg2delta.apply.changelog import ChangelogWriter
+from pg2delta.apply.commits import WindowCommits
 from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.schema import Plan
-from pg2delta.apply.table import TableApplier, TableReport, apply_tables, map_tables
+from pg2delta.apply.table import TableApplier, TableReport, map_tables
 from pg2delta.apply.tableplan import TablePlanner
 from pg2delta.apply.targets import (
     PublicationState,
@@ -50,7 +52,6 @@ from pg2delta.failover import run_bounds
 from pg2delta.faults import fault_point
 from pg2delta.lake import applied_log
 from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, log_rows, window_rows
-from pg2delta.lake.column_records import write_record
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.foreign import (
     Damaged,
@@ -115,7 +116,7 @@ class _Run:
     applied: dict[int, Applied]  # updated window by window, as the applied log would read back
     publication: PublicationState
     planner: TablePlanner
-    applier: TableApplier
+    commits: WindowCommits
     catalog: PgTypeCatalog
     keys: KeyResolver
     progress: Progress
@@ -136,8 +137,8 @@ class _Run:
 
 
 class Job(Lakeside):
-    """The run (:meth:`run`): composes the stages of pg2delta.window.read, .targets, .tableplan, .stage,
-    .apply and .applied_log window by window, and moves the slot (:meth:`_log_and_advance`)."""
+    """The run (:meth:`run`): wires the stages of pg2delta.window.read, .apply.targets, .apply.tableplan,
+    .apply.commits and .lake.applied_log window by window, and moves the slot (:meth:`_log_and_advance`)."""
 
     def __init__(self, config: Config, *, engine_factory: Callable[[Lake], Engine] | None = None) -> None:
         super().__init__(config, engine_factory=engine_factory)
@@ -180,8 +181,9 @@ class Job(Lakeside):
                 applier = TableApplier(
                     cfg, self.writer, self.history, app_id, bootstrapped=bootstrapped, rewritten=self._rewritten,
                 )
+                commits = WindowCommits(self.writer, self.changelog, applier, planner.forms, cfg.window.parallel_tables)
                 run = _Run(
-                    src, uuid.uuid4().hex, applied, publication, planner, applier,
+                    src, uuid.uuid4().hex, applied, publication, planner, commits,
                     catalog, key_resolver(cfg, catalog_conn), run_progress(start, upper), start,
                     recorded_filenodes(publication, applied),
                 )
@@ -280,8 +282,9 @@ class Job(Lakeside):
         run.filenodes.update(now)
 
     def _apply_window(self, run: _Run, rd: ReadWindow, t0: float) -> WindowReport:
-        """Decide every table's shape, write the changelog and histories, MERGE every table, then
-        log the window and advance the slot."""
+        """The stages after the read, in one direction: the window's Delta tables (targets), each
+        one's shape (plan), the check for another writer's commits, every commit of the window
+        (pg2delta.apply.commits), the check of what landed under them, then the log and the advance."""
         start, end = rd.start, rd.end
         window = WindowReport(start, end, rd.read.rows, rd.read.bytes, rd.transactions, spilled_rows=rd.spilled_rows)
         fault_point("after_read")
@@ -290,31 +293,16 @@ class Job(Lakeside):
             self.start_engine_early(work_known=True)
         plans = self._plan_window(run, ordered, start, end)
         _refuse_foreign(self, run, ordered)
-        for (schema, table), record in run.planner.forms.take_due():  # tables the window creates
-            write_record(self.lake, schema, table, record)
-        # The changelog next: a crash before the tables' MERGEs replays the window, and the
-        # changelog takes only rows past its end (changelog.py).
-        relations = sorted(rd.tables.values(), key=lambda t: t.latest.qualified_name)
-        with_log = [(tw.latest, tw.batches, tw.truncates) for tw in relations if self.changelog.enabled(tw.latest)]
-        changelog_log = self.changelog.append(self.engine, run.run_id, start, end, with_log) if with_log else []  # no engine else
-        fault_point("after_changelog")
-        # The history next, before the tables' MERGEs: a replay takes only changes past its end (history.py).
-        kept = [t for t in ordered if self.history.enabled(t.schema, t.table)]
-        workers = self.config.window.parallel_tables
-        map_tables(workers, kept, lambda t: run.applier.history(run.run_id, t, plans[(t.schema, t.table)], run.applied.get(t.owner), end))
-        fault_point("after_history")
-        window.tables.extend(self._apply_tables(
-            ordered, lambda tgt: run.applier.apply(run.run_id, tgt, plans[(tgt.schema, tgt.table)], run.applied.get(tgt.owner), end),
-        ))
-        fault_point("after_commits")
+        committed = run.commits.commit(run.run_id, rd.tables, ordered, plans, run.applied, start, end)
+        window.tables.extend(committed.tables)
         _refuse_landed(self, run, window.tables)
         logged = [
             _logged(run, tgt, rep, plans[(tgt.schema, tgt.table)])
             for tgt, rep in zip(ordered, window.tables, strict=True)
             if not rep.skipped
         ]
-        logged += self._rewritten_roots(run, {t.oid for t in logged}, end)
-        self._log_and_advance(run, window, changelog_log, logged)
+        logged += _rewritten_roots(run, {t.oid for t in logged}, end)
+        self._log_and_advance(run, window, committed.changelog_log, logged)
         window.seconds = time.monotonic() - t0
         log.info(
             "window %s..%s: %d rows, %d transactions, %d tables, %.2f s",
@@ -341,26 +329,6 @@ class Job(Lakeside):
         for t in logged:
             run.applied[t.oid] = after_window(run.applied.get(t.oid), end, t)
 
-    @staticmethod
-    def _rewritten_roots(run: _Run, logged: set[int], end: int) -> list[LoggedTable]:
-        """Applied-log entries, without changes, of the roots whose leaves were rewritten without a
-        TRUNCATE (:meth:`_truncated_partitions`) and that this window did not change: they record
-        the relfilenodes read after its peek, which the next run compares with. The root stands
-        at the window's end (it has nothing in the window) with its Delta version, key, membership,
-        partitions and attnums as before."""
-        out = []
-        for root in sorted(run.rewritten - logged):
-            a = run.applied.get(root)
-            if a is None or not a.table or a.end_lsn >= end:  # a copy past this window logged it already
-                continue
-            out.append(LoggedTable(
-                root, a.schema, a.table, a.delta_version, 0, 0, 0, False, None, a.key,
-                run.publication.memberships.get(root), run.publication.leaves.get(root),
-                json.dumps(a.attnums) if a.attnums else None, filenodes_json(run.filenodes.get(root)),
-            ))
-        run.rewritten.clear()
-        return out
-
     def _plan_window(self, run: _Run, ordered: Sequence[Target], start: int, end: int) -> dict[tuple[str, str], Plan | None]:
         """Every table's shape, checked against its Delta table before anything is written, so a
         change the lake cannot follow stops the run with nothing of the window applied (reading
@@ -374,10 +342,6 @@ class Job(Lakeside):
             if isinstance(p, SchemaError):  # on_unfollowable = "resync": nothing written yet
                 self._resync_in_run(run, tgt, p)
         return {(t.schema, t.table): (None if isinstance(p, SchemaError) else p) for t, p in zip(ordered, planned, strict=True)}
-
-    def _apply_tables(self, targets: Sequence[Target], apply: Callable[[Target], TableReport]) -> list[TableReport]:
-        """:func:`pg2delta.apply.table.apply_tables` with ``window.parallel_tables`` workers."""
-        return apply_tables(self.config.window.parallel_tables, targets, apply)
 
     def _resync_in_run(self, run: _Run, tgt: Target, refusal: SchemaError) -> None:
         """Copy ``tgt`` again at a new snapshot (``pg2delta resync``) instead of stopping on ``refusal``.
@@ -398,6 +362,26 @@ class Job(Lakeside):
         run.planner.forms.reset()  # the copy recorded its columns' form
         if tgt.owner in run.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
             run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
+
+
+def _rewritten_roots(run: _Run, logged: set[int], end: int) -> list[LoggedTable]:
+    """Applied-log entries, without changes, of the roots whose leaves were rewritten without a
+    TRUNCATE (:meth:`Job._truncated_partitions`) and that this window did not change: they record
+    the relfilenodes read after its peek, which the next run compares with. The root stands
+    at the window's end (it has nothing in the window) with its Delta version, key, membership,
+    partitions and attnums as before."""
+    out = []
+    for root in sorted(run.rewritten - logged):
+        a = run.applied.get(root)
+        if a is None or not a.table or a.end_lsn >= end:  # a copy past this window logged it already
+            continue
+        out.append(LoggedTable(
+            root, a.schema, a.table, a.delta_version, 0, 0, 0, False, None, a.key,
+            run.publication.memberships.get(root), run.publication.leaves.get(root),
+            json.dumps(a.attnums) if a.attnums else None, filenodes_json(run.filenodes.get(root)),
+        ))
+    run.rewritten.clear()
+    return out
 
 
 def _logged(run: _Run, tgt: Target, rep: TableReport, pl: Plan | None) -> LoggedTable:
