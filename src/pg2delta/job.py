@@ -35,7 +35,7 @@ from pg2delta.apply.changelog import ChangelogWriter
 from pg2delta.apply.commits import WindowCommits
 from pg2delta.apply.lakeside import Lakeside
 from pg2delta.apply.schema import Plan
-from pg2delta.apply.table import TableApplier, TableReport, map_tables
+from pg2delta.apply.table import TableApplier, TableReport
 from pg2delta.apply.tableplan import TablePlanner
 from pg2delta.apply.targets import (
     PublicationState,
@@ -291,7 +291,9 @@ class Job(Lakeside):
         ordered = sorted(run.planner.targets.group(rd.tables, run.applied), key=lambda t: (t.schema, t.table))
         if ordered:  # Apache Spark's session starts while the window is planned, reduced and staged
             self.start_engine_early(work_known=True)
-        plans = self._plan_window(run, ordered, start, end)
+        plans, refused = run.planner.plan_window(ordered, run.applied, start, end, workers=self.config.window.parallel_tables)
+        for tgt, refusal in refused:  # on_unfollowable = "resync": nothing written yet
+            self._resync_in_run(run, tgt, refusal)
         _refuse_foreign(self, run, ordered)
         committed = run.commits.commit(run.run_id, rd.tables, ordered, plans, run.applied, start, end)
         window.tables.extend(committed.tables)
@@ -328,20 +330,6 @@ class Job(Lakeside):
             run.src.advance(end)
         for t in logged:
             run.applied[t.oid] = after_window(run.applied.get(t.oid), end, t)
-
-    def _plan_window(self, run: _Run, ordered: Sequence[Target], start: int, end: int) -> dict[tuple[str, str], Plan | None]:
-        """Every table's shape, checked against its Delta table before anything is written, so a
-        change the lake cannot follow stops the run with nothing of the window applied (reading
-        each Delta table's schema costs a Spark job on a classic engine: concurrently too). A
-        table set to ``on_unfollowable = "resync"`` is copied again instead (and has no plan)."""
-        planned = map_tables(
-            self.config.window.parallel_tables, ordered,
-            lambda t: run.planner.plan_or_refusal(t, run.applied.get(t.owner), start, end),
-        )
-        for tgt, p in zip(ordered, planned, strict=True):
-            if isinstance(p, SchemaError):  # on_unfollowable = "resync": nothing written yet
-                self._resync_in_run(run, tgt, p)
-        return {(t.schema, t.table): (None if isinstance(p, SchemaError) else p) for t, p in zip(ordered, planned, strict=True)}
 
     def _resync_in_run(self, run: _Run, tgt: Target, refusal: SchemaError) -> None:
         """Copy ``tgt`` again at a new snapshot (``pg2delta resync``) instead of stopping on ``refusal``.

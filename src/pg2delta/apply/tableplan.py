@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from pg2delta.apply.added_columns import added_column_values
@@ -23,6 +23,7 @@ from pg2delta.apply.column_forms import ColumnForms
 from pg2delta.apply.renames import column_renames, renamed_types
 from pg2delta.apply.rowmeta import check_row_columns
 from pg2delta.apply.schema import Plan, plan
+from pg2delta.apply.table import map_tables
 from pg2delta.apply.targets import Target, TargetResolver, live
 from pg2delta.config import Config
 from pg2delta.errors import SchemaError
@@ -86,6 +87,18 @@ class TablePlanner:
                 return exc
             raise
 
+    def plan_window(
+        self, targets: Sequence[Target], applied: Mapping[int, Applied], start: int, end: int, *, workers: int
+    ) -> tuple[dict[tuple[str, str], Plan | None], list[tuple[Target, SchemaError]]]:
+        """Every table's shape for the window [``start``, ``end``), checked against its Delta table
+        before anything is written, so a change the lake cannot follow stops the run with nothing of
+        the window applied (reading each Delta table's schema costs a Spark job on a classic engine:
+        up to ``workers`` at once). Returns the plans and, in ``targets``' order, the refusals of the
+        tables set to ``on_unfollowable = "resync"`` (no plan: the run copies them again)."""
+        planned = map_tables(workers, targets, lambda t: self.plan_or_refusal(t, applied.get(t.owner), start, end))
+        pairs = list(zip(targets, planned, strict=True))
+        plans = {(t.schema, t.table): (None if isinstance(p, SchemaError) else p) for t, p in pairs}
+        return plans, [(t, p) for t, p in pairs if isinstance(p, SchemaError)]
 
     def _check_partition_truncates(self, tgt: Target, applied_lsn: int) -> None:
         """A TRUNCATE of some partitions of a root that maps them into one Delta table is refused:
