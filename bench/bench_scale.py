@@ -13,7 +13,8 @@ archive that set-up trained, the client compiler, the settings as ``--properties
 2. a window of 1,000 updates to keys of the newest 1 %: ``rewritten_fraction_recent_<engine>=``
    for the largest table;
 3. the window of 1,000 scattered updates, 100 inserts and 100 deletes:
-   ``run_seconds_<engine>_<rows>=``, and for the largest table ``rewritten_fraction_<engine>=``.
+   ``run_seconds_<engine>_<rows>=``, and for the largest table ``rewritten_fraction_<engine>=``;
+4. for the largest table, a window of 1,200 inserts alone: ``inserts_run_seconds_<engine>_<rows>=``.
 
 A rewritten fraction is the bytes of the data files the run's commit removed and did not add
 again unchanged (a file that only got a deletion vector keeps its path), over the table's bytes
@@ -140,6 +141,15 @@ def change(dsn: str, rows: int, tag: str, *, recent: bool, seed: int) -> None:
         conn.commit()
 
 
+def insert_only(dsn: str, rows: int, count: int = 1200) -> None:
+    """One transaction of ``count`` inserts past the largest key: a window of inserts alone."""
+    with psycopg.connect(dsn) as conn:
+        top = conn.execute(f"SELECT max(id) FROM scale_{rows}").fetchone()[0]  # type: ignore[index]
+        conn.execute(f"INSERT INTO scale_{rows} SELECT g, 0, 'ins', 0, now() FROM generate_series(%s::bigint, %s::bigint) g",
+                     (top + 1, top + count))
+        conn.commit()
+
+
 def files(lake: Path, rows: int) -> dict[str, int]:
     """The table's data files (path -> bytes) as the Delta log lists them."""
     adds = pa.table(DeltaTable(str(lake / "public" / f"scale_{rows}")).get_add_actions(flatten=True))
@@ -259,6 +269,14 @@ def measure_size(runner: Runner, engines: list[str], rows: int, out: dict[str, f
                 out[f"run_seconds_{engine}_{rows}"] = seconds
             if largest:
                 out[f"rewritten_fraction_{'recent_' if recent else ''}{engine}"] = fraction
+    if largest:  # a window of 1,200 inserts alone: an append where the engine can replay one safely
+        insert_only(runner.dsn, rows)
+        for engine in engines:
+            seconds = runner.command(engine, "run", rows)
+            print(f"{rows:,} rows, {engine}: inserts-only window {seconds:.1f} s", flush=True)
+            if not matches(runner.dsn, runner.lake(engine, rows), rows):
+                return False
+            out[f"inserts_run_seconds_{engine}_{rows}"] = seconds
     return True
 
 

@@ -2,7 +2,8 @@
 
 * A run whose window holds no published change (only WAL of other tables) reads the slot, moves
   it, and never starts an engine: on Apache Spark no SparkSession, through ``spark-submit`` too.
-* A new table's first window creates it with its append: one commit, version 0.
+* A new table's first window creates it with its append: one commit, version 0; on Apache Spark a
+  later window of inserts alone is an append too.
 
 Every lake is read back with delta-rs and compared with PostgreSQL.
 """
@@ -85,7 +86,12 @@ def test_idle_window_starts_no_engine(pgdb: str, tmp_path: Path) -> None:
     assert _lake_rows(lake) == _rows(pgdb)
 
 
-def test_first_window_creates_the_table_in_one_append(pgdb: str, tmp_path: Path) -> None:
+@pytest.mark.classic
+def test_first_window_and_inserts_alone_are_appends(pgdb: str, tmp_path: Path) -> None:
+    """A new table's first window creates it with its append; on Apache Spark a later window of
+    inserts alone is an append too (no file removed). Its replay after a kill (a MERGE: the table
+    is past the version the applied log recorded) is test_job_faults': its keyless table gets
+    inserts alone."""
     slot, pub = published_table(pgdb, ITEMS, "items")
     _insert(pgdb, 1, 100)
     lake = tmp_path / "lake"
@@ -96,6 +102,14 @@ def test_first_window_creates_the_table_in_one_append(pgdb: str, tmp_path: Path)
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("UPDATE items SET qty = qty + 1 WHERE id % 10 = 0")
     run(cfg)
+    assert _lake_rows(lake) == _rows(pgdb)
+    before = _last_commit(lake)[0]
+    _insert(pgdb, 101, 150)
+    run(cfg)
+    version, added, removed = _last_commit(lake)
+    assert version == before + 1 and added >= 1
+    if TEST_ENGINE == "spark":
+        assert removed == 0, "a window of inserts alone into the table was not appended"
     assert _lake_rows(lake) == _rows(pgdb)
 
 

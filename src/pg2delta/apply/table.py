@@ -101,11 +101,10 @@ def merge_changes(
     """Reduce ``changes`` (commit order, after the last truncate) and MERGE them into ``report.path``.
 
     ``data_columns`` may name meta columns (left out); ``meta``: the table's row columns (rowmeta).
-    ``report.truncated`` adds the truncate (alone when there are no changes); unchanged TOAST the
-    changes cannot fill is read from the table at ``lookup_version``. ``reshape`` (after those reads, before anything is
-    written) changes the Delta table's shape and returns the columns it then has;
-    ``reshaped`` runs once the table has every column of the MERGE. ``txn``: Delta's
-    idempotent-write id of the commit. Shared by the run and by ``pg2delta backfill``.
+    ``report.truncated`` adds the truncate (alone when there are no changes); unchanged TOAST the changes cannot fill
+    is read from the table at ``lookup_version`` (the applied log's). ``reshape`` (after those reads, before anything
+    is written) changes the Delta table's shape and returns the columns it then has; ``reshaped`` runs once the table
+    has every column of the MERGE. ``txn``: Delta's idempotent-write id. Shared by the run and ``pg2delta backfill``.
     """
     if isinstance(changes, StagedChanges):
         try:
@@ -129,6 +128,7 @@ def merge_changes(
     source = fill_lookups(to.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional)
     report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
     report.rows_merged, key_range = source.num_rows, integer_range(source.column(key_names[0]))
+    appends = _appends(to, report, lookup_version, nullable_keys=nullable_keys, soft=soft, txn=txn)  # before reshape's commits
     existing = reshape() if reshape is not None else None
     source, data_columns = _staged_rows(source, data_columns, key_names, soft=soft)
     staged = to.lake.stage(source, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
@@ -139,7 +139,7 @@ def merge_changes(
     release_memory()
     try:
         _commit_rows(to, report, staged, key_names, data_columns, existing, reshaped, nullable_keys=nullable_keys, txn=txn,
-                     key_range=key_range)
+                     key_range=key_range, appends=appends)
     finally:
         to.lake.unstage(staged)
 
@@ -161,12 +161,13 @@ def truncates_at(truncates: Sequence[TruncateEvent]) -> tuple[tuple[int, int, in
 def _commit_rows(
     to: LakeWriter, report: TableReport, staged: str, key_names: list[str], data_columns: list[str],
     existing: frozenset[str] | None, reshaped: Callable[[], None] | None, *, nullable_keys: bool, txn: Txn | None,
-    key_range: tuple[int, int] | None = None,
+    key_range: tuple[int, int] | None = None, appends: bool = False,
 ) -> None:
     """Commit the staged final rows of :func:`merge_changes`: an append into a new table (which the
-    append creates, in one commit), else a MERGE."""
+    append creates, in one commit) or where ``appends`` (:func:`_appends`), else a MERGE."""
     uri = report.path
-    new = append = to.lake.delta_version(uri) is None
+    new = to.lake.delta_version(uri) is None
+    append = new or appends
     if not new:
         to.engine.ensure_table(uri, staged, data_columns, existing)
     if reshaped is not None:
@@ -177,13 +178,38 @@ def _commit_rows(
             target, view, key_names, data_columns, append, report.truncated, nullable_keys, key_range,
             soft=report.soft(data_columns, key_names),
         ),
-        txn=txn, rows=report.rows_merged,
+        txn=None if appends and not new else txn, rows=report.rows_merged,  # a blind append: no state to read
     )
     report.delta_version = to.lake.delta_version(uri)
     log.info(
         "applied %s.%s (%s): %d inserts, %d updates, %d deletes%s -> delta version %s",
         report.schema, report.table, "appended" if append else "merged", report.inserts, report.updates,
         report.deletes, ", truncated" if report.truncated else "", report.delta_version,
+    )
+
+
+def _appends(
+    to: LakeWriter, report: TableReport, logged_version: int | None, *, nullable_keys: bool, soft: bool, txn: Txn | None
+) -> bool:
+    """Whether a window of inserts alone into the existing table ``report.path`` is committed as a
+    blind append rather than a ``MERGE``: on Apache Spark one Spark job, where the ``MERGE`` costs
+    eight or more (three of them to rebuild the table's state from its log, which a blind append
+    without Delta's idempotent-write id does not read).
+
+    Only where nothing can match: every change an insert under a key PostgreSQL keeps unique and
+    not null (a primary key or replica identity index; a keyless table's commit position), no
+    truncate, no soft deletes (a key inserted again is a marked row of the table); and only where a
+    replay cannot land the rows twice: the table is at the version the applied log recorded for it
+    (``logged_version``), so it holds none of the window's rows. Any commit since (a crashed run's,
+    this run's schema changes, a compaction) makes it a ``MERGE``, which replays idempotently. A
+    retry after another writer's commit follows :func:`pg2delta.lake.conflicts.committing` (none
+    after a commit of pg2delta's own landed). Apache Spark only: its commits say they are
+    pg2delta's (pysail's append would read as another writer's, pg2delta.lake.foreign); not without
+    ``txn`` (a backfill, a table whose rows this run set anew), which keep the ``MERGE``."""
+    return (
+        to.engine.classic and txn is not None and not soft and not nullable_keys and not report.truncated
+        and report.inserts > 0 and report.updates == 0 and report.deletes == 0
+        and logged_version is not None and to.lake.delta_version(report.path) == logged_version
     )
 
 
