@@ -89,7 +89,7 @@ def test_idle_window_starts_no_engine(pgdb: str, tmp_path: Path) -> None:
 @pytest.mark.classic
 def test_first_window_and_inserts_alone_are_appends(pgdb: str, tmp_path: Path) -> None:
     """A new table's first window creates it with its append; on Apache Spark a later window of
-    inserts alone is an append too (no file removed). Its replay after a kill (a MERGE: the table
+    inserts alone is an append too (no file removed), spilled or not. Its replay after a kill (a MERGE: the table
     is past the version the applied log recorded) is test_job_faults': its keyless table gets
     inserts alone."""
     slot, pub = published_table(pgdb, ITEMS, "items")
@@ -111,6 +111,11 @@ def test_first_window_and_inserts_alone_are_appends(pgdb: str, tmp_path: Path) -
     if TEST_ENGINE == "spark":
         assert removed == 0, "a window of inserts alone into the table was not appended"
     assert _lake_rows(lake) == _rows(pgdb)
+    if TEST_ENGINE == "spark":  # the same, spilled past the memory budget (staged, the engine's reduce)
+        _insert(pgdb, 151, 200)
+        run(load(None, env={}, dsn=pgdb, slot=slot, publication=pub, lake=str(lake), memory_budget=1, split_rows=7))
+        assert _last_commit(lake)[0::2] == (version + 1, 0), "a spilled window of inserts alone was not appended"
+        assert _lake_rows(lake) == _rows(pgdb)
 
 
 @pytest.mark.classic

@@ -259,9 +259,11 @@ def _merge_staged(
         data_columns = [*data_columns, LSN_COL, POS_COL]
     data_columns = list(dict.fromkeys([*data_columns, *meta]))  # the staged files hold _pg2delta_deleted (stage_changes)
     report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
+    appends = _appends(to, report, lookup_version, nullable_keys=nullable_keys, soft=DELETED_COL in meta, txn=txn)
     existing = reshape() if reshape is not None else None
     distinct = one_change_per_key(staged.ops, unique_key=not nullable_keys)
-    append = to.lake.delta_version(uri) is None
+    new = to.lake.delta_version(uri) is None
+    append = new or appends
     to.engine.ensure_table(uri, staged.uri, data_columns, existing)
     if reshaped is not None:
         reshaped()
@@ -271,7 +273,8 @@ def _merge_staged(
         lambda target, view: _statement(target, view, key_names, data_columns, append, truncate, nullable_keys, soft=soft),
         work=f"{staged.name}-reduce", key_names=key_names, data_columns=data_columns,
         toast_columns=staged.toast_columns, lookup_version=lookup_version, nullable_keys=nullable_keys,
-        optional=optional or (), txn=txn, rows=staged.rows, bucket_files=staged.buckets, distinct_keys=distinct,
+        optional=optional or (), txn=txn if new or not appends else None, rows=staged.rows, bucket_files=staged.buckets,
+        distinct_keys=distinct,
     )
     report.delta_version = to.lake.delta_version(uri)
     log.info(
