@@ -282,9 +282,16 @@ bench-scale: install $(SPARK35_STAMP) postgres
 # (default 300), pg2delta run every few seconds as a new process with faults at random (SIGKILL,
 # SIGTERM, pg_terminate_backend, a PostgreSQL restart, the object store cut or throttled), then
 # runs until caught up and the lake compared with PostgreSQL: soak_lost=, soak_duplicated=, ...
-# SOAK_SEED replays one (its seed is printed first).
-soak: install postgres $(S3PROXY_JAR)
+# SOAK_SEED replays one (its seed is printed first). SOAK_ENGINE=spark: each run on Apache Spark 3.5 +
+# Delta in a JVM of its own (fast start, with hadoop-aws for the store), from the Spark 3.5 venv.
+SOAK_ENGINE ?= embedded
+soak: install postgres $(S3PROXY_JAR) $(if $(filter spark,$(SOAK_ENGINE)),$(SPARK35_STAMP))
+ifeq ($(SOAK_ENGINE),spark)
+	$(WITH_JAVA) $(call FAST_JVM,$(SPARK35_CACHE)) SOAK_ENGINE=spark \
+	  PYSPARK_SUBMIT_ARGS="--properties-file $(CURDIR)/$(SPARK35_CONF)/spark-s3a.conf pyspark-shell" $(SPARK35_PY) bench/soak.py
+else
 	$(WITH_JAVA) $(PY) bench/soak.py
+endif
 
 # The job on Apache Spark + Delta (spark_e2e_vs_server), one window of 50 tables on both engines, and a
 # small run with the lake on the S3-compatible server in local[2] and on a standalone cluster.

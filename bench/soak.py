@@ -117,7 +117,8 @@ class Soak:
         self.config.write_text(
             f'[source]\ndsn = "{self.pg.dsn}"\nslot = "{SLOT}"\npublication = "{PUBLICATION}"\n'
             f'[lake]\nroot = "{self.root}"\n'
-            f"[window]\nmax_changes = {self.args.window_changes}\n"
+            + ('[engine]\nkind = "spark"\n' if self.args.engine == "spark" else "")
+            + f"[window]\nmax_changes = {self.args.window_changes}\n"
             '[maintain]\ninterval = "20s"\ntables_per_run = 2\nrun_budget = "10s"\n' + sections
         )
 
@@ -328,7 +329,9 @@ def _current_lsn(dsn: str) -> int:
 def soak(args: argparse.Namespace, pg: ThrowawayPostgres, store: S3Server | None, work: Path) -> dict[str, Any]:
     """The soak on running servers; returns its figures."""
     proxy = FaultProxy(store).start() if store is not None else None
-    root = f"s3://{BUCKET}/soak-{uuid.uuid4().hex[:8]}" if store is not None else str(work / "lake")
+    # Apache Spark reaches the store through Hadoop's s3a; delta-rs (the oracle) reads the same keys as s3://
+    scheme = "s3a" if args.engine == "spark" else "s3"
+    root = f"{scheme}://{BUCKET}/soak-{uuid.uuid4().hex[:8]}" if store is not None else str(work / "lake")
     kinds = KINDS if store is not None else tuple(k for k in KINDS if not k.startswith("store_"))
     s = Soak(args, pg, store, proxy, work, root, random.Random(args.seed), kinds)
     try:
@@ -348,7 +351,7 @@ def soak(args: argparse.Namespace, pg: ThrowawayPostgres, store: S3Server | None
         stop_lsn = _current_lsn(pg.dsn)
         catchup = _catch_up(s, stop_lsn)
         options = store.storage_options if store is not None else {}
-        result = compare(pg.dsn, root, TABLES, options)
+        result = compare(pg.dsn, root.replace("s3a://", "s3://", 1), TABLES, options)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -394,6 +397,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--scale", type=int, default=1, help="pgbench's scale (100,000 accounts each)")
     ap.add_argument("--window-changes", type=int, default=2000, help="[window] max_changes")
     ap.add_argument("--run-timeout", type=float, default=900.0, help="a run still going after this is killed and counted unexpected")
+    ap.add_argument("--engine", choices=("embedded", "spark"), default=env("SOAK_ENGINE", "embedded"),
+                    help="the runs' engine (SOAK_ENGINE): spark is Apache Spark + delta-spark in each run's own JVM "
+                         "(a Python with pyspark and delta-spark; make soak SOAK_ENGINE=spark)")
     ap.add_argument("--local", action="store_true", help="the lake in a local folder: no object store, no store faults")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (the runs' logs) even when the soak passed")
     return ap
@@ -417,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             store.stop()
         pg.stop()
     size = {"soak_transactions": args.transactions} if args.transactions else {"soak_seconds": args.seconds}
-    figures = {**size, "soak_pg": args.pg, "soak_store": "local" if args.local else "s3", **figures}
+    figures = {**size, "soak_pg": args.pg, "soak_engine": args.engine, "soak_store": "local" if args.local else "s3", **figures}
     for name, value in figures.items():
         print(f"{name}={value}", flush=True)
     failed = any(figures[k] for k in ("soak_lost", "soak_duplicated", "soak_different", "soak_changelog_duplicated", "soak_unexpected_exits"))
