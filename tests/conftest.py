@@ -42,25 +42,19 @@ def newest_server_only(pg_server: ThrowawayPostgres, why: str) -> None:
         pytest.skip(f"{why}: run against the newest server only")
 
 
-# The slowest tests go to the test workers first, the slowest of them first, so that two workers
-# (pytest-xdist) end together rather than one finishing a long test alone at the end; measured with
-# --durations (a quiet CI run's figures; the Apache Spark tier's where it runs there).
+# The slowest tests go to the test workers first, so that two workers (pytest-xdist) end together
+# rather than one finishing a long test alone at the end; measured with --durations.
 SLOW_FIRST = (
-    "tests/test_spark_submit.py",  # 157 s, Apache Spark
-    "tests/test_airflow.py",  # 151 s
-    "tests/test_catalog.py",  # 138 s, Apache Spark
-    "tests/test_soak.py",  # 130 s
-    "tests/test_maintain_defaults.py::test_time_travel_and_backfill_across_a_vacuum",  # 117 s, Apache Spark
-    "tests/test_spark_cluster.py",  # a master, a worker and four spark-submits
-    "tests/test_job_e2e.py::test_float_keys_with_nan",  # 74 s on Apache Spark 3.5, 127 s on 4.0
-    "tests/test_bootstrap.py::test_bootstrap_killed",
-    "tests/test_maintain_defaults.py::test_run_killed_in_its_maintenance",
-    "tests/test_maintain.py::test_maintain_compacts_and_changes_no_row",
-    "tests/test_object_store_faults.py",  # 29-36 s each
+    "tests/test_airflow.py",
+    "tests/test_spark_submit.py",
+    "tests/test_dist.py",
+    "tests/test_spark_cluster.py",  # a master, a worker and several spark-submits
     "tests/test_spill.py::test_spilled_window_equals_in_memory",
     "tests/test_type_fidelity.py",
-    "tests/test_dist.py",
     "tests/test_together.py",
+    "tests/test_maintain.py::test_maintain_compacts_and_changes_no_row",
+    "tests/test_bootstrap.py::test_bootstrap_killed",
+    "tests/test_job_e2e.py::test_float_keys_with_nan",  # about 110 s on Apache Spark
 )
 
 
@@ -84,14 +78,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Scheduler(config, log)
 
 
-def _slow_first(item: pytest.Item) -> tuple[int, int, int]:
-    rank = next((n for n, prefix in enumerate(SLOW_FIRST) if item.nodeid.startswith(prefix)), None)
-    if rank is None:
-        return (1, 0, 0)
+def _slow_first(item: pytest.Item) -> tuple[int, int]:
+    if not any(item.nodeid.startswith(prefix) for prefix in SLOW_FIRST):
+        return (1, 0)
     # By server among the slow ones too: a test process keeps one server at a time (pg_server is
     # a parametrized session fixture), and each change of version stops one and starts another.
     callspec = getattr(item, "callspec", None)
-    return (0, int(callspec.params.get("pg_server", 0)) if callspec is not None else 0, rank)
+    return (0, int(callspec.params.get("pg_server", 0)) if callspec is not None else 0)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -195,9 +188,10 @@ def pgdb(pg_server: ThrowawayPostgres) -> Iterator[str]:
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_server() -> Iterator[S3Server]:
-    """One S3-compatible server (S3Proxy) for every object-store test of this test process."""
+    """One S3-compatible server (S3Proxy) for the object-store tests of a module (1-4 s to start):
+    one started at a module's first test, not one kept from a module run minutes before."""
     jar = s3proxy_jar()
     if jar is None or not jar.exists():
         pytest.fail("no S3Proxy jar: run `make s3proxy` (the object-store tests need a real S3 server)")
@@ -212,6 +206,7 @@ def s3_server() -> Iterator[S3Server]:
 def s3_lake(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     """A lake root of its own on the S3 server, ``s3://lake/<random>``, with the server's endpoint
     and credentials in the standard variables (as a user's shell would have them) for this test."""
+    s3_server.check_alive()
     for name, value in s3_server.env.items():
         monkeypatch.setenv(name, value)
     return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"

@@ -160,6 +160,17 @@ class S3Server:
         except urllib.error.HTTPError as exc:
             return int(exc.code)
 
+    def check_alive(self) -> None:
+        """Fails the test with what became of the server when it no longer answers (a test of the
+        object store must not read a dead test server as pg2delta's fault)."""
+        try:
+            urllib.request.urlopen(self.endpoint + "/", timeout=10)
+        except urllib.error.HTTPError:
+            return  # answered
+        except OSError as exc:
+            log = (self.root / "s3proxy.log").read_text(errors="replace")[-2000:] if (self.root / "s3proxy.log").exists() else ""
+            raise RuntimeError(f"S3Proxy on port {self.port} does not answer ({exc}); exit code {self.proc.poll()}; its log: {log}") from exc
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
