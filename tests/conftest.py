@@ -188,10 +188,9 @@ def pgdb(pg_server: ThrowawayPostgres) -> Iterator[str]:
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    """One S3-compatible server (S3Proxy) for the object-store tests of a module (1-4 s to start):
-    one started at a module's first test, not one kept from a module run minutes before."""
+    """One S3-compatible server (S3Proxy) for every object-store test of this test process."""
     jar = s3proxy_jar()
     if jar is None or not jar.exists():
         pytest.fail("no S3Proxy jar: run `make s3proxy` (the object-store tests need a real S3 server)")
