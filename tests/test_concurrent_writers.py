@@ -1,7 +1,8 @@
 """Another writer at the same time: a compaction and a foreign append committed while a run merges
-into the same table, by a second writer (delta-rs, in a thread of the test process) that commits as
-soon as the run's new data files appear in the table's folder: the run has read the table's version
-and has not committed yet.
+into the same table. The second writer's commit is made beforehand on a copy of the table as the
+run will read it, and landed (its files, then its commit's JSON, created only if absent: Delta's
+own rule) by a thread of the test process as soon as the run's new data files appear in the
+table's folder: the run has read the table's version and has not committed yet.
 
 The compaction changes no row: the run retries its commit from the new version (one log line) and
 ends 0. The append changes rows behind pg2delta's back: the run stops with 21, the slot where it was,
@@ -10,12 +11,9 @@ changelog holds no change twice and the slot ends where the lake is. On both eng
 ``classic``): pysail fails its commit on any commit that landed since its read; Apache Spark's
 Delta raises ``ConcurrentAppendException`` for both (delta-rs's commits are not blind appends).
 
-On Apache Spark also Apache Spark's own ``OPTIMIZE`` as the second writer: made beforehand on a
-copy of the table as the run will read it (an ``OPTIMIZE`` takes Spark seconds, a run's commit
-comes a moment after its files), its commit and files landed in the table during the run as Delta
-commits (the commit's file created only if absent). Delta's ``MERGE`` fails on it (which of
-Delta's conflict exceptions is not recorded here: the retry's line names the commit, not the
-exception); the run retries.
+On Apache Spark also Apache Spark's own ``OPTIMIZE`` as the second writer. Delta's ``MERGE`` fails
+on it (which of Delta's conflict exceptions is not recorded here: the retry's line names the
+commit, not the exception); the run retries.
 """
 
 from __future__ import annotations
@@ -50,9 +48,9 @@ TINY = 64 << 10  # bytes: the files of windows of one row are smaller, the first
 class SecondWriter(threading.Thread):
     """Commits ``action(path)`` to the Delta table at ``path`` once a file appears in its folder
     that was not there when it started (the run's commit is being written); ``action`` returns the
-    version it made, or None for the newest by delta-rs."""
+    version it made."""
 
-    def __init__(self, path: Path, action: Callable[[str], int | None]) -> None:
+    def __init__(self, path: Path, action: Callable[[str], int]) -> None:
         super().__init__(daemon=True)
         self.path, self.action = path, action
         self.before = {p.name for p in path.iterdir()}
@@ -64,12 +62,7 @@ class SecondWriter(threading.Thread):
         while not self.stop.is_set():
             if {p.name for p in self.path.iterdir()} - self.before:
                 try:
-                    made = self.action(str(self.path))
-                    self.committed = made if made is not None else max(
-                        (int(h["version"]) for h in DeltaTable(str(self.path)).history()
-                         if str(h.get("engineInfo") or h.get("clientVersion") or "").startswith("delta-rs")),
-                        default=None,
-                    )
+                    self.committed = self.action(str(self.path))
                 except Exception as exc:  # it lost the race (its own commit met the run's): said by the test
                     self.error = exc
                 return
@@ -88,22 +81,23 @@ def _compact(path: str) -> None:
     DeltaTable(path).optimize.compact(target_size=TINY)
 
 
-class SparkOptimize:
-    """Apache Spark's ``OPTIMIZE`` of ``table``, made on a copy by :meth:`prepare` (with a session
-    of the tests' Spark that does not carry pg2delta's mark), landed by :meth:`land`: its new files,
-    then its commit's JSON, created only if no commit took that version (Delta's own rule)."""
+class Prepared:
+    """Another writer's commit, made beforehand by ``make(copy)`` on a copy of ``table`` as the run
+    will read it (:meth:`prepare`), landed during the run by :meth:`land`: its new files, then its
+    commit's JSON, created only if no commit took that version (Delta's own rule). Landing takes a
+    moment, where making it (a compaction, Apache Spark's ``OPTIMIZE``) can take longer than the
+    run takes from its files to its commit: made during the run, it lost the race now and then."""
 
-    def __init__(self, spark: Any, table: Path, copy: Path) -> None:
-        self.spark, self.table, self.copy = spark.newSession(), table, copy
-        self.spark.conf.unset(USER_METADATA)
+    def __init__(self, table: Path, copy: Path, make: Callable[[Path], None], operation: str) -> None:
+        self.table, self.copy, self.make, self.operation = table, copy, make, operation
         self.version = -1
 
     def prepare(self) -> None:
         shutil.rmtree(self.copy, ignore_errors=True)
         shutil.copytree(self.table, self.copy)
-        self.spark.sql(f"OPTIMIZE delta.`{self.copy}`").collect()
+        self.make(self.copy)
         self.version = DeltaTable(str(self.copy)).version()
-        assert DeltaTable(str(self.copy)).history(1)[0]["operation"] == "OPTIMIZE"
+        assert DeltaTable(str(self.copy)).history(1)[0]["operation"] == self.operation
 
     def land(self, path: str) -> int:
         for f in self.copy.iterdir():
@@ -114,14 +108,22 @@ class SparkOptimize:
         return self.version
 
 
-def _appending(table: Path) -> Callable[[str], None]:
-    """An append of one row to ``table`` by another job, its row made ready beforehand."""
-    row = pa.table({"id": [-1], "v": ["a stray job"], "n": [0]}).cast(pa.schema(DeltaTable(str(table)).schema().to_arrow()))
+def _spark_optimize(spark: Any) -> Callable[[Path], None]:
+    """Apache Spark's ``OPTIMIZE`` with a session of the tests' Spark that does not carry
+    pg2delta's mark."""
+    session = spark.newSession()
+    session.conf.unset(USER_METADATA)
 
-    def append(path: str) -> None:
-        write_deltalake(path, row, mode="append")
+    def optimize(copy: Path) -> None:
+        session.sql(f"OPTIMIZE delta.`{copy}`").collect()
 
-    return append
+    return optimize
+
+
+def _append_a_row(copy: Path) -> None:
+    """An append of one row by another job."""
+    row = pa.table({"id": [-1], "v": ["a stray job"], "n": [0]})
+    write_deltalake(str(copy), row.cast(pa.schema(DeltaTable(str(copy)).schema().to_arrow())), mode="append")
 
 
 def _sql(dsn: str, *statements: str) -> None:
@@ -131,22 +133,24 @@ def _sql(dsn: str, *statements: str) -> None:
 
 
 def _during_a_run(
-    dsn: str, slot: str, common: list[str], table: Path, action: Callable[[str], int | None],
+    dsn: str, slot: str, common: list[str], table: Path, second_writer: Prepared,
     prepare: Callable[[int], None] = lambda attempt: None,
 ) -> tuple[int, str, int, str | None]:
-    """A run with the second writer's ``action`` committed while it writes ``table``: its exit code,
-    its standard error, the version the second writer made and the slot's position before the run.
-    Up to three runs, each with another window (``prepare(attempt)`` first), while the second writer
-    loses the race (its commit met the run's: the run proved nothing)."""
+    """A run with ``second_writer``'s commit landed while it writes ``table``: its exit code, its
+    standard error, the version the second writer made and the slot's position before the run. Up
+    to three runs, each with another window (``prepare(attempt)`` first, then the second writer's
+    commit made on a copy), while the second writer loses the race (the run took its version first:
+    the run proved nothing)."""
     for attempt in range(3):
         prepare(attempt)
+        second_writer.prepare()
         # Rows of every file: the run's MERGE reads the small files the compaction removes.
         _sql(dsn, f"UPDATE items SET n = n + 1, v = 'window {attempt}' WHERE id % 3 = {attempt} OR id > {ROWS}")
         before = confirmed_lsn(dsn, slot)
-        with SecondWriter(table, action) as second:
+        with SecondWriter(table, second_writer.land) as second:
             done = cli("run", *common)
         if second.committed is not None:
-            print(f"{getattr(action, '__name__', action)}: the second writer committed version {second.committed} "
+            print(f"{second_writer.operation}: the second writer committed version {second.committed} "
                   f"during run {attempt + 1}")
             return done.returncode, done.stderr, second.committed, before
         assert done.returncode == 0, done.stderr[-3000:]
@@ -174,7 +178,8 @@ def test_a_compaction_and_a_foreign_append_during_a_run(pgdb: str, tmp_path: Pat
             assert cli("run", *common).returncode == 0
 
     # A compaction (dataChange = false) while the run merges: retried, the run ends 0.
-    code, stderr, compacted, _ = _during_a_run(pgdb, slot, common, table, _compact, small_files)
+    compaction = Prepared(table, tmp_path / "compacted", lambda copy: _compact(str(copy)), "OPTIMIZE")
+    code, stderr, compacted, _ = _during_a_run(pgdb, slot, common, table, compaction, small_files)
     assert code == 0, stderr[-3000:]
     history = {h["version"]: h["operation"] for h in DeltaTable(str(table)).history()}
     retries = [line for line in stderr.splitlines() if "met a concurrent commit that changes no row" in line]
@@ -183,22 +188,22 @@ def test_a_compaction_and_a_foreign_append_during_a_run(pgdb: str, tmp_path: Pat
     assert_lake_matches(pgdb, lake, [ITEMS], context="after a compaction during a run")
 
     if TEST_ENGINE == "spark":  # Apache Spark's own OPTIMIZE: retried as well
-        optimize = SparkOptimize(shared_engine.spark, table, tmp_path / "optimized")
+        optimize = Prepared(table, tmp_path / "optimized", _spark_optimize(shared_engine.spark), "OPTIMIZE")
 
-        def optimized_copy(attempt: int) -> None:
-            """A small file more for the OPTIMIZE to compact, then the OPTIMIZE made on the copy."""
+        def small_file(attempt: int) -> None:
+            """A small file more for the OPTIMIZE to compact."""
             _sql(pgdb, f"INSERT INTO items VALUES ({ROWS + 10 + attempt}, 'item', 0)")
             assert cli("run", *common).returncode == 0
-            optimize.prepare()
 
-        code, stderr, optimized, _ = _during_a_run(pgdb, slot, common, table, optimize.land, optimized_copy)
+        code, stderr, optimized, _ = _during_a_run(pgdb, slot, common, table, optimize, small_file)
         assert code == 0, stderr[-3000:]
         retries = [line for line in stderr.splitlines() if "met a concurrent commit that changes no row" in line]
         assert len(retries) == 1 and f"version {optimized}: OPTIMIZE by Apache-Spark" in retries[0], stderr[-3000:]
         assert_lake_matches(pgdb, lake, [ITEMS], context="after Apache Spark's OPTIMIZE during a run")
 
     # A foreign append while the run merges: the run stops with 21, the slot where it was.
-    code, stderr, appended, before = _during_a_run(pgdb, slot, common, table, _appending(table))
+    append = Prepared(table, tmp_path / "appended", _append_a_row, "WRITE")
+    code, stderr, appended, before = _during_a_run(pgdb, slot, common, table, append)
     assert code == EXIT_LAKE_CHANGED, stderr[-3000:]
     lines = [line for line in stderr.splitlines() if line.startswith("pg2delta: lake_changed error")]
     assert len(lines) == 1 and f"version {appended}: WRITE by delta-rs" in lines[0], stderr[-3000:]
