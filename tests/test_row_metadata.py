@@ -273,9 +273,9 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         conn.execute("ALTER TABLE rm.soft ALTER big SET STORAGE EXTERNAL")
         conn.execute("INSERT INTO rm.soft SELECT g, 'v' || g, repeat(chr(96 + g), 3000), 'e' || g || '@example.org', "
                      "'ssn-' || g FROM generate_series(1, 10) g")
-        conn.execute("CREATE TABLE rm.bare (v text)")  # no key: its rows go only by truncates (embedded only: CI time)
+        conn.execute("CREATE TABLE rm.bare (v text)")  # no key: its rows go only by truncates
         conn.execute("INSERT INTO rm.bare VALUES ('b1'), ('b2')")
-        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.soft{', rm.bare' if embedded else ''}")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE rm.soft, rm.bare")
     path, key_file = tmp_path / "sd.toml", tmp_path / "hash.key"
     key_file.write_text(HASH_KEY + "\n")
     path.write_text("\n".join([
@@ -283,7 +283,7 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         "[lake]", f'root = "{lake}"', "changelog = true", f"hash_key_file = {json.dumps(str(key_file))}",
         '[tables."rm.soft"]', 'deletes = "soft"', 'hash = ["email"]', 'exclude = ["ssn"]',
         *(['history = "scd2"'] if embedded else []),  # the history's own MERGEs: on the embedded engine only (CI time)
-        *(['[tables."rm.bare"]', 'deletes = "soft"'] if embedded else []),
+        '[tables."rm.bare"]', 'deletes = "soft"',
     ]) + "\n")
     done = cli("bootstrap", "--config", str(path))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -340,11 +340,11 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
 
     copied_lsn = next(r for r in read_delta(lake / "_pg2delta" / "applied_log").to_pylist() if r["kind"] == "bootstrap")["window_end"]
     check({1: "U", 104: "U", 2: "I"}, copied_lsn)
-    bare = {r["v"]: r for r in read_delta(lake / "rm" / "bare").to_pylist()} if embedded else {}
-    assert {v: (r["_pg2delta_deleted"], r["_pg2delta_op"]) for v, r in bare.items()} == ({
-        "b1": (True, "T"), "b2": (True, "T"), "b3": (True, "T"), "b4": (False, "I")} if embedded else {})
-    if embedded:  # a truncate's mark keeps a keyless row's key (its commit position): b2 copied and b3 share a position
-        _check_bare(pgdb, lake, ["b1", "b2", "b3"])
+    bare = {r["v"]: r for r in read_delta(lake / "rm" / "bare").to_pylist()}
+    assert {v: (r["_pg2delta_deleted"], r["_pg2delta_op"]) for v, r in bare.items()} == {
+        "b1": (True, "T"), "b2": (True, "T"), "b3": (True, "T"), "b4": (False, "I")}
+    # A truncate's mark keeps a keyless row's key (its commit position): b2 copied and b3 share a position.
+    _check_bare(pgdb, lake, ["b1", "b2", "b3"])
 
     # One window: an update and a delete of a row before a truncate, keys inserted between two
     # truncates, one inserted again after them, one inserted and deleted, one inserted, deleted and
@@ -386,7 +386,7 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
             conn.execute(f"INSERT INTO rm.soft VALUES ({again}, 'again-{step}', 'g')")  # inserted, deleted, inserted: live
             for key in (5, 11 + int(spilled)):
                 deleted.pop(key, None)
-            if embedded and not spilled:  # the keyless table: truncates and inserts of equal rows, one transaction or two
+            if not spilled:  # the keyless table: truncates and inserts of equal rows, one transaction or two
                 conn.execute("INSERT INTO rm.bare VALUES ('m1'), ('m2'), ('m3')")  # positions the next one's inserts take
                 with conn.transaction():
                     conn.execute("TRUNCATE rm.bare")
@@ -400,8 +400,7 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         assert done.returncode == 0, done.stderr[-3000:]
         assert ("by the engine" in done.stderr) == spilled, done.stderr[-3000:]
         check({5: "I", 11: "I", 12: "I", 40: "I", 41: "I"}, copied_lsn)
-        if embedded:
-            _check_bare(pgdb, lake, ["b1", "b2", "b3", "b4", "m1", "m2", "m3", "b4", "m2", "x1", "m3"])
+        _check_bare(pgdb, lake, ["b1", "b2", "b3", "b4", "m1", "m2", "m3", "b4", "m2", "x1", "m3"])
     changelog = read_delta(lake / "_pg2delta" / "changelog" / "rm" / "soft")  # hashed there too, the excluded column left out
     assert "ssn" not in changelog.column_names and changelog.num_rows
     assert {len(e) for e in changelog.column("email").to_pylist() if e is not None} == {64}
@@ -441,10 +440,10 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
         assert len(first_lsn) == 1 and (first[5] | {"_pg2delta_commit_ts": None}) == marked | {"_pg2delta_lsn": min(first_lsn)}
         assert first[5]["_pg2delta_commit_ts"] in {r["_pg2delta_commit_ts"] for r in first.values() if r["_pg2delta_op"] == "S"}
         commits = 2
-        with psycopg.connect(pgdb, autocommit=True) as conn:
-            conn.execute("INSERT INTO rm.bare VALUES ('b5')")
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("INSERT INTO rm.bare VALUES ('b5')")
     # With rm.bare, keyless: its rows marked by the truncate stay, its live rows are the copy's.
-    resynced = cli("resync", "--config", str(path), "--table", "rm.soft", *(["--table", "rm.bare"] if embedded else []),
+    resynced = cli("resync", "--config", str(path), "--table", "rm.soft", "--table", "rm.bare",
                    "--parallel", "1")
     assert resynced.returncode == 0, resynced.stderr[-3000:]
     assert DeltaTable(str(lake / "rm" / "soft")).version() == version + commits
@@ -467,9 +466,8 @@ def test_soft_deletes_keep_deleted_rows_marked(pgdb: str, tmp_path: Path) -> Non
     report = json.loads(verified.stdout)["tables"]["rm.soft"]
     assert report["source_rows"] == report["lake_rows"] == len(live) and not report["differences"], report
     assert _lake(lake / "rm" / "soft") == got
-    if embedded:
-        got_bare = read_delta(lake / "rm" / "bare").to_pylist()
-        assert sorted((r for r in got_bare if r["v"] in bare and r["v"] != "b4"), key=lambda r: r["v"]) == [
-            bare[v] for v in ("b1", "b2", "b3")]
-        assert sorted((r["v"], r["_pg2delta_deleted"], r["_pg2delta_op"]) for r in got_bare if not r["_pg2delta_deleted"]) == [
-            ("b4", False, "S"), ("b5", False, "S"), ("x1", False, "S"), ("x2", False, "S")]
+    got_bare = read_delta(lake / "rm" / "bare").to_pylist()
+    assert sorted((r for r in got_bare if r["v"] in bare and r["v"] != "b4"), key=lambda r: r["v"]) == [
+        bare[v] for v in ("b1", "b2", "b3")]
+    assert sorted((r["v"], r["_pg2delta_deleted"], r["_pg2delta_op"]) for r in got_bare if not r["_pg2delta_deleted"]) == [
+        ("b4", False, "S"), ("b5", False, "S"), ("x1", False, "S"), ("x2", False, "S")]
