@@ -496,6 +496,41 @@ def test_partition_truncated_alone_under_a_root_published_via_itself(pgdb: str, 
     assert_lake_matches(pgdb, lake, [M, TableSpec("public", "q", ("id",))], context="created, filled and truncated at once")
 
 
+def test_new_partition_when_the_backlog_cannot_be_decoded(pgdb: str, tmp_path: Path) -> None:
+    """A partition created, filled and truncated in one transaction under a root published via
+    itself: its rows are sent through the root, its TRUNCATE is not. Where the backlog cannot be
+    decoded (here every replication slot is in use, so test_decoding's copy of the slot cannot
+    be made), a new partition stops the run (exit 78, the slot where it was) naming resync."""
+    lake = tmp_path / "lake"
+    slot, common = _partitioned(pgdb, lake, via_root=True)
+    _ok("run", *common)
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("CREATE TABLE m4 PARTITION OF m FOR VALUES IN (4)")
+        conn.execute("INSERT INTO m SELECT g, 4, 'gone' FROM generate_series(1, 5) g")
+        conn.execute("TRUNCATE m4")
+        conn.execute("INSERT INTO m VALUES (400, 4, 'kept'), (1, 1, 'updated')  ON CONFLICT (id, k) DO UPDATE SET v = excluded.v")
+    fillers = f"fill_{uuid.uuid4().hex[:8]}_"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        free = int(conn.execute(
+            "SELECT current_setting('max_replication_slots')::int - count(*) FROM pg_replication_slots").fetchone()[0])
+        for i in range(free):
+            conn.execute("SELECT pg_create_physical_replication_slot(%s)", (f"{fillers}{i}",))
+        try:
+            before, kept = confirmed_lsn(pgdb, slot), _lake_rows(lake)
+            stopped = cli("run", *common)
+            assert stopped.returncode == 78, stopped.stderr[-2000:]
+            assert "public.m4 became a partition of public.m since the lake's last window of it" in stopped.stderr
+            assert "test_decoding" in stopped.stderr and "pg2delta resync --table public.m" in stopped.stderr
+            assert confirmed_lsn(pgdb, slot) == before and _lake_rows(lake) == kept
+        finally:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE %s",
+                         (fillers + "%",))
+    _ok("resync", *common, "--table", "public.m")
+    _ok("run", *common)
+    assert_lake_matches(pgdb, lake, [M], context="new partition truncated in its creating transaction, resync")
+    assert (1, 4) not in _lake_rows(lake) and (400, 4) in _lake_rows(lake)
+
+
 EV = TableSpec("public", "ev", ())  # no key: insert-only, a change applied twice would be a second row
 
 

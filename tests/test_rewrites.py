@@ -109,7 +109,14 @@ def test_backlog_not_decodable(pgdb: str) -> None:
         assert str(refusal).endswith('pg2delta resync --table public.m (or set on_unfollowable = "resync")')
         resync = Config(source=cfg.source, tables={"public.m": TableConfig(on_unfollowable="resync")})
         assert truncated_partitions(resync, src, {}, {root: [leaf]}, again) is None and again == {root: "public.m"}
-        # A partition only new since (never rewritten): let through with a warning, as refusing
-        # would stop at every new partition wherever test_decoding is missing.
-        assert truncated_partitions(cfg, src, {}, {root: [leaf]}, fresh_again := {}, fresh={leaf}) is None
-        assert not fresh_again
+        # A partition only new since (never rewritten) is refused too: created, filled and
+        # truncated in one transaction, its rows were sent and its TRUNCATE not.
+        fresh = truncated_partitions(cfg, src, {}, {root: [leaf]}, fresh_again := {}, fresh={leaf})
+        assert fresh is not None and not fresh_again
+        assert str(fresh).startswith(
+            "public.m2 became a partition of public.m since the lake's last window of it, and pg2delta cannot tell "
+            "whether it was truncated in the transaction that created it"
+        ), str(fresh)
+        assert "pg2delta resync --table public.m" in str(fresh)
+        assert truncated_partitions(resync, src, {}, {root: [leaf]}, fresh_again, fresh={leaf}) is None
+        assert fresh_again == {root: "public.m"}

@@ -221,9 +221,10 @@ def truncated_partitions(
     truncated alone, which pgoutput does not send, leaves its rows in the lake. The backlog tells
     a ``TRUNCATE`` from a ``VACUUM FULL``, a ``CLUSTER`` or a new partition
     (:func:`pg2delta.source.rewrites.truncated_alone`); where it cannot be decoded, any rewrite
-    counts, and leaves that are only new (``fresh``: never rewritten) are let through with a
-    warning (refusing would stop at every new partition). A root truncated so is added to
-    ``again`` where ``on_unfollowable = "resync"``; otherwise the refusal."""
+    counts, and so does a leaf only new since (``fresh``: never rewritten), which a TRUNCATE in
+    the transaction that created it would have emptied unseen. A root truncated so, or that
+    cannot be told, is added to ``again`` where ``on_unfollowable = "resync"``; otherwise the
+    refusal."""
     roots = {root: (applied[root].end_lsn if root in applied else 0, leaves) for root, leaves in changed.items()}
     unavailable: str | None = None
     try:
@@ -231,18 +232,13 @@ def truncated_partitions(
     except DecodeUnavailable as exc:
         unavailable, found = str(exc), {root: Truncated([], []) for root in changed}
     for root, truncated in sorted(found.items()):
-        if not truncated.leaves and set(changed[root]) <= fresh:  # only new partitions, none found truncated
-            if unavailable is not None:
-                log.warning(
-                    "cannot check the new partition(s) %s of %s for a TRUNCATE in the transaction that created them: "
-                    "the test_decoding plugin is unavailable (%s)",
-                    ", ".join(_name(src, oid) for oid in changed[root]), _name(src, root), unavailable,
-                )
-            continue
+        if not truncated.leaves and set(changed[root]) <= fresh and unavailable is None:
+            continue  # only new partitions, none found truncated
         a = applied.get(root)
         schema, table = (a.schema, a.table) if a is not None and a.table else (relation_name(src.conn, root) or ("", ""))
         name = f"{schema}.{table}"
         rewritten = ", ".join(_name(src, oid) for oid in changed[root] if oid not in fresh)
+        new = ", ".join(_name(src, oid) for oid in changed[root] if oid in fresh)
         if truncated.leaves:
             what = (f"{', '.join(truncated.leaves)} {'was' if len(truncated.leaves) == 1 else 'were'} truncated alone "
                     f"since the lake's last window of {name}, and PostgreSQL does not send a TRUNCATE of a partition "
@@ -251,10 +247,15 @@ def truncated_partitions(
             what = (f"a partition of {name} ({rewritten}) was rewritten since the lake's last window of it, and the "
                     f"slot's backlog truncates {', '.join(truncated.unknown)}, a name no relation has now (renamed or "
                     f"dropped since): pg2delta cannot tell whether that was the partition")
-        else:
+        elif rewritten:
             what = (f"a partition of {name} ({rewritten}) was rewritten (TRUNCATE, VACUUM FULL or CLUSTER) since the "
                     f"lake's last window of it, and pg2delta cannot tell which: the test_decoding plugin it decodes "
                     f"the slot's backlog with is unavailable ({unavailable})")
+        else:
+            what = (f"{new} became a partition of {name} since the lake's last window of it, and pg2delta cannot tell "
+                    f"whether it was truncated in the transaction that created it (PostgreSQL then sends its rows "
+                    f"through the root, not the TRUNCATE): the test_decoding plugin it decodes the slot's backlog "
+                    f"with is unavailable ({unavailable})")
         if config.table(schema, table).on_unfollowable == "resync":
             log.warning("%s; on_unfollowable = \"resync\": copying %s again", what, name)
             again[root] = name

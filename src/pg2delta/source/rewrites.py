@@ -169,6 +169,14 @@ def match_truncates(
     return out
 
 
+def _connection_lost(exc: psycopg.OperationalError) -> bool:
+    """The connection failed or the server is going away (no SQLSTATE, classes 08 and 57): not
+    the server's answer that test_decoding cannot be loaded (58P01) or that no replication slot
+    is free (53400), which psycopg raises as OperationalError too."""
+    state = exc.sqlstate or ""
+    return state[:2] in ("", "08", "57")
+
+
 def truncated_alone(
     dsn: str, slot: str, roots: Mapping[int, tuple[int, Sequence[int]]], *, connect_timeout: int = 10
 ) -> dict[int, Truncated]:
@@ -192,7 +200,9 @@ def truncated_alone(
             conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true, 'test_decoding')", (slot, tmp))
             lines = [(str(d), parse_lsn(str(c))) for d, c in conn.execute(_TRUNCATES_QUERY, (tmp,)).fetchall()]
         except psycopg.OperationalError as exc:
-            raise ConnectionFailed(f"lost the connection while decoding the backlog: {' '.join(str(exc).split())}") from exc
+            if _connection_lost(exc):
+                raise ConnectionFailed(f"lost the connection while decoding the backlog: {' '.join(str(exc).split())}") from exc
+            raise DecodeUnavailable(" ".join(str(exc).split())) from exc
         except psycopg.Error as exc:
             raise DecodeUnavailable(" ".join(str(exc).split())) from exc
         truncates = [(set(t), lsn) for line, lsn in lines if (t := truncate_names(line)) is not None]
