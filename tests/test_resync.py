@@ -431,6 +431,75 @@ def test_changes_of_a_partition_detached_before_the_run_go_to_the_root(pgdb: str
     assert after[(501, 1)] == "after" and after[(1, 2)] == m2[(1, 2)]
 
 
+M2 = TableSpec("public", "m2", ("id", "k"))
+
+
+def test_changes_of_a_detached_partition_published_on_its_own_split_at_its_detach(pgdb: str, tmp_path: Path) -> None:
+    """``partitions = "root"``, ``detached_partitions = "keep"``, and the detached partition still
+    published on its own: its changes in the slot are the root's up to its DETACH and its own
+    after it. The root's Delta table keeps its rows as they were at the DETACH, its own table
+    equals it in PostgreSQL; a run that ends before the DETACH leaves the partition the root's."""
+    lake = tmp_path / "lake"
+    common = _rooted(pgdb, lake)
+    pub = common[common.index("--publication") + 1]
+    _sql(pgdb, f"ALTER PUBLICATION {pub} ADD TABLE m2, m3")
+    config = _config(tmp_path, common, "public.m", 'partitions = "root"\ndetached_partitions = "keep"')
+    _ok("bootstrap", "--config", config)
+    _sql(pgdb, "UPDATE m SET v = 'x' WHERE id <= 2")
+    _ok("run", "--config", config)  # the leaves are logged with the root's window
+    _sql(pgdb, "UPDATE m SET v = 'in m2, run 1' WHERE k = 2 AND id <= 3", "UPDATE m SET v = 'in m1' WHERE k = 1 AND id = 1")
+    with psycopg.connect(pgdb) as conn:
+        until = str(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+    _sql(
+        pgdb,
+        "INSERT INTO m VALUES (500, 2, 'in m2 before its detach')",
+        "UPDATE m SET v = 'in m2, run 2' WHERE k = 2 AND id BETWEEN 3 AND 5",
+        "DELETE FROM m WHERE k = 2 AND id BETWEEN 10 AND 12",
+    )
+    with psycopg.connect(pgdb) as conn:
+        at_detach = {(int(i), int(k)): str(v) for i, k, v in conn.execute("SELECT id, k, v FROM m2").fetchall()}
+    _sql(
+        pgdb,
+        "ALTER TABLE m DETACH PARTITION m2",
+        "UPDATE m2 SET v = 'after the detach' WHERE id <= 6",
+        "INSERT INTO m2 VALUES (600, 2, 'after the detach')",
+        "DELETE FROM m2 WHERE id IN (13, 500)",
+        "UPDATE m SET v = 'in m3' WHERE k = 3 AND id = 1",
+    )
+    _ok("run", "--config", config, "--until-lsn", until)  # ends before the DETACH
+    done = cli("run", "--config", config, "-v")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "for the DETACH of 1 table(s)" in done.stderr, done.stderr[-2000:]
+
+    def lake_m() -> dict[tuple[int, int], str]:
+        return {(r["id"], r["k"]): r["v"] for r in read_delta(str(lake / "public" / "m")).to_pylist()}
+
+    with psycopg.connect(pgdb) as conn:
+        in_m = {(int(i), int(k)): str(v) for i, k, v in conn.execute("SELECT id, k, v FROM m").fetchall()}
+    assert lake_m() == {**in_m, **at_detach}  # the root's rows, and m2's as they were at its DETACH
+    assert_lake_matches(pgdb, lake, [M2], context="the detached partition's own table")
+    _sql(pgdb, "UPDATE m2 SET v = 'later' WHERE id = 1", "INSERT INTO m VALUES (700, 1, 'later')")
+    done = cli("run", "--config", config, "-v")
+    assert done.returncode == 0 and "for the DETACH" not in done.stderr, done.stderr[-2000:]  # logged: not decoded again
+    assert_lake_matches(pgdb, lake, [M2], context="the detached partition's own table, later")
+    assert lake_m()[(1, 2)] == at_detach[(1, 2)] and lake_m()[(700, 1)] == "later"
+
+    # Detached in a transaction that changed its rows too: which side of the DETACH they were
+    # on cannot be told. The run stops before reading (the slot where it was) naming resync.
+    slot = common[common.index("--slot") + 1]
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("UPDATE m SET v = 'with its detach' WHERE k = 3 AND id = 2")
+        conn.execute("ALTER TABLE m DETACH PARTITION m3")
+    before = confirmed_lsn(pgdb, slot)
+    stopped = cli("run", "--config", config)
+    assert stopped.returncode == 78, stopped.stderr[-2000:]
+    assert "public.m3 left public.m (DETACH PARTITION) and is published on its own" in stopped.stderr
+    assert "pg2delta resync --table public.m --table public.m3" in stopped.stderr and confirmed_lsn(pgdb, slot) == before
+    _ok("resync", "--config", config, "--table", "public.m", "--table", "public.m3")
+    _ok("run", "--config", config)
+    assert_lake_matches(pgdb, lake, [M, M2, TableSpec("public", "m3", ("id", "k"))], context="detached with changes, resync")
+
+
 def test_partition_truncated_alone_under_a_root_published_via_itself(pgdb: str, tmp_path: Path) -> None:
     """pgoutput sends no TRUNCATE of one partition when the root is published via itself: its
     changed relfilenode makes the run decode the backlog, which tells a VACUUM FULL (go on) from a

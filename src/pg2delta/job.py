@@ -42,6 +42,7 @@ from pg2delta.apply.targets import (
     Target,
     TargetResolver,
     added_back_tables,
+    detached_published,
     publication_state,
     recorded_filenodes,
     rewritten_partitions,
@@ -124,8 +125,9 @@ class _Run:
     # Per root published via itself, its leaves' relfilenodes as last read after a peek (or as the
     # applied log has them; None: not recorded), to notice a partition truncated alone.
     filenodes: dict[int, dict[int, int] | None] = field(default_factory=dict)
-    # Roots whose leaves were rewritten without a TRUNCATE (VACUUM FULL, CLUSTER), to be logged with
-    # the next window even if it has no changes of them: else every run would decode the backlog again.
+    # Roots whose leaves were rewritten without a TRUNCATE (VACUUM FULL, CLUSTER), or detached, to be
+    # logged with the next window even if it has no changes of them: else every run would decode the
+    # backlog again.
     rewritten: set[int] = field(default_factory=set)
     # Per Delta table (schema, table), the newest version the applied log records: commits after it
     # are looked at before the table is written (pg2delta.lake.foreign).
@@ -170,11 +172,14 @@ class Job(Lakeside):
             publication = publication_state(cfg, src.conn)
             if self._added_back(src, applied, publication):
                 applied = applied_lsns(self.lake, cfg.source.slot)
+            detached, refusal = detached_published(cfg, src, applied, publication)
+            if refusal is not None:
+                raise refusal
             catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog")
             try:
                 catalog = PgTypeCatalog(catalog_conn)
                 planner = TablePlanner(
-                    cfg, self.lake, lambda: self.engine, TargetResolver(cfg, self.lake, catalog_conn),
+                    cfg, self.lake, lambda: self.engine, TargetResolver(cfg, self.lake, catalog_conn, detached=detached),
                     catalog, catalog_conn,
                     bootstrapped=bootstrapped, attnums=self._attnums,
                 )
@@ -299,10 +304,11 @@ class Job(Lakeside):
         window.tables.extend(committed.tables)
         _refuse_landed(self, run, window.tables)
         logged = [
-            _logged(run, tgt, rep, plans[(tgt.schema, tgt.table)])
+            _logged(run, tgt, rep, plans[(tgt.schema, tgt.table)], end)
             for tgt, rep in zip(ordered, window.tables, strict=True)
             if not rep.skipped
         ]
+        run.rewritten.update(_detached_roots(run, end))
         logged += _rewritten_roots(run, {t.oid for t in logged}, end)
         self._log_and_advance(run, window, committed.changelog_log, logged)
         window.seconds = time.monotonic() - t0
@@ -352,10 +358,31 @@ class Job(Lakeside):
             run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
 
 
+def _leaves(run: _Run, owner: int, end: int) -> str | None:
+    """The leaves the applied log records for ``owner`` after the window ending at ``end``: as
+    the run read them at its start, and those detached (see
+    :func:`pg2delta.apply.targets.detached_published`) past the window's end, whose changes up to
+    their DETACH are still the root's."""
+    leaves = run.publication.leaves.get(owner)
+    pending = {str(leaf) for leaf, (root, at) in run.planner.targets.detached.items() if root == owner and at > end}
+    if leaves is None or not pending:
+        return leaves
+    return ",".join(sorted({*leaves.split(","), *pending} - {""}, key=int))
+
+
+def _detached_roots(run: _Run, end: int) -> set[int]:
+    """The roots whose leaves' DETACH the window ending at ``end`` passed while the applied log
+    still records them as the root's: logged with the window even if it has no changes of them
+    (:func:`_rewritten_roots`), so that the next run need not decode the backlog again."""
+    return {root for leaf, (root, at) in run.planner.targets.detached.items()
+            if at <= end and (a := run.applied.get(root)) is not None and str(leaf) in (a.partitions or "").split(",")}
+
+
 def _rewritten_roots(run: _Run, logged: set[int], end: int) -> list[LoggedTable]:
     """Applied-log entries, without changes, of the roots whose leaves were rewritten without a
-    TRUNCATE (:meth:`Job._truncated_partitions`) and that this window did not change: they record
-    the relfilenodes read after its peek, which the next run compares with. The root stands
+    TRUNCATE (:meth:`Job._truncated_partitions`), or detached (:func:`_detached_roots`), and that
+    this window did not change: they record the relfilenodes read after its peek, which the next
+    run compares with, and the leaves of now. The root stands
     at the window's end (it has nothing in the window) with its Delta version, key, membership,
     partitions and attnums as before."""
     out = []
@@ -365,19 +392,19 @@ def _rewritten_roots(run: _Run, logged: set[int], end: int) -> list[LoggedTable]
             continue
         out.append(LoggedTable(
             root, a.schema, a.table, a.delta_version, 0, 0, 0, False, None, a.key,
-            run.publication.memberships.get(root), run.publication.leaves.get(root),
+            run.publication.memberships.get(root), _leaves(run, root, end),
             json.dumps(a.attnums) if a.attnums else None, filenodes_json(run.filenodes.get(root)),
         ))
     run.rewritten.clear()
     return out
 
 
-def _logged(run: _Run, tgt: Target, rep: TableReport, pl: Plan | None) -> LoggedTable:
+def _logged(run: _Run, tgt: Target, rep: TableReport, pl: Plan | None, end: int) -> LoggedTable:
     """The applied-log entry of a table the window applied."""
     return LoggedTable(
         tgt.owner, rep.schema, rep.table, rep.delta_version, rep.inserts, rep.updates, rep.deletes,
         rep.truncated, rep.commit_ts, pl.key if pl is not None else None,
-        run.publication.memberships.get(tgt.owner), run.publication.leaves.get(tgt.owner),
+        run.publication.memberships.get(tgt.owner), _leaves(run, tgt.owner, end),
         run.planner.attnums.get(tgt.owner), filenodes_json(run.filenodes.get(tgt.owner)),
     )
 

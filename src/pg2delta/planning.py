@@ -41,6 +41,7 @@ from pg2delta.apply.targets import (
     Target,
     TargetResolver,
     added_back_tables,
+    detached_published,
     publication_state,
     recorded_filenodes,
     rewritten_partitions,
@@ -138,6 +139,9 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
         # A partition truncated alone: the run finds it after its first peek, before applying.
         if refusal is None:
             _, _, refusal = rewritten_partitions(cfg, src, applied, recorded_filenodes(publication, applied), again)
+        detached: dict[int, tuple[int, int]] = {}
+        if refusal is None:
+            detached, refusal = detached_published(cfg, src, applied, publication)
         report.would_copy = sorted({*report.would_copy, *again.values()})
         if refusal is not None:  # the run stops before reading anything
             stopped = WindowPlan(start, start)
@@ -148,7 +152,7 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
         try:
             catalog = PgTypeCatalog(catalog_conn)
             planner = TablePlanner(
-                cfg, side.lake, lambda: side.engine, TargetResolver(cfg, side.lake, catalog_conn),
+                cfg, side.lake, lambda: side.engine, TargetResolver(cfg, side.lake, catalog_conn, detached=detached),
                 catalog, catalog_conn,
                 bootstrapped=bootstrapped, planned_types={},
             )

@@ -16,6 +16,7 @@ leaf truncated alone under a root published via itself, where a leaf's relfileno
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from pg2delta.config import Config
 from pg2delta.errors import SchemaError
 from pg2delta.lake.applied_log import LOG_TABLE, Applied
 from pg2delta.lake.engine import Lake
+from pg2delta.source.detaches import detach_positions
 from pg2delta.source.publication import (
     partition_leaves,
     publication_memberships,
@@ -191,6 +193,42 @@ def _detached(
 
 
 
+def detached_published(
+    config: Config, src: SlotSource, applied: dict[int, Applied], state: PublicationState
+) -> tuple[dict[int, tuple[int, int]], SchemaError | None]:
+    """Leaves gone, since its last logged window or copy, from a ``partitions = "root"`` root that
+    keeps the rows of its detached partitions (``detached_partitions = "keep"``), and published
+    on their own now: their changes in the slot are the root's up to their ``DETACH`` and their
+    own after it. Per such leaf, its root and where its DETACH committed in the backlog
+    (:func:`pg2delta.source.detaches.detach_positions`; :meth:`TargetResolver.group` splits its
+    changes there), or the refusal where that cannot be told."""
+    gone: dict[int, int] = {}
+    for root, now in state.leaves.items():
+        a = applied.get(root)
+        if a is None or a.partitions is None or now is None or not a.table:
+            continue
+        tc = config.table(a.schema, a.table)
+        if tc.partitions == "root" and tc.detached_partitions == "keep":
+            gone.update((int(leaf), root) for leaf in set(a.partitions.split(",")) - set(now.split(",")) - {""}
+                        if int(leaf) in state.memberships)
+    if not gone:
+        return {}, None
+    try:
+        found = detach_positions(config.source.dsn, config.source.slot, gone, connect_timeout=config.source.connect_timeout)
+        unknown = {leaf: d.why for leaf, d in found.items() if d.lsn is None}
+    except DecodeUnavailable as exc:
+        found, unknown = {}, dict.fromkeys(gone, f"the test_decoding plugin it decodes the slot's backlog with is unavailable ({exc})")
+    if not unknown:
+        return {leaf: (root, found[leaf].lsn or 0) for leaf, root in gone.items()}, None
+    leaf, why = min(unknown.items())
+    name = f"{applied[gone[leaf]].schema}.{applied[gone[leaf]].table}"
+    return {}, SchemaError(
+        f"{_name(src, leaf)} left {name} (DETACH PARTITION) and is published on its own, and pg2delta cannot tell which "
+        f"of its changes in the slot came before the DETACH (the root's) and which after (its own): {why}; copy them "
+        f"again with pg2delta resync --table {name} --table {_name(src, leaf)} (the rows it had leave {name}'s Delta table)"
+    )
+
+
 def recorded_filenodes(state: PublicationState, applied: dict[int, Applied]) -> dict[int, dict[int, int] | None]:
     """Per root published via itself, its leaves' relfilenodes as the applied log last recorded
     them (None: not recorded; ``{}`` for a root that had no partitions)."""
@@ -271,10 +309,15 @@ def _name(src: SlotSource, oid: int) -> str:
 class TargetResolver:
     """Maps a window's relations to Delta tables; caches each relation's partition root."""
 
-    def __init__(self, config: Config, lake: Lake, catalog_conn: Any) -> None:
+    def __init__(
+        self, config: Config, lake: Lake, catalog_conn: Any, *, detached: Mapping[int, tuple[int, int]] | None = None
+    ) -> None:
         self.config = config
         self.lake = lake
         self.catalog_conn = catalog_conn  # None: no partition roots are looked up
+        # Leaves detached from a partitions = "root" root, published on their own: (root, where
+        # their DETACH committed) (see detached_published).
+        self.detached = dict(detached or {})
         self._roots: dict[int, tuple[int, str, str] | None] = {}
         self._rooted = any(t.partitions == "root" for t in config.tables.values())  # any partitions = "root"
 
@@ -317,29 +360,40 @@ class TargetResolver:
         """
         owners = {(a.schema, a.table): oid for oid, a in applied.items() if a.table}
         out: dict[tuple[str, str], Target] = {}
-        for oid, tw in tables.items():
-            owner = oid
-            schema, name = tw.latest.qualified_name
-            root = self.partition_root(oid) or self.logged_root(oid, applied)
-            if root is not None:
-                owner, schema, name = root
-            known = applied.get(owner)
-            if known is not None and known.table:
-                if (known.schema, known.table) != (schema, name):
-                    log.info("%s.%s (relation %d) keeps its Delta table %s.%s", schema, name, owner, known.schema, known.table)
-                schema, name = known.schema, known.table
-            elif owners.get((schema, name), owner) != owner:
-                raise SchemaError(
-                    f"the Delta table {self.lake.table_uri(schema, name)} holds relation OID {owners[(schema, name)]}, "
-                    f"but {schema}.{name} is now relation OID {owner} (was the table dropped and created again, or "
-                    "renamed and another created under its name?): move or delete that Delta table (and its rows in "
-                    f"{self.lake.table_uri(LOG_TABLE)}), or name the new table differently, then run again"
-                )
-            tgt = out.setdefault((schema, name), Target(owner, schema, name))
-            if tgt.owner != owner:
-                raise SchemaError(f"relations {tgt.owner} and {owner} both map to the Delta table {schema}.{name}")
-            tgt.parts.append(tw)
+        for oid, whole in tables.items():
+            for tw, root in self._parts(oid, whole, applied):
+                owner, (schema, name) = oid, tw.latest.qualified_name
+                if root is not None:
+                    owner, schema, name = root
+                known = applied.get(owner)
+                if known is not None and known.table:
+                    if (known.schema, known.table) != (schema, name):
+                        log.info("%s.%s (relation %d) keeps its Delta table %s.%s", schema, name, owner, known.schema, known.table)
+                    schema, name = known.schema, known.table
+                elif owners.get((schema, name), owner) != owner:
+                    raise SchemaError(
+                        f"the Delta table {self.lake.table_uri(schema, name)} holds relation OID {owners[(schema, name)]}, "
+                        f"but {schema}.{name} is now relation OID {owner} (was the table dropped and created again, or "
+                        "renamed and another created under its name?): move or delete that Delta table (and its rows in "
+                        f"{self.lake.table_uri(LOG_TABLE)}), or name the new table differently, then run again"
+                    )
+                tgt = out.setdefault((schema, name), Target(owner, schema, name))
+                if tgt.owner != owner:
+                    raise SchemaError(f"relations {tgt.owner} and {owner} both map to the Delta table {schema}.{name}")
+                tgt.parts.append(tw)
         return list(out.values())
+
+    def _parts(
+        self, oid: int, tw: TableWindow, applied: dict[int, Applied]
+    ) -> list[tuple[TableWindow, tuple[int, str, str] | None]]:
+        """``tw`` with the root whose Delta table its changes go to (None: its own). A leaf detached
+        in the slot's backlog and published on its own (``self.detached``) in two: its changes
+        committed before its DETACH to the root's Delta table, the others to its own."""
+        if oid not in self.detached or (a := applied.get(self.detached[oid][0])) is None or not a.table:
+            return [(tw, self.partition_root(oid) or self.logged_root(oid, applied))]
+        root, at = self.detached[oid]
+        before, after = tw.split(at)
+        return [(p, r) for p, r in ((before, (root, a.schema, a.table)), (after, None)) if p.batches or p.truncates]
 
 
     def source_name(self, tgt: Target) -> str:
@@ -353,6 +407,6 @@ class TargetResolver:
 
 
 __all__ = [
-    "PublicationState", "Target", "TargetResolver", "added_back_tables", "live", "publication_state",
+    "PublicationState", "Target", "TargetResolver", "added_back_tables", "detached_published", "live", "publication_state",
     "recorded_filenodes", "rewritten_partitions", "truncated_partitions",
 ]

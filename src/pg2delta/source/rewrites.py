@@ -191,20 +191,10 @@ def truncated_alone(
     then: a name that resolves to nothing now is reported as unknown rather than taken for
     another table. Raises :class:`DecodeUnavailable` when the copy or the decode fails.
     """
-    conn = connect(dsn, application_name="pg2delta truncates", connect_timeout=connect_timeout)
-    tmp = f"pg2delta_trunc_{uuid.uuid4().hex[:16]}"
-    try:
+    with connect(dsn, application_name="pg2delta truncates", connect_timeout=connect_timeout) as conn:
         wanted = {oid for root, (_, leaves) in roots.items() for oid in (root, *leaves)}
         names = {int(str(o)): str(q) for o, q in conn.execute(_QUOTED_QUERY, (sorted(wanted),)).fetchall()}
-        try:
-            conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true, 'test_decoding')", (slot, tmp))
-            lines = [(str(d), parse_lsn(str(c))) for d, c in conn.execute(_TRUNCATES_QUERY, (tmp,)).fetchall()]
-        except psycopg.OperationalError as exc:
-            if _connection_lost(exc):
-                raise ConnectionFailed(f"lost the connection while decoding the backlog: {' '.join(str(exc).split())}") from exc
-            raise DecodeUnavailable(" ".join(str(exc).split())) from exc
-        except psycopg.Error as exc:
-            raise DecodeUnavailable(" ".join(str(exc).split())) from exc
+        lines = [(str(d), parse_lsn(str(c))) for d, c in decode_backlog(conn, slot, _TRUNCATES_QUERY)]
         truncates = [(set(t), lsn) for line, lsn in lines if (t := truncate_names(line)) is not None]
         every = sorted({n for t, _ in truncates for n in t})
         gone = {str(n) for (n,) in conn.execute(_GONE_QUERY, (every,)).fetchall()} if every else set()
@@ -213,13 +203,30 @@ def truncated_alone(
                  slot, sum(len(v) for _, v in roots.values()), sum(len(v.leaves) for v in out.values()),
                  sum(len(v.unknown) for v in out.values()))
         return out
+
+
+def decode_backlog(conn: Any, slot: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` (its first parameter: the name of the slot to peek) over the backlog
+    of ``slot`` decoded with the ``test_decoding`` plugin, from a temporary copy of the slot made
+    on ``conn`` (same confirmed position; dropped at the end, and by the server if we die).
+    Raises :class:`DecodeUnavailable` where the server cannot (test_decoding not installed, no
+    free replication slot, ...), ConnectionFailed where the connection is lost."""
+    tmp = f"pg2delta_decode_{uuid.uuid4().hex[:16]}"
+    try:
+        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true, 'test_decoding')", (slot, tmp))
+        return list(conn.execute(query, (tmp, *params)).fetchall())
+    except psycopg.OperationalError as exc:
+        if _connection_lost(exc):
+            raise ConnectionFailed(f"lost the connection while decoding the backlog: {' '.join(str(exc).split())}") from exc
+        raise DecodeUnavailable(" ".join(str(exc).split())) from exc
+    except psycopg.Error as exc:
+        raise DecodeUnavailable(" ".join(str(exc).split())) from exc
     finally:
         with contextlib.suppress(psycopg.Error):  # (it would go with the session, a moment after)
             conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (tmp,))
-        conn.close()
 
 
 __all__ = [
-    "DecodeUnavailable", "Truncated", "filenodes_json", "filenodes_of", "filenodes_sql", "fresh_leaves", "leaf_filenodes", "match_truncates",
+    "DecodeUnavailable", "Truncated", "decode_backlog", "filenodes_json", "filenodes_of", "filenodes_sql", "fresh_leaves", "leaf_filenodes", "match_truncates",
     "rewritten_leaves", "truncate_names", "truncated_alone",
 ]

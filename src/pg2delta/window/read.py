@@ -54,17 +54,26 @@ class TableWindow:
 
     def cut(self, lsn: int) -> None:
         """Keep only the changes of transactions whose commit LSN is before ``lsn``."""
-        kept: list[Batch] = []
+        kept = self.split(lsn)[0]
+        self.batches, self.truncates = kept.batches, kept.truncates
+
+    def split(self, lsn: int) -> tuple[TableWindow, TableWindow]:
+        """The changes of transactions whose commit LSN is before ``lsn``, and the others."""
+        before, after = TableWindow(self.oid), TableWindow(self.oid)
         for b in self.batches:
             if b.max_lsn < lsn:
-                kept.append(b)
-            elif b.first_lsn < lsn:
+                before.batches.append(b)
+            elif b.first_lsn >= lsn:
+                after.batches.append(b)
+            else:
                 batch = b.load()
-                rows = batch.filter(pc.less(batch.column(LSN_COL), lsn))
-                if rows.num_rows:
-                    kept.append(ChangeBatch(b.relation, rows))
-        self.batches = kept
-        self.truncates = [t for t in self.truncates if t.commit_lsn < lsn]
+                at = batch.column(LSN_COL)
+                for part, rows in ((before, batch.filter(pc.less(at, lsn))), (after, batch.filter(pc.greater_equal(at, lsn)))):
+                    if rows.num_rows:
+                        part.batches.append(ChangeBatch(b.relation, rows))
+        before.truncates = [t for t in self.truncates if t.commit_lsn < lsn]
+        after.truncates = [t for t in self.truncates if t.commit_lsn >= lsn]
+        return before, after
 
 
 @dataclass(frozen=True)
