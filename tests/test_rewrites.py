@@ -8,6 +8,8 @@ import pytest
 
 from pg2delta.apply.targets import truncated_partitions
 from pg2delta.config import Config, SourceConfig, TableConfig
+from pg2delta.lsn import parse_lsn
+from pg2delta.source.detaches import Detach, detach_positions
 from pg2delta.source.publication import published_tables
 from pg2delta.source.rewrites import (
     DecodeUnavailable,
@@ -120,3 +122,32 @@ def test_backlog_not_decodable(pgdb: str) -> None:
         assert "pg2delta resync --table public.m" in str(fresh)
         assert truncated_partitions(resync, src, {}, {root: [leaf]}, fresh_again, fresh={leaf}) is None
         assert fresh_again == {root: "public.m"}
+
+
+@pytest.mark.integration
+def test_detach_positions(pgdb: str) -> None:
+    """Where each partition's DETACH committed in the slot's backlog: found for a plain DETACH;
+    0 for one before the slot; unknown for a DETACH in a transaction that changed rows, and for
+    a table whose catalog row was written again since (a GRANT), where the DETACH is earlier."""
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m (id int, k int, v text) PARTITION BY LIST (k)")
+        for k in (2, 3, 4, 5):
+            conn.execute(f"CREATE TABLE m{k} PARTITION OF m FOR VALUES IN ({k})")
+        conn.execute("ALTER TABLE m DETACH PARTITION m5")
+        conn.execute("SELECT pg_create_logical_replication_slot('backlog', 'pgoutput')")
+        conn.execute("INSERT INTO m VALUES (1, 2, 'before')")
+        conn.execute("ALTER TABLE m DETACH PARTITION m2")
+        after = parse_lsn(str(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))
+        conn.execute("INSERT INTO m2 VALUES (2, 2, 'after')")
+        conn.execute("ALTER TABLE m DETACH PARTITION m3")
+        conn.execute("GRANT SELECT ON m3 TO PUBLIC")
+        with conn.transaction():
+            conn.execute("INSERT INTO m VALUES (1, 4, 'with the detach')")
+            conn.execute("ALTER TABLE m DETACH PARTITION m4")
+        oids = {n: int(conn.execute("SELECT %s::regclass::oid::int8", (n,)).fetchone()[0]) for n in ("m2", "m3", "m4", "m5")}
+    found = detach_positions(pgdb, "backlog", oids.values())
+    assert found[oids["m5"]] == Detach(0)
+    at = found[oids["m2"]].lsn
+    assert at is not None and 0 < at <= after, found
+    assert found[oids["m3"]].lsn is None and "written again" in found[oids["m3"]].why
+    assert found[oids["m4"]].lsn is None and "changed rows too" in found[oids["m4"]].why

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pg2delta.lsn import parse_lsn
+from pg2delta.lsn import format_lsn, parse_lsn
 from pg2delta.source.rewrites import decode_backlog
 from pg2delta.source.slot import connect
 
@@ -25,12 +25,13 @@ log = logging.getLogger(__name__)
 
 # Per table: the transaction that last wrote its pg_class row, whether that transaction ended
 # before the slot's catalog_xmin (so before the slot's position: not in its backlog), and whether
-# it wrote the pg_class row of one of the table's indexes too, as a DETACH does (it detaches the
-# partition's indexes from the root's) and a later GRANT or ALTER TABLE of the table alone does
-# not; NULL where the table has no index.
+# it wrote the row of the table's first column too, as a DETACH does (each column's inheritance
+# count goes down) and a later GRANT, ALTER TABLE … ADD COLUMN or other change of the table's
+# own row does not.
 _XMIN_QUERY = """
 SELECT c.oid::int8, c.xmin::text, age(c.xmin) > age(s.catalog_xmin),
-       (SELECT bool_or(x.xmin = c.xmin) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = c.oid)
+       coalesce((SELECT a.xmin = c.xmin FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                 ORDER BY a.attnum LIMIT 1), false)
 FROM pg_class c, pg_replication_slots s
 WHERE c.oid = ANY(%s::oid[]) AND s.slot_name = %s
 """
@@ -63,18 +64,18 @@ def detach_positions(dsn: str, slot: str, tables: Iterable[int], *, connect_time
     with connect(dsn, application_name="pg2delta detaches", connect_timeout=connect_timeout) as conn:
         rows = conn.execute(_XMIN_QUERY, (sorted(tables), slot)).fetchall()
         out: dict[int, Detach] = {}
-        wanted: dict[str, list[tuple[int, bool | None]]] = {}
+        wanted: dict[str, list[tuple[int, bool]]] = {}
         for oid, xmin, older, witness in rows:
             if older:
                 out[int(str(oid))] = Detach(0)
             else:
-                wanted.setdefault(str(xmin), []).append((int(str(oid)), None if witness is None else bool(witness)))
+                wanted.setdefault(str(xmin), []).append((int(str(oid)), bool(witness)))
         commits = _commits(conn, slot, sorted(wanted)) if wanted else {}
         for xid, found in wanted.items():
             for oid, witness in found:
                 out[oid] = _position(xid, commits.get(xid), witness)
     log.info("decoded the backlog of slot %s for the DETACH of %d table(s): %s", slot, len(out),
-             ", ".join(f"{oid} at {d.lsn}" if d.lsn is not None else f"{oid} unknown" for oid, d in sorted(out.items())))
+             ", ".join(f"{oid} at {format_lsn(d.lsn)}" if d.lsn is not None else f"{oid} unknown" for oid, d in sorted(out.items())))
     return out
 
 
@@ -83,12 +84,12 @@ def _commits(conn: Any, slot: str, xids: list[str]) -> dict[str, tuple[int, int]
             if end is not None}
 
 
-def _position(xid: str, commit: tuple[int, int] | None, witness: bool | None) -> Detach:
+def _position(xid: str, commit: tuple[int, int] | None, witness: bool) -> Detach:
+    if not witness:
+        return Detach(None, f"its catalog row was written again since the DETACH (xid {xid}, not its columns' too)")
     if commit is None:
         return Detach(None, f"the transaction that detached it (xid {xid}) is not in the slot's backlog")
     end, changes = commit
-    if witness is False:
-        return Detach(None, f"its catalog row was written again since the DETACH (xid {xid}, not the detach of its indexes)")
     if changes:
         return Detach(None, f"the transaction that detached it (xid {xid}) changed rows too")
     return Detach(end)
