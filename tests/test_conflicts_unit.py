@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from pg2delta.errors import EXIT_LAKE_CHANGED, EXIT_RETRYABLE, CommitConflict, LakeChanged, LakeError
 from pg2delta.lake import conflicts
-from pg2delta.lake.conflicts import committing, delta_conflict
+from pg2delta.lake.conflicts import committing, delta_conflict, engine_error
 from pg2delta.lake.foreign import MARK, commits_after, landed_between, own_commit
 from pg2delta.lake.lake_files import Lake
 
@@ -33,7 +33,9 @@ def _stale_conflict(path: str) -> LakeError:
     try:
         stale.delete("id = 0")
     except Exception as exc:
-        return LakeError(f"MERGE into {path} failed: {exc}")
+        failed = LakeError(f"MERGE into {path} failed: {exc}")
+        failed.__cause__ = exc  # as the engine's parts raise theirs (raise ... from exc)
+        return failed
     raise AssertionError("delta-rs committed over a compaction it did not read")
 
 
@@ -46,6 +48,23 @@ def test_what_counts_as_a_conflict(tmp_path: Path) -> None:
                  "Failed to commit transaction: 0"):
         assert delta_conflict(LakeError(text)), text
     assert not delta_conflict(LakeError("No space left on device"))
+    # The engine's exception the retry's log line names: its class, and Delta's where its text names one.
+    assert engine_error(_stale_conflict(path)) == "CommitFailedError"
+
+    class Py4JJavaError(Exception):
+        pass
+
+    for engines, named in (
+        (Py4JJavaError("An error occurred while calling o97.sql.\n: io.delta.exceptions.ConcurrentAppendException: "
+                       "Files were added"), "Py4JJavaError: ConcurrentAppendException"),
+        (Py4JJavaError("[DELTA_CONCURRENT_DELETE_READ] ConcurrentDeleteReadException: This transaction attempted"),
+         "Py4JJavaError: ConcurrentDeleteReadException"),
+        (RuntimeError("Failed to commit transaction: 0"), "RuntimeError"),
+    ):
+        wrapped = LakeError(f"MERGE into t failed: {engines}")
+        wrapped.__cause__ = engines
+        assert engine_error(wrapped) == named, (engine_error(wrapped), named)
+    assert engine_error(LakeError("[DELTA_CONCURRENT_APPEND] Files were added")) == "DELTA_CONCURRENT_APPEND"
 
 
 def test_retried_over_a_compaction_and_a_vacuum_refused_over_an_append(
@@ -69,6 +88,7 @@ def test_retried_over_a_compaction_and_a_vacuum_refused_over_an_append(
     assert len(calls) == 2
     retried = [r.getMessage() for r in caplog.records if "met a concurrent commit that changes no row" in r.getMessage()]
     assert len(retried) == 1 and "VACUUM END" in retried[0] and "OPTIMIZE" in retried[0], retried
+    assert "the engine raised CommitFailedError" in retried[0], retried
     kinds = [(c.what.operation, c.own, c.data) for c in commits_after(lake, path, 2)]
     assert kinds == [("VACUUM END", False, False), ("VACUUM START", False, False), ("OPTIMIZE", False, False)]
 
@@ -81,6 +101,38 @@ def test_retried_over_a_compaction_and_a_vacuum_refused_over_an_append(
         committing(lake, path, "MERGE into t", over_an_append)
     assert refused.value.exit_code == EXIT_LAKE_CHANGED and "WRITE by delta-rs" in str(refused.value)
     assert refused.value.__context__ is None  # not taken for the object store's lost answer (cli)
+
+    # verify's run remembers another writer's commits and writes over them (pg2delta.job): the commit
+    # is made again over an append the hook remembers; one it does not (a changelog's) is refused.
+    told: list[tuple[str, list[int]]] = []
+
+    def remembering(uri: str, commits: Any) -> bool:
+        told.append((uri, [c.version for c in commits]))
+        return uri == path
+
+    lake.remember_foreign = remembering
+    tries: list[int] = []
+
+    def once_over_an_append() -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            over_an_append()
+        return "done"
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pg2delta.lake.engine"):
+        assert committing(lake, path, "MERGE into t", once_over_an_append) == "done"
+    latest = DeltaTable(path).version()
+    assert len(tries) == 2 and told == [(path, [latest])], (tries, told, latest)
+    assert any("another writer's commit that changes rows, remembered" in r.getMessage() for r in caplog.records)
+    other = _table(tmp_path / "changelog")
+    with pytest.raises(LakeChanged):
+        committing(lake, other, "append to the changelog", lambda: (write_deltalake(
+            other, pa.table({"id": pa.array([9], pa.int64())}), mode="append"), _raise(_stale_conflict(other))))
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
 
 
 def test_an_own_commit_stands_and_endless_compactions_give_75(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,19 +9,23 @@ object store; the slot stays where it was, and the next run, the store back, lan
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
 from changelog_support import setup_source
 from conftest import newest_server_only
 from lake_read import read_delta
-from s3fault import FaultProxy
+from pg2delta.errors import EXIT_STATUS_LAKE_CHANGED
+from s3fault import FaultProxy, passthrough
 from s3server import S3Server
 from test_object_store import _ok, assert_s3_lake_matches, write_config
-from workload import TABLES, Workload, cli, confirmed_lsn
+from workload import TABLES, Workload, cli, confirmed_lsn, create_schema
 
 pytestmark = [pytest.mark.e2e, pytest.mark.deploy]
 
@@ -145,3 +149,83 @@ def test_an_answer_lost_after_the_commit_landed(
     versions = ["_pg2delta_valid_from_lsn", "_pg2delta_valid_from_pos"]
     assert _twice(s3_server, f"{s3_lake}/public/acct__history", ["id", *versions]) == 0, "acct's history: a version twice"
     assert _twice(s3_server, f"{s3_lake}/public/events__history", versions) == 0, "events' history: a version twice"
+
+
+def test_the_copies_commits_and_verify_over_other_writers_commits(
+    pg_server: Any, pgdb: str, s3_server: S3Server, s3_lake: str, proxy: FaultProxy, tmp_path: Any
+) -> None:
+    """The copies' commits (bootstrap, resync) meet the store's faults and other writers' commits
+    as a run's commits do (pg2delta.lake.conflicts.committing), on the embedded engine; each fault
+    when the first commit of ``acct``'s Delta log goes through the proxy:
+
+    1. the store applies the commit of ``acct``'s copy in the bootstrap and loses its answer: the
+       bootstrap ends 0, or 75 with one line and the next bootstrap finishes it;
+    2. another writer's ``DELETE`` (delta-rs, straight to the store) lands just before verify's run
+       commits to ``acct``: the run remembers it and commits again over it (a run would stop with
+       21), verify names it and exits 20, ``status`` flags it (13);
+    3. a compaction lands just before the commit of ``acct``'s copy in a resync: the resync commits
+       again over it, one line naming the engine's exception, and ends 0, the damage repaired.
+
+    The lake equals PostgreSQL after a run on top."""
+    newest_server_only(pg_server, "the lake's store does not depend on the server")
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    create_schema(pgdb, pub)
+    config = write_config(tmp_path / "c.toml", pgdb, slot, pub, s3_lake)
+    acct = f"{s3_lake}/public/acct"
+    log = f"/{acct.removeprefix('s3://')}/_delta_log/"  # the table's, not its changelog's
+
+    def at_acct_commit(action: Callable[[], int | None]) -> list[str]:
+        """``action()`` (the proxy's answer) at the next commit of acct's log; the commit's path, once done."""
+        hit: list[str] = []
+
+        def policy(method: str, path: str, n: int) -> int | None:
+            if not hit and method == "PUT" and path.startswith(log) and path.split("?")[0].endswith(".json"):
+                hit.append(path)
+                return action()
+            return None
+
+        proxy.policy = policy
+        return hit
+
+    def other_writer(change: Callable[[DeltaTable], Any]) -> Callable[[], None]:
+        def commit() -> None:  # then the proxy passes pg2delta's commit on: too late
+            change(DeltaTable(acct, storage_options=s3_server.storage_options))
+
+        return commit
+
+    with Workload(pgdb, 86) as wl:
+        wl.phase(40, truncate=False)
+        lost = at_acct_commit(lambda: -500)
+        boot = cli("bootstrap", "--config", config, child=True)
+        proxy.policy = passthrough
+        assert lost, f"no commit of acct's copy went through the proxy (exit {boot.returncode}): {boot.stderr[-2000:]}"
+        print("exit code of the bootstrap whose commit lost its answer:", boot.returncode)
+        assert boot.returncode in (0, 75), boot.stderr[-3000:]
+        if boot.returncode == 75:
+            lines = [line for line in boot.stderr.splitlines() if line.startswith("pg2delta")]
+            assert len(lines) == 1 and "lost its answer to a commit" in lines[0], boot.stderr[-3000:]
+            _ok(cli("bootstrap", "--config", config), "the bootstrap again, the store back")
+        assert_s3_lake_matches(pgdb, s3_server, s3_lake, "a bootstrap whose copy's commit lost its answer")
+
+        wl.phase(40)
+        first = DeltaTable(acct, storage_options=s3_server.storage_options).to_pyarrow_table(columns=["id"])["id"][0]
+        deleted = at_acct_commit(other_writer(lambda t: t.delete(f"id = {first.as_py()}")))
+        verified = cli("verify", "--config", config, "--json", child=True)
+        proxy.policy = passthrough
+        assert deleted and verified.returncode == 20, (deleted, verified.returncode, verified.stderr[-3000:])
+        foreign = json.loads(verified.stdout)["tables"]["public.acct"]["foreign_commits"]
+        assert [c["operation"] for c in foreign] == ["DELETE"], foreign
+        assert "another writer's commit that changes rows, remembered" in verified.stderr, verified.stderr[-3000:]
+        assert cli("status", "--config", config).returncode == EXIT_STATUS_LAKE_CHANGED
+
+        compacted = at_acct_commit(other_writer(lambda t: t.optimize.z_order(["id"])))
+        resync = cli("resync", "--config", config, "--table", "public.acct", child=True)
+        proxy.policy = passthrough
+        assert resync.returncode == 0 and compacted, (resync.returncode, compacted, resync.stderr[-3000:])
+        retried = [line for line in resync.stderr.splitlines() if "met a concurrent commit that changes no row" in line]
+        assert len(retried) == 1 and "OPTIMIZE" in retried[0] and "the engine raised " in retried[0], resync.stderr[-3000:]
+        print("the resync's retry:", retried[0])
+        wl.phase(40)
+        _ok(cli("run", "--config", config), "run after the resync")
+    assert_s3_lake_matches(pgdb, s3_server, s3_lake, "after the copies' faults, verify and a run")

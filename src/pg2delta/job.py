@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pg2delta.copy.copier as copying
@@ -56,6 +57,7 @@ from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applie
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.foreign import (
     Damaged,
+    ForeignCommit,
     damaged_tables,
     landed_between,
     last_logged_versions,
@@ -431,7 +433,23 @@ def _refuse_foreign(job: Job, run: _Run, targets: Sequence[Target]) -> None:
     found = damaged_tables(job.lake, versions, run.damaged, latest=latest)
     if job.on_foreign == "refuse":
         refuse(found)
+    else:  # and a commit that meets another writer's to one of these tables is made again over it
+        job.lake.remember_foreign = partial(_remember_landed, job, run)
     _remember(job, run, found)
+
+
+def _remember_landed(job: Job, run: _Run, uri: str, commits: Sequence[ForeignCommit]) -> bool:
+    """``on_foreign = "remember"`` (verify's run; pg2delta.lake.lake_files.Lake.remember_foreign):
+    another writer's ``commits`` that change rows landed on the Delta table at ``uri`` while the
+    window committed to it. Remembered, as :func:`_refuse_foreign` remembers what it finds, when the
+    table is one the window writes (True: the commit is made again over them, pg2delta.lake.conflicts);
+    False for the others (a changelog, a history, the applied log: the run stops with exit 21)."""
+    for (schema, table), (_, logged) in run.checked.items():
+        if job.lake.table_uri(schema, table) == uri:
+            known = (run.damaged or {}).get((schema, table))
+            _remember(job, run, [Damaged(schema, table, logged, with_known(commits, known))])
+            return True
+    return False
 
 
 def _remember(job: Job, run: _Run, found: Sequence[Damaged]) -> None:

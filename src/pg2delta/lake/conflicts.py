@@ -19,13 +19,15 @@ and decides by what they did (:mod:`pg2delta.lake.foreign` tells whose they are)
 
 * only commits that change no row (an ``OPTIMIZE`` or compaction, ``VACUUM``, table properties):
   the statement runs again from a fresh snapshot, up to :data:`ATTEMPTS` times with a growing
-  pause, each retry one line in the log. A window's final rows committed again give the same
+  pause, each retry one line in the log naming the engine's exception (:func:`engine_error`). A window's final rows committed again give the same
   table (a ``MERGE`` of final states, a rewrite of their key range recomputed from the table as it
   is now), and the first attempt committed nothing; after the last attempt,
   :class:`pg2delta.errors.CommitConflict` (exit 75, run again);
 * a commit by another writer that changes rows (someone's ``UPDATE``, ``DELETE``, append):
   nothing is retried over it: :class:`pg2delta.errors.LakeChanged` (exit 21), as for the commits
-  a run finds before it writes;
+  a run finds before it writes; but for a run that writes over such commits and remembers them
+  (``pg2delta verify``'s, :attr:`pg2delta.lake.lake_files.Lake.remember_foreign`), which
+  retries as over a compaction once they are remembered;
 * a commit of pg2delta's own that changes rows: the attempt landed and the store lost its answer
   (:data:`pg2delta.errors.store_unavailable`): the error stands (exit 75; the next run finds the
   commit in place and lands nothing twice);
@@ -76,6 +78,36 @@ def delta_conflict(exc: BaseException) -> bool:
     return False
 
 
+# Delta's exception classes and error classes as the engines' messages name them (a JVM's exception
+# reaches Python as Py4JJavaError or a Spark Connect error with the Java class in its text).
+_DELTA_CLASS = re.compile(
+    r"Concurrent(?:Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|MetadataChangedException"
+    r"|ProtocolChangedException"
+)
+_DELTA_ERROR_CLASS = re.compile(r"\[(DELTA_[A-Z_]+)\]")
+
+
+def engine_error(exc: BaseException) -> str:
+    """The engine's exception behind ``exc`` (pg2delta's own errors wrap it): the class of the first
+    error in the chain that is not pg2delta's, with Delta's exception class or error class when its
+    message names one and it is not that class (``Py4JJavaError: ConcurrentAppendException``)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    first: BaseException | None = None
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if first is None and not isinstance(cur, Pg2DeltaError):
+            first = cur
+        cur = cur.__cause__ or cur.__context__
+    text = str(first if first is not None else exc)
+    found, error_class = _DELTA_CLASS.search(text), _DELTA_ERROR_CLASS.search(text)
+    delta = found.group(0) if found else error_class.group(1) if error_class else None
+    if first is None:
+        return delta or type(exc).__name__
+    name = type(first).__name__
+    return f"{name}: {delta}" if delta and delta != name else name
+
+
 def committing(lake: Lake, uri: str, what: str, attempt: Callable[[], T]) -> T:
     """``attempt()`` (one commit to the Delta table at ``uri``, described as ``what``), run again
     while it fails on commits another writer made meanwhile that change no row (see the module
@@ -93,7 +125,7 @@ def committing(lake: Lake, uri: str, what: str, attempt: Callable[[], T]) -> T:
         if not landed or any(c.own and c.data for c in landed):
             raise failed  # nothing new (another failure), or this attempt's own commit landed
         foreign = [c.what for c in landed if c.data and not c.own]
-        if foreign:
+        if foreign and not (lake.remember_foreign is not None and lake.remember_foreign(uri, foreign)):
             rel = uri.removeprefix(f"{lake.root}/")
             name = rel.replace("/", ".") if rel.count("/") == 1 and not rel.startswith("_") else "<schema.table>"
             raise LakeChanged(
@@ -109,10 +141,11 @@ def committing(lake: Lake, uri: str, what: str, attempt: Callable[[], T]) -> T:
                 "nothing of this window was committed and the slot did not move: run again"
             )
         pause = BACKOFF_SECONDS * 2 ** (n - 1) * random.uniform(0.5, 1.5)
-        log.warning("%s met a concurrent commit that changes no row (%s): retrying from the new version in %.1f s "
-                    "(attempt %d of %d)", what, others, pause, n + 1, ATTEMPTS)
+        said = "another writer's commit that changes rows, remembered," if foreign else "a concurrent commit that changes no row"
+        log.warning("%s met %s (%s; the engine raised %s): retrying from the new version in %.1f s (attempt %d of %d)",
+                    what, said, others, engine_error(failed), pause, n + 1, ATTEMPTS)
         time.sleep(pause)
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
-__all__ = ["ATTEMPTS", "BACKOFF_SECONDS", "ForeignCommit", "committing", "delta_conflict"]
+__all__ = ["ATTEMPTS", "BACKOFF_SECONDS", "ForeignCommit", "committing", "delta_conflict", "engine_error"]

@@ -166,6 +166,26 @@ def _temp_views(spark: Any) -> Iterator[list[str]]:
             spark.catalog.dropTempView(name)
 
 
+def _replace(writes: DeltaWrites, uri: str, staged_dir: str, keep: Any) -> None:
+    """One attempt of :meth:`DeltaWrites.replace_table`."""
+    with _temp_views(writes.spark) as views:
+        try:
+            df = _with_kept(writes, uri, writes.spark.read.parquet(staged_dir), keep, views)
+            writer = writes.delta_writer(df, "overwrite").option("overwriteSchema", "true")
+            if writes.lake.delta_version(uri) is None:
+                writer = writes.new_table_writer(writer, df, uri)
+            else:  # written whole: partitioned as configured now
+                writes.check_features(uri)
+                parts = DeltaFeatures(partition_by=writes.features(uri).partition_by)
+                writes.keep_stats_of(uri, df.schema, exclude=parts.partition_by)
+                writer = creating(writer, parts)
+            _save_file_per_task(writer, uri, writes.spark if writes.classic else None)
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
+
+
 def _add_columns(writes: DeltaWrites, uri: str, df: Any, staged: str, added: Sequence[str]) -> None:
     """Add the columns ``added`` of ``df`` (no rows of ``staged``) to the existing Delta table at
     ``uri``: a ``mergeSchema`` append. pysail 0.7.2 commits nothing there when the table has a NOT NULL column
@@ -327,23 +347,10 @@ class DeltaWrites(Commits, TableFeatures):
         """Make the Delta table at ``uri`` hold exactly the Parquet files under ``staged_dir`` (and the
         existing rows ``keep`` keeps, see :func:`_with_kept`), in one commit. The table is created when
         missing; an existing one is overwritten (schema included), so readers see either the old table
-        or the whole new one, never part of it."""
-        with _temp_views(self.spark) as views:
-            try:
-                df = _with_kept(self, uri, self.spark.read.parquet(staged_dir), keep, views)
-                writer = self.delta_writer(df, "overwrite").option("overwriteSchema", "true")
-                if self.lake.delta_version(uri) is None:
-                    writer = self.new_table_writer(writer, df, uri)
-                else:  # written whole: partitioned as configured now
-                    self.check_features(uri)
-                    parts = DeltaFeatures(partition_by=self.features(uri).partition_by)
-                    self.keep_stats_of(uri, df.schema, exclude=parts.partition_by)
-                    writer = creating(writer, parts)
-                _save_file_per_task(writer, uri, self.spark if self.classic else None)
-            except LakeError:
-                raise
-            except Exception as exc:
-                raise LakeError(f"cannot write {uri} from {staged_dir}: {' '.join(str(exc).split())[:500]}") from exc
+        or the whole new one, never part of it. Made again, as a run's commits are
+        (:func:`pg2delta.lake.conflicts.committing`), when another writer's commit met it: the staged
+        files are still there and the rows kept are read again from the table as it is then."""
+        committing(self.lake, uri, f"the copy's commit to {uri}", lambda: _replace(self, uri, staged_dir, keep))
 
     def adopt_copy(self, uri: str, staged_dir: str, schema: pa.Schema) -> bool:
         """Make the Parquet files under ``staged_dir`` (a table's copy, written with
@@ -355,7 +362,10 @@ class DeltaWrites(Commits, TableFeatures):
         Only where the files are this process's own (the embedded engine, a lake on the local
         filesystem) and nothing is at ``uri`` yet; returns False, having done nothing, otherwise
         (then :meth:`replace_table` writes the table). Files an earlier copy moved there before it
-        died, without its commit, are removed first.
+        died, without its commit, are removed first. Not made again on a failure, as
+        :meth:`replace_table` is: no other writer's commit can meet the first version of a table, no
+        object store throttles a local disk, and the staged files are gone once moved (the next
+        ``bootstrap`` or ``resync`` stages the table anew: ``copy_adopt_moved``).
         """
         if not self.embedded or not isinstance(self.lake.fs, pafs.LocalFileSystem) or self.features(uri) != NO_FEATURES:
             return False
@@ -442,8 +452,8 @@ class DeltaWrites(Commits, TableFeatures):
             df.createOrReplaceTempView(view)
         except Exception as exc:
             raise LakeError(f"cannot stage the copy for {uri}: {' '.join(str(exc).split())[:500]}") from exc
-        try:
-            self._sql(statement_for(self.target(uri), view, columns), f"MERGE into {uri}")
+        try:  # made again when another writer's commit met it, as a run's MERGE is
+            self._committed(uri, statement_for(self.target(uri), view, columns), f"MERGE into {uri}", None)
         finally:
             try:
                 self.spark.catalog.dropTempView(view)

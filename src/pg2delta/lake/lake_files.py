@@ -15,7 +15,7 @@ import re
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -98,6 +98,10 @@ class Lake:
         # made of them: a commit's JSON is written once. The run empties it at each window's first
         # look at its tables (a table deleted and made again by another writer is read afresh).
         self.commits_read: dict[tuple[str, int], Any] = {}
+        # Set by a run that writes over another writer's commits, remembered (verify's, pg2delta.job):
+        # called with a table's URI and the ForeignCommits that landed while pg2delta committed to it;
+        # True: remembered, the commit is made again over them (pg2delta.lake.conflicts). Else exit 21.
+        self.remember_foreign: Callable[[str, Sequence[Any]], bool] | None = None
 
     def own_staging(self, slot: str) -> int:
         """Stage under the slot's own folder of the staging area from now on, and empty it first:
