@@ -23,11 +23,14 @@ from deltalake import DeltaTable, write_deltalake
 
 from changelog_support import setup_source
 from conftest import newest_server_only
+from engines import TEST_ENGINE
 from lake_read import read_delta
 from pg2delta.config import StorageConfig, load, storage_environment
 from pg2delta.errors import ConfigError
 from pg2delta.faults import FAULT_ENV
-from pg2delta.lake.lake_files import s3_filesystem
+from pg2delta.lake.engine import EngineConfig
+from pg2delta.lake.engine_session import S3A_RETRIES, s3a_retry_defaults
+from pg2delta.lake.lake_files import Lake, s3_filesystem
 from s3server import S3Server
 from workload import TABLES, TableSpec, Workload, assert_same_rows, cli, confirmed_lsn, create_schema, pg_rows
 
@@ -94,6 +97,30 @@ def test_storage_settings_become_the_standard_variables_and_s3a_settings(tmp_pat
     assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
     assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "mine"  # [engine.spark_conf] wins
     assert not any("key" in k for k in conf)  # credentials stay with s3a's own chain
+
+
+@pytest.mark.classic
+@pytest.mark.deploy
+@pytest.mark.skipif(TEST_ENGINE != "spark", reason="Hadoop's s3a settings are Apache Spark's (make test-spark)")
+def test_a_users_s3a_settings_win_over_the_retry_defaults(shared_engine: Any, tmp_path: Any) -> None:
+    """pg2delta bounds s3a's retries (S3A_RETRIES) only where nothing but Hadoop's own defaults names
+    them: a user's ``spark.hadoop.*`` setting (spark-defaults.conf, ``--conf``, ``[engine.spark_conf]``)
+    and a ``core-site.xml`` win. The Hadoop configuration is built as Spark builds a session's
+    (SparkHadoopUtil.newConfiguration), in the JVM of the session pg2delta opened, which has the
+    defaults where the tier's settings name nothing."""
+    spark = shared_engine.start(EngineConfig(kind="spark"), Lake(str(tmp_path))).spark
+    jvm = spark.sparkContext._jvm
+    users = jvm.org.apache.spark.SparkConf(False).set("spark.hadoop.fs.s3a.attempts.maximum", "7")
+    hadoop = jvm.org.apache.spark.deploy.SparkHadoopUtil.get().newConfiguration(users)
+    site = tmp_path / "core-site.xml"
+    site.write_text("<configuration><property><name>fs.s3a.retry.limit</name><value>9</value></property></configuration>")
+    hadoop.addResource(jvm.org.apache.hadoop.fs.Path(site.as_uri()))
+    assert hadoop.get("fs.s3a.retry.throttle.limit") != S3A_RETRIES["fs.s3a.retry.throttle.limit"]  # Hadoop's own
+    s3a_retry_defaults(hadoop)
+    got = {key: hadoop.get(key) for key in S3A_RETRIES}
+    assert got == {**S3A_RETRIES, "fs.s3a.attempts.maximum": "7", "fs.s3a.retry.limit": "9"}, got
+    session = spark.sparkContext._jsc.hadoopConfiguration()
+    assert session.get("fs.s3a.retry.throttle.limit") == S3A_RETRIES["fs.s3a.retry.throttle.limit"]
 
 
 def test_credentials_in_the_config_file_are_refused(tmp_path: Any) -> None:

@@ -74,10 +74,10 @@ S3A_RETRIES = {
 }
 
 
-def _s3a_retries(spark: Any) -> None:
-    """:data:`S3A_RETRIES` into the session's Hadoop configuration, each where only Hadoop's own
-    default (core-default.xml) names it; before the first ``s3a://`` access creates its file system."""
-    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+def s3a_retry_defaults(hadoop: Any) -> None:
+    """:data:`S3A_RETRIES` into ``hadoop``, a session's Hadoop configuration (a JVM object), each
+    where only Hadoop's own default (core-default.xml) names it; before the first ``s3a://`` access
+    creates its file system."""
     for key, value in S3A_RETRIES.items():
         sources = hadoop.getPropertySources(key)
         if sources is None or all(str(source) == "core-default.xml" for source in sources):
@@ -238,7 +238,7 @@ def _open_classic(config: EngineConfig) -> OpenedSession:
         except ImportError:
             pass
     spark = builder.getOrCreate()
-    _s3a_retries(spark)
+    s3a_retry_defaults(spark.sparkContext._jsc.hadoopConfiguration())
     session_conf = {k: v for k, v in _CLASSIC_SQL_CONF.items() if k not in conf}
     for key, value in session_conf.items():
         spark.conf.set(key, value)
