@@ -393,7 +393,8 @@ class TargetResolver:
             return [(tw, self.partition_root(oid) or self.logged_root(oid, applied))]
         root, at = self.detached[oid]
         before, after = tw.split(at)
-        return [(p, r) for p, r in ((before, (root, a.schema, a.table)), (after, None)) if p.batches or p.truncates]
+        now = self.partition_root(oid)  # None, unless attached to another root since
+        return [(p, r) for p, r in ((before, (root, a.schema, a.table)), (after, now)) if p.batches or p.truncates]
 
 
     def source_name(self, tgt: Target) -> str:
