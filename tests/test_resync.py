@@ -491,6 +491,8 @@ def test_changes_of_a_detached_partition_published_on_its_own_split_at_its_detac
         conn.execute("UPDATE m SET v = 'with its detach' WHERE k = 3 AND id = 2")
         conn.execute("ALTER TABLE m DETACH PARTITION m3")
     before = confirmed_lsn(pgdb, slot)
+    planned = cli("plan", "--config", config, "--json")
+    assert planned.returncode == 78 and "public.m3 left public.m (DETACH PARTITION)" in planned.stdout, planned.stderr[-2000:]
     stopped = cli("run", "--config", config)
     assert stopped.returncode == 78, stopped.stderr[-2000:]
     assert "public.m3 left public.m (DETACH PARTITION) and is published on its own" in stopped.stderr
