@@ -12,8 +12,8 @@ changelog holds no change twice and the slot ends where the lake is. On both eng
 Delta raises ``ConcurrentAppendException`` for both (delta-rs's commits are not blind appends).
 
 On Apache Spark also Apache Spark's own ``OPTIMIZE`` as the second writer. Delta's ``MERGE`` fails
-on it (which of Delta's conflict exceptions is not recorded here: the retry's line names the
-commit, not the exception); the run retries.
+on it with ``ConcurrentAppendException`` too (seen in the retry's line); the run retries. Every retry's line names the other writer's commit and the exception the
+engine raised (printed by the test).
 """
 
 from __future__ import annotations
@@ -184,6 +184,8 @@ def test_a_compaction_and_a_foreign_append_during_a_run(pgdb: str, tmp_path: Pat
     history = {h["version"]: h["operation"] for h in DeltaTable(str(table)).history()}
     retries = [line for line in stderr.splitlines() if "met a concurrent commit that changes no row" in line]
     assert len(retries) == 1 and "OPTIMIZE by delta-rs" in retries[0], (compacted, history, stderr[-3000:])
+    assert "the engine raised " in retries[0], retries
+    print(retries[0])
     assert history[compacted] == "OPTIMIZE" and max(history) > compacted, history
     assert_lake_matches(pgdb, lake, [ITEMS], context="after a compaction during a run")
 
@@ -199,6 +201,8 @@ def test_a_compaction_and_a_foreign_append_during_a_run(pgdb: str, tmp_path: Pat
         assert code == 0, stderr[-3000:]
         retries = [line for line in stderr.splitlines() if "met a concurrent commit that changes no row" in line]
         assert len(retries) == 1 and f"version {optimized}: OPTIMIZE by Apache-Spark" in retries[0], stderr[-3000:]
+        assert "the engine raised " in retries[0], retries
+        print(retries[0])
         assert_lake_matches(pgdb, lake, [ITEMS], context="after Apache Spark's OPTIMIZE during a run")
 
     # A foreign append while the run merges: the run stops with 21, the slot where it was.
