@@ -128,8 +128,8 @@ def merge_changes(
     source = fill_lookups(to.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional)
     report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
     report.rows_merged, key_range = source.num_rows, integer_range(source.column(key_names[0]))
-    appends = _appends(to, report, lookup_version, nullable_keys=nullable_keys, soft=soft, txn=txn)  # before reshape's commits
-    existing = reshape() if reshape is not None else None
+    new, inserts_only = _commit_kind(to, report, lookup_version, nullable_keys=nullable_keys, soft=soft, txn=txn)
+    existing = reshape() if reshape is not None else None  # after _commit_kind: reshape's commits move the version
     source, data_columns = _staged_rows(source, data_columns, key_names, soft=soft)
     staged = to.lake.stage(source, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
     # The rows are in the staged file now: the driver's reduced copies go back to the system before
@@ -139,7 +139,7 @@ def merge_changes(
     release_memory()
     try:
         _commit_rows(to, report, staged, key_names, data_columns, existing, reshaped, nullable_keys=nullable_keys, txn=txn,
-                     key_range=key_range, appends=appends)
+                     key_range=key_range, new=new, inserts_only=inserts_only)
     finally:
         to.lake.unstage(staged)
 
@@ -161,13 +161,12 @@ def truncates_at(truncates: Sequence[TruncateEvent]) -> tuple[tuple[int, int, in
 def _commit_rows(
     to: LakeWriter, report: TableReport, staged: str, key_names: list[str], data_columns: list[str],
     existing: frozenset[str] | None, reshaped: Callable[[], None] | None, *, nullable_keys: bool, txn: Txn | None,
-    key_range: tuple[int, int] | None = None, appends: bool = False,
+    key_range: tuple[int, int] | None = None, new: bool = False, inserts_only: bool = False,
 ) -> None:
-    """Commit the staged final rows of :func:`merge_changes`: an append into a new table (which the
-    append creates, in one commit) or where ``appends`` (:func:`_appends`), else a MERGE."""
+    """Commit the staged final rows of :func:`merge_changes`: an append into a ``new`` table (which
+    the append creates, in one commit), else a MERGE (the engine's to commit as it costs it least,
+    ``inserts_only`` as :func:`_commit_kind` says)."""
     uri = report.path
-    new = to.lake.delta_version(uri) is None
-    append = new or appends
     if not new:
         to.engine.ensure_table(uri, staged, data_columns, existing)
     if reshaped is not None:
@@ -175,42 +174,42 @@ def _commit_rows(
     to.engine.merge(
         uri, staged,
         lambda target, view: _statement(
-            target, view, key_names, data_columns, append, report.truncated, nullable_keys, key_range,
-            soft=report.soft(data_columns, key_names),
+            target, view, key_names, data_columns, new, report.truncated, nullable_keys, key_range,
+            soft=report.soft(data_columns, key_names), inserts_only=inserts_only,
         ),
-        txn=None if appends and not new else txn, rows=report.rows_merged,  # a blind append: no state to read
+        txn=txn, rows=report.rows_merged,
     )
     report.delta_version = to.lake.delta_version(uri)
     log.info(
         "applied %s.%s (%s): %d inserts, %d updates, %d deletes%s -> delta version %s",
-        report.schema, report.table, "appended" if append else "merged", report.inserts, report.updates,
+        report.schema, report.table, "appended" if new else "merged", report.inserts, report.updates,
         report.deletes, ", truncated" if report.truncated else "", report.delta_version,
     )
 
 
-def _appends(
+def _commit_kind(
     to: LakeWriter, report: TableReport, logged_version: int | None, *, nullable_keys: bool, soft: bool, txn: Txn | None
-) -> bool:
-    """Whether a window of inserts alone into the existing table ``report.path`` is committed as a
-    blind append rather than a ``MERGE``: on Apache Spark one Spark job, where the ``MERGE`` costs
-    eight or more (three of them to rebuild the table's state from its log, which a blind append
-    without Delta's idempotent-write id does not read).
+) -> tuple[bool, bool]:
+    """How the window's final rows of ``report.path`` are committed, read before the table's
+    reshape (whose commits move its version): whether the table is new (its rows are appended,
+    creating it), and whether they are inserts alone that nothing in the table can match and a
+    replay cannot land twice (:attr:`pg2delta.lake.engine_session.MergeRows.inserts_only`: the
+    engine may commit them without reading the table's state).
 
-    Only where nothing can match: every change an insert under a key PostgreSQL keeps unique and
-    not null (a primary key or replica identity index; a keyless table's commit position), no
-    truncate, no soft deletes (a key inserted again is a marked row of the table); and only where a
-    replay cannot land the rows twice: the table is at the version the applied log recorded for it
-    (``logged_version``), so it holds none of the window's rows. Any commit since (a crashed run's,
-    this run's schema changes, a compaction) makes it a ``MERGE``, which replays idempotently. A
-    retry after another writer's commit follows :func:`pg2delta.lake.conflicts.committing` (none
-    after a commit of pg2delta's own landed). Apache Spark only: its commits say they are
-    pg2delta's (pysail's append would read as another writer's, pg2delta.lake.foreign); not without
-    ``txn`` (a backfill, a table whose rows this run set anew), which keep the ``MERGE``."""
-    return (
-        to.engine.classic and txn is not None and not soft and not nullable_keys and not report.truncated
+    Nothing can match where every change is an insert under a key PostgreSQL keeps unique and not
+    null (a primary key or replica identity index; a keyless table's commit position), with no
+    truncate and no soft deletes (a key inserted again is a marked row of the table). A replay
+    cannot land the rows twice where the table is at the version the applied log recorded for it
+    (``logged_version``), so it holds none of the window's rows: any commit since (a crashed
+    run's, a compaction) makes a replay a ``MERGE``, which is idempotent. Not without ``txn`` (a
+    backfill, a table whose rows this run set anew), which keep the ``MERGE``."""
+    version = to.lake.delta_version(report.path)
+    inserts_only = (
+        txn is not None and not soft and not nullable_keys and not report.truncated
         and report.inserts > 0 and report.updates == 0 and report.deletes == 0
-        and logged_version is not None and to.lake.delta_version(report.path) == logged_version
+        and logged_version is not None and version == logged_version
     )
+    return version is None, inserts_only
 
 
 def _truncate_only(
@@ -259,27 +258,27 @@ def _merge_staged(
         data_columns = [*data_columns, LSN_COL, POS_COL]
     data_columns = list(dict.fromkeys([*data_columns, *meta]))  # the staged files hold _pg2delta_deleted (stage_changes)
     report.inserts, report.updates, report.deletes = staged.ops["I"], staged.ops["U"], staged.ops["D"]
-    appends = _appends(to, report, lookup_version, nullable_keys=nullable_keys, soft=DELETED_COL in meta, txn=txn)
+    new, inserts_only = _commit_kind(to, report, lookup_version, nullable_keys=nullable_keys, soft=DELETED_COL in meta, txn=txn)
     existing = reshape() if reshape is not None else None
     distinct = one_change_per_key(staged.ops, unique_key=not nullable_keys)
-    new = to.lake.delta_version(uri) is None
-    append = new or appends
     to.engine.ensure_table(uri, staged.uri, data_columns, existing)
     if reshaped is not None:
         reshaped()
     truncate, soft = report.truncated, report.soft(meta, key_names)
     report.rows_merged = to.engine.merge_reduced(
         uri, staged.uri,
-        lambda target, view: _statement(target, view, key_names, data_columns, append, truncate, nullable_keys, soft=soft),
+        lambda target, view: _statement(
+            target, view, key_names, data_columns, new, truncate, nullable_keys, soft=soft, inserts_only=inserts_only
+        ),
         work=f"{staged.name}-reduce", key_names=key_names, data_columns=data_columns,
         toast_columns=staged.toast_columns, lookup_version=lookup_version, nullable_keys=nullable_keys,
-        optional=optional or (), txn=txn if new or not appends else None, rows=staged.rows, bucket_files=staged.buckets,
+        optional=optional or (), txn=txn, rows=staged.rows, bucket_files=staged.buckets,
         distinct_keys=distinct,
     )
     report.delta_version = to.lake.delta_version(uri)
     log.info(
         "applied %s.%s (%s by the engine, %d changes in %d staged files): %d inserts, %d updates, "
-        "%d deletes%s -> delta version %s", schema, name, "appended" if append else "reduced and merged",
+        "%d deletes%s -> delta version %s", schema, name, "appended" if new else "reduced and merged",
         staged.rows, staged.files, report.inserts, report.updates, report.deletes,
         ", truncated" if report.truncated else "", report.delta_version,
     )
@@ -288,18 +287,20 @@ def _merge_staged(
 def _statement(
     target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], append: bool, truncate: bool,
     nullable_keys: bool, key_range: tuple[int, int] | None = None, *, soft: SoftDeletes | None = None,
+    inserts_only: bool = False,
 ) -> AppendRows | MergeRows:
     """The commit of a window's final rows: a MERGE, or into a table this window created (no row
     to match, nothing a truncate could remove) an append of the rows that are not deletes. A
     replay after a crash finds the table there and merges the same rows again. ``key_range``: the
-    source's first key column's smallest and largest value, when known (an integer key)."""
+    source's first key column's smallest and largest value, when known (an integer key);
+    ``inserts_only``: see :func:`_commit_kind`."""
     if append:
         if soft is not None:
             return AppendRows(tuple(data_columns), soft.landed(), soft.source(view, data_columns))
         return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
     merge = MergeRows(
         merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys, soft=soft),
-        tuple(key_names), tuple(data_columns), truncate, nullable_keys,
+        tuple(key_names), tuple(data_columns), truncate, nullable_keys, inserts_only=inserts_only,
     )
     if key_range is None or truncate or nullable_keys:
         return merge

@@ -74,94 +74,9 @@ VECTORS_FROM_BYTES = 8 << 20
 MERGE_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
 
 
-class Commits(DeltaReads):
-    """How the engine commits a statement builder's result (:meth:`_commit`)."""
-
-    def _commit(self, uri: str, view: str, statement: str | AppendRows | MergeRows, what: str, txn: Txn | None,
-                *, rows: int | None = None) -> None:
-        """Commit ``statement`` (Spark SQL, an :class:`AppendRows` or a :class:`MergeRows` of the
-        temporary view ``view``, which holds ``rows`` rows when the caller knows) as one commit to the
-        Delta table at ``uri``, with Delta's idempotent-write id ``txn`` where the engine has them;
-        again when another writer's commit met it (:func:`pg2delta.lake.conflicts.committing`)."""
-        committing(self.lake, uri, what, lambda: self._commit_once(uri, view, statement, what, txn, rows=rows))
-
-    def _commit_once(
-        self, uri: str, view: str, statement: str | AppendRows | MergeRows, what: str, txn: Txn | None, *, rows: int | None
-    ) -> None:
-        if isinstance(statement, MergeRows):
-            self._commit_merge(uri, view, statement, what, txn, rows=rows)
-            return
-        if isinstance(statement, str):
-            with self._txn(txn):
-                self._sql(statement, what)
-            return
-        cols = ", ".join(quote(c) for c in statement.columns)
-        try:
-            relation = view if statement.source is None else f"{statement.source} AS a"
-            rows_df = self.spark.sql(f"SELECT {cols} FROM {relation} WHERE {statement.where}")
-            writer = self.delta_writer(rows_df, "append")
-            if self.lake.delta_version(uri) is None:  # the append creates the table: one commit
-                writer = self.new_table_writer(writer, rows_df, uri)
-            if txn is not None and self.idempotent_writes:
-                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
-            writer.save(uri)
-        except Exception as exc:
-            raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
-
-    def _commit_merge(self, uri: str, view: str, merge: MergeRows, what: str, txn: Txn | None, *, rows: int | None) -> None:
-        """``merge`` committed as it costs the engine least: the embedded engine rewrites its key range
-        (:meth:`_rewrite_range`) where it can; Apache Spark's ``MERGE`` is bounded by the source's
-        key range (Delta prunes the files it reads by the ``ON`` clause's conditions on the table)
-        and rewrites a small table's files (:meth:`_rewrite_if_small`)."""
-        if self.embedded and (rows is None or rows >= EMBEDDED_REWRITE_ROWS) and self._rewrite_range(uri, view, merge, what):
-            return
-        with self._txn(txn), self._rewrite_if_small(uri):
-            self._sql(merge.bounded if self.classic and merge.bounded else merge.statement, what)
-
-    @contextmanager
-    def _rewrite_if_small(self, uri: str) -> Iterator[None]:
-        """A ``MERGE`` in this block (Apache Spark) rewrites the files it touches rather than writing
-        deletion vectors when the table at ``uri`` holds at most :data:`VECTORS_FROM_BYTES` (its
-        files' sizes in the Delta log, read with pyarrow: no Spark job). Deletion vectors save
-        rewriting the untouched rows of large files, at the price of more Spark queries per
-        ``MERGE`` (18 jobs against 11 for a small table: the vectors' rows found and written),
-        which cost more than rewriting a small table's files (bench/README.md). The table keeps
-        the feature; a ``MERGE`` into it once it is larger writes vectors again. A session that
-        sets :data:`MERGE_VECTORS` itself (``[engine]``'s Spark settings) decides alone."""
-        conf = self.spark.conf
-        if not self.deletion_vectors or conf.get(MERGE_VECTORS, None) is not None or not self._small(uri):
-            yield
-            return
-        conf.set(MERGE_VECTORS, "false")
-        try:
-            yield
-        finally:
-            conf.unset(MERGE_VECTORS)
-
-    def _small(self, uri: str) -> bool:
-        """Whether the Delta table at ``uri`` holds at most :data:`VECTORS_FROM_BYTES` of data
-        files, by its log (False where the log cannot tell without the engine)."""
-        try:
-            found = self.lake.files_now(uri)
-        except LakeError:
-            return False
-        return found is not None and sum(found[1].values()) <= VECTORS_FROM_BYTES
-
-    def update(self, uri: str, statement_for: Callable[[str], str], *, txn: Txn | None = None) -> None:
-        """The ``UPDATE`` ``statement_for(target)`` of the Delta table at ``uri``, in one commit."""
-        self._committed(uri, statement_for(self.target(uri)), f"UPDATE {uri}", txn)
-
-    def _committed(self, uri: str, statement: str, what: str, txn: Txn | None) -> None:
-        """The Spark SQL ``statement``: one commit to ``uri`` with the id ``txn``, retried as :meth:`_commit` is."""
-        def attempt() -> None:
-            with self._txn(txn):
-                self._sql(statement, what)
-        committing(self.lake, uri, what, attempt)
-
-    def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
-        """``writer`` (of ``df``) of a commit that creates the Delta table ``uri``, with what the
-        engine creates tables with (see :meth:`pg2delta.lake.engine.Engine.new_table_writer`)."""
-        return writer
+class RangeRewrites(DeltaReads):
+    """The embedded engine's commit of a :class:`MergeRows` as an overwrite of the source's key
+    range (:meth:`_rewrite_range`, see the module's docstring), and the staged results it reads back."""
 
     def stage_rows(self, df: Any, target: str) -> bool:
         """``df`` written to the staging area's ``target`` as Parquet, to be read back once, whole;
@@ -324,6 +239,113 @@ class Commits(DeltaReads):
             f"LEFT ANTI JOIN (SELECT {keys} FROM {source} WHERE true{also}) AS s ON {on}"
         )
         return kept.selectExpr(*cols).unionByName(sourced)
+
+
+class Commits(RangeRewrites):
+    """How the engine commits a statement builder's result (:meth:`_commit`)."""
+
+    def _commit(self, uri: str, view: str, statement: str | AppendRows | MergeRows, what: str, txn: Txn | None,
+                *, rows: int | None = None) -> None:
+        """Commit ``statement`` (Spark SQL, an :class:`AppendRows` or a :class:`MergeRows` of the
+        temporary view ``view``, which holds ``rows`` rows when the caller knows) as one commit to the
+        Delta table at ``uri``, with Delta's idempotent-write id ``txn`` where the engine has them;
+        again when another writer's commit met it (:func:`pg2delta.lake.conflicts.committing`)."""
+        committing(self.lake, uri, what, lambda: self._commit_once(uri, view, statement, what, txn, rows=rows))
+
+    def _commit_once(
+        self, uri: str, view: str, statement: str | AppendRows | MergeRows, what: str, txn: Txn | None, *, rows: int | None
+    ) -> None:
+        if isinstance(statement, MergeRows):
+            self._commit_merge(uri, view, statement, what, txn, rows=rows)
+            return
+        if isinstance(statement, str):
+            with self._txn(txn):
+                self._sql(statement, what)
+            return
+        self._append(uri, view, statement, txn)
+
+    def _append(self, uri: str, view: str, append: AppendRows, txn: Txn | None) -> None:
+        """``append``'s rows of the temporary view ``view`` appended to the Delta table at ``uri``
+        (created by the append when missing, in one commit), with Delta's idempotent-write id ``txn``."""
+        cols = ", ".join(quote(c) for c in append.columns)
+        try:
+            relation = view if append.source is None else f"{append.source} AS a"
+            rows_df = self.spark.sql(f"SELECT {cols} FROM {relation} WHERE {append.where}")
+            writer = self.delta_writer(rows_df, "append")
+            if self.lake.delta_version(uri) is None:  # the append creates the table: one commit
+                writer = self.new_table_writer(writer, rows_df, uri)
+            if txn is not None and self.idempotent_writes:
+                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
+            writer.save(uri)
+        except Exception as exc:
+            raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
+
+    def _commit_merge(self, uri: str, view: str, merge: MergeRows, what: str, txn: Txn | None, *, rows: int | None) -> None:
+        """``merge`` committed as it costs the engine least: the embedded engine rewrites its key range
+        (:meth:`_rewrite_range`) where it can; Apache Spark's ``MERGE`` is bounded by the source's
+        key range (Delta prunes the files it reads by the ``ON`` clause's conditions on the table)
+        and rewrites a small table's files (:meth:`_rewrite_if_small`).
+
+        Rows that are inserts alone (``merge.inserts_only``) are a blind append on Apache Spark:
+        one Spark job, where the ``MERGE`` costs eight or more, three of them to rebuild the
+        table's state from its log, which an append without Delta's idempotent-write id does not
+        read (the caller vouches that a replay cannot land the rows twice). A retry after another
+        writer's commit follows :func:`pg2delta.lake.conflicts.committing`. Apache Spark only: its
+        commits say they are pg2delta's, where pysail's append would read as another writer's
+        (:mod:`pg2delta.lake.foreign`)."""
+        if merge.inserts_only and self.classic:
+            self._append(uri, view, AppendRows(merge.columns, f"{quote(OP_COL)} <> 'D'"), None)
+            log.info("%s: inserts alone, committed as a blind append", uri)
+            return
+        if self.embedded and (rows is None or rows >= EMBEDDED_REWRITE_ROWS) and self._rewrite_range(uri, view, merge, what):
+            return
+        with self._txn(txn), self._rewrite_if_small(uri):
+            self._sql(merge.bounded if self.classic and merge.bounded else merge.statement, what)
+
+    @contextmanager
+    def _rewrite_if_small(self, uri: str) -> Iterator[None]:
+        """A ``MERGE`` in this block (Apache Spark) rewrites the files it touches rather than writing
+        deletion vectors when the table at ``uri`` holds at most :data:`VECTORS_FROM_BYTES` (its
+        files' sizes in the Delta log, read with pyarrow: no Spark job). Deletion vectors save
+        rewriting the untouched rows of large files, at the price of more Spark queries per
+        ``MERGE`` (18 jobs against 11 for a small table: the vectors' rows found and written),
+        which cost more than rewriting a small table's files (bench/README.md). The table keeps
+        the feature; a ``MERGE`` into it once it is larger writes vectors again. A session that
+        sets :data:`MERGE_VECTORS` itself (``[engine]``'s Spark settings) decides alone."""
+        conf = self.spark.conf
+        if not self.deletion_vectors or conf.get(MERGE_VECTORS, None) is not None or not self._small(uri):
+            yield
+            return
+        conf.set(MERGE_VECTORS, "false")
+        try:
+            yield
+        finally:
+            conf.unset(MERGE_VECTORS)
+
+    def _small(self, uri: str) -> bool:
+        """Whether the Delta table at ``uri`` holds at most :data:`VECTORS_FROM_BYTES` of data
+        files, by its log (False where the log cannot tell without the engine)."""
+        try:
+            found = self.lake.files_now(uri)
+        except LakeError:
+            return False
+        return found is not None and sum(found[1].values()) <= VECTORS_FROM_BYTES
+
+    def update(self, uri: str, statement_for: Callable[[str], str], *, txn: Txn | None = None) -> None:
+        """The ``UPDATE`` ``statement_for(target)`` of the Delta table at ``uri``, in one commit."""
+        self._committed(uri, statement_for(self.target(uri)), f"UPDATE {uri}", txn)
+
+    def _committed(self, uri: str, statement: str, what: str, txn: Txn | None) -> None:
+        """The Spark SQL ``statement``: one commit to ``uri`` with the id ``txn``, retried as :meth:`_commit` is."""
+        def attempt() -> None:
+            with self._txn(txn):
+                self._sql(statement, what)
+        committing(self.lake, uri, what, attempt)
+
+    def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
+        """``writer`` (of ``df``) of a commit that creates the Delta table ``uri``, with what the
+        engine creates tables with (see :meth:`pg2delta.lake.engine.Engine.new_table_writer`)."""
+        return writer
 
 
 def _typed(df: Any, fields: dict[str, Any], *also: str) -> Any:

@@ -122,7 +122,11 @@ class MergeRows:
     key, any other op replaces it (or inserts it); ``truncate``: rows the source lacks are removed
     too. ``nullable_keys``: keys are matched null-safely. ``bounded``: the same ``MERGE`` with the
     source's key range as a condition on the table in its ``ON`` clause, when the caller knows the
-    range (see :func:`pg2delta.apply.merge.merge_statement`), which Apache Spark commits instead."""
+    range (see :func:`pg2delta.apply.merge.merge_statement`), which Apache Spark commits instead.
+    ``inserts_only``: every row is an insert that no row of the table can match, and a replay
+    cannot land them twice (the caller's word, see :func:`pg2delta.apply.table._commit_kind`): the
+    engine may append them without reading the table's state, under no idempotent-write id
+    (:meth:`pg2delta.lake.engine_commits.Commits._commit_merge`)."""
 
     statement: str
     key_names: tuple[str, ...]
@@ -130,6 +134,7 @@ class MergeRows:
     truncate: bool
     nullable_keys: bool
     bounded: str | None = None
+    inserts_only: bool = False
 
 
 def _delta_jars_named(conf: dict[str, str]) -> bool:
