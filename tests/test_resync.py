@@ -438,11 +438,13 @@ def test_changes_of_a_detached_partition_published_on_its_own_split_at_its_detac
     """``partitions = "root"``, ``detached_partitions = "keep"``, and the detached partition still
     published on its own: its changes in the slot are the root's up to its DETACH and its own
     after it. The root's Delta table keeps its rows as they were at the DETACH, its own table
-    equals it in PostgreSQL; a run that ends before the DETACH leaves the partition the root's."""
+    equals it in PostgreSQL; a run that ends before the DETACH leaves the partition the root's.
+    The DETACH is CONCURRENTLY (two transactions: the second is the one found); pg_walinspect
+    tells it from a later ALTER TABLE."""
     lake = tmp_path / "lake"
     common = _rooted(pgdb, lake)
     pub = common[common.index("--publication") + 1]
-    _sql(pgdb, f"ALTER PUBLICATION {pub} ADD TABLE m2, m3")
+    _sql(pgdb, f"ALTER PUBLICATION {pub} ADD TABLE m2, m3", "CREATE EXTENSION pg_walinspect")
     config = _config(tmp_path, common, "public.m", 'partitions = "root"\ndetached_partitions = "keep"')
     _ok("bootstrap", "--config", config)
     _sql(pgdb, "UPDATE m SET v = 'x' WHERE id <= 2")
@@ -460,7 +462,7 @@ def test_changes_of_a_detached_partition_published_on_its_own_split_at_its_detac
         at_detach = {(int(i), int(k)): str(v) for i, k, v in conn.execute("SELECT id, k, v FROM m2").fetchall()}
     _sql(
         pgdb,
-        "ALTER TABLE m DETACH PARTITION m2",
+        "ALTER TABLE m DETACH PARTITION m2 CONCURRENTLY",
         "UPDATE m2 SET v = 'after the detach' WHERE id <= 6",
         "INSERT INTO m2 VALUES (600, 2, 'after the detach')",
         "DELETE FROM m2 WHERE id IN (13, 500)",
@@ -484,22 +486,23 @@ def test_changes_of_a_detached_partition_published_on_its_own_split_at_its_detac
     assert_lake_matches(pgdb, lake, [M2], context="the detached partition's own table, later")
     assert lake_m()[(1, 2)] == at_detach[(1, 2)] and lake_m()[(700, 1)] == "later"
 
-    # Detached in a transaction that changed its rows too: which side of the DETACH they were
-    # on cannot be told. The run stops before reading (the slot where it was) naming resync.
+    # Its first column's type changed after the DETACH: the ALTER wrote the rows the DETACH did
+    # (the table's, that column's), so the DETACH is not found (placed there, the changes between
+    # would go to the root). The run stops before reading (the slot where it was) naming resync.
     slot = common[common.index("--slot") + 1]
-    with psycopg.connect(pgdb) as conn:
-        conn.execute("UPDATE m SET v = 'with its detach' WHERE k = 3 AND id = 2")
-        conn.execute("ALTER TABLE m DETACH PARTITION m3")
+    _sql(pgdb, "ALTER TABLE m DETACH PARTITION m3", "UPDATE m3 SET v = 'after its detach' WHERE id = 2",
+         "ALTER TABLE m3 ALTER COLUMN id TYPE bigint")
     before = confirmed_lsn(pgdb, slot)
     planned = cli("plan", "--config", config, "--json")
     assert planned.returncode == 78 and "public.m3 left public.m (DETACH PARTITION)" in planned.stdout, planned.stderr[-2000:]
     stopped = cli("run", "--config", config)
     assert stopped.returncode == 78, stopped.stderr[-2000:]
     assert "public.m3 left public.m (DETACH PARTITION) and is published on its own" in stopped.stderr
+    assert "written again since the DETACH" in stopped.stderr
     assert "pg2delta resync --table public.m --table public.m3" in stopped.stderr and confirmed_lsn(pgdb, slot) == before
     _ok("resync", "--config", config, "--table", "public.m", "--table", "public.m3")
     _ok("run", "--config", config)
-    assert_lake_matches(pgdb, lake, [M, M2, TableSpec("public", "m3", ("id", "k"))], context="detached with changes, resync")
+    assert_lake_matches(pgdb, lake, [M, M2, TableSpec("public", "m3", ("id", "k"))], context="detached, altered, resync")
 
 
 def test_partition_truncated_alone_under_a_root_published_via_itself(pgdb: str, tmp_path: Path) -> None:

@@ -126,16 +126,20 @@ def test_backlog_not_decodable(pgdb: str) -> None:
 
 @pytest.mark.integration
 def test_detach_positions(pgdb: str) -> None:
-    """Where each partition's DETACH committed in the slot's backlog: found for a plain DETACH;
-    0 for one before the slot; unknown for a DETACH in a transaction that changed rows, and for
-    a table whose catalog row was written again since (a GRANT), where the DETACH is earlier."""
+    """Where each partition's DETACH committed in the slot's backlog: found for a plain DETACH and
+    for one CONCURRENTLY (its second transaction); 0 for one before the slot; unknown for a DETACH
+    in a transaction that changed rows, for a table whose catalog row was written again since (a
+    GRANT; an ALTER COLUMN … TYPE of its first column, which writes that column's row too), for an
+    ALTER TABLE since that wrote every row a DETACH writes (pg_walinspect: it deleted no pg_inherits
+    row), and for every DETACH in the backlog without pg_walinspect."""
     with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION pg_walinspect")
         conn.execute("CREATE TABLE m (id int, k int, v text) PARTITION BY LIST (k)")
-        for k in (2, 3, 4, 5):
+        for k in (2, 3, 4, 5, 6, 7, 8):
             conn.execute(f"CREATE TABLE m{k} PARTITION OF m FOR VALUES IN ({k})")
         conn.execute("ALTER TABLE m DETACH PARTITION m5")
         conn.execute("SELECT pg_create_logical_replication_slot('backlog', 'pgoutput')")
-        conn.execute("INSERT INTO m VALUES (1, 2, 'before')")
+        conn.execute("INSERT INTO m VALUES (1, 2, 'before'), (1, 7, 'before')")
         conn.execute("ALTER TABLE m DETACH PARTITION m2")
         after = parse_lsn(str(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))
         conn.execute("INSERT INTO m2 VALUES (2, 2, 'after')")
@@ -144,10 +148,27 @@ def test_detach_positions(pgdb: str) -> None:
         with conn.transaction():
             conn.execute("INSERT INTO m VALUES (1, 4, 'with the detach')")
             conn.execute("ALTER TABLE m DETACH PARTITION m4")
-        oids = {n: int(conn.execute("SELECT %s::regclass::oid::int8", (n,)).fetchone()[0]) for n in ("m2", "m3", "m4", "m5")}
-    found = detach_positions(pgdb, "backlog", oids.values())
-    assert found[oids["m5"]] == Detach(0)
-    at = found[oids["m2"]].lsn
-    assert at is not None and 0 < at <= after, found
-    assert found[oids["m3"]].lsn is None and "written again" in found[oids["m3"]].why
-    assert found[oids["m4"]].lsn is None and "changed rows too" in found[oids["m4"]].why
+        pending = parse_lsn(str(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))
+        conn.execute("ALTER TABLE m DETACH PARTITION m6 CONCURRENTLY")
+        concurrently = parse_lsn(str(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]))
+        conn.execute("ALTER TABLE m DETACH PARTITION m7")
+        conn.execute("ALTER TABLE m7 ALTER COLUMN id TYPE bigint")
+        conn.execute("ALTER TABLE m DETACH PARTITION m8")
+        conn.execute("ALTER TABLE m8 ALTER id SET STATISTICS 10, ALTER k SET STATISTICS 10, ALTER v SET STATISTICS 10, "
+                     "SET (fillfactor = 50)")
+        oids = {n: int(conn.execute("SELECT %s::regclass::oid::int8", (n,)).fetchone()[0])
+                for n in ("m2", "m3", "m4", "m5", "m6", "m7", "m8")}
+        found = detach_positions(pgdb, "backlog", oids.values())
+        assert found[oids["m5"]] == Detach(0)
+        at = found[oids["m2"]].lsn
+        assert at is not None and 0 < at <= after, found
+        assert found[oids["m3"]].lsn is None and "written again" in found[oids["m3"]].why
+        assert found[oids["m4"]].lsn is None and "changed or rewrote rows too" in found[oids["m4"]].why
+        at = found[oids["m6"]].lsn
+        assert at is not None and pending < at <= concurrently, found
+        assert found[oids["m7"]].lsn is None and "written again" in found[oids["m7"]].why
+        assert found[oids["m8"]].lsn is None and "detached no partition" in found[oids["m8"]].why
+        conn.execute("DROP EXTENSION pg_walinspect")
+    unproven = detach_positions(pgdb, "backlog", [oids["m2"], oids["m5"]])
+    assert unproven[oids["m5"]] == Detach(0)
+    assert unproven[oids["m2"]].lsn is None and "pg_walinspect" in unproven[oids["m2"]].why, unproven
