@@ -17,7 +17,8 @@ that transaction is taken for the ``DETACH`` only where its WAL records, read wi
 ``pg_inherits`` row, as a ``DETACH`` does and an ``ALTER TABLE`` of a table that is no partition
 does not. ``DETACH PARTITION … CONCURRENTLY`` is two transactions: the first marks the partition
 detach-pending (its ``pg_inherits`` row updated), the second writes those rows and deletes it,
-so the second is found, and is the one PostgreSQL's partitioned table loses the rows at.
+so the second is found: the partition's changes committed between the two (by transactions
+that still saw it attached, or written to it directly) are the root's.
 """
 
 from __future__ import annotations
