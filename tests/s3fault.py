@@ -44,6 +44,8 @@ class FaultProxy:
     agent: str = ""
     requests: int = 0
     faults: int = 0
+    # (User-Agent, method, path, the policy's answer) of every request since :meth:`reset`.
+    seen: list[tuple[str, str, str, int | None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: http.server.ThreadingHTTPServer | None = None
 
@@ -65,14 +67,16 @@ class FaultProxy:
                 else:
                     length = int(self.headers.get("Content-Length") or 0)
                     body = self.rfile.read(length) if length else b""
+                agent = self.headers.get("User-Agent") or ""
                 with proxy._lock:
                     proxy.requests += 1
                     n = proxy.requests
-                mine = proxy.agent in (self.headers.get("User-Agent") or "")
-                status = proxy.policy(self.command, self.path, n) if mine else None
-                if status is not None:
-                    with proxy._lock:
+                status = proxy.policy(self.command, self.path, n) if proxy.agent in agent else None
+                with proxy._lock:
+                    proxy.seen.append((agent, self.command, self.path, status))
+                    if status is not None:
                         proxy.faults += 1
+                if status is not None:
                     if status == 0:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
@@ -140,6 +144,12 @@ class FaultProxy:
         self._server.handle_error = lambda request, address: None  # type: ignore[method-assign] # a client gone (killed)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
+
+    def reset(self) -> None:
+        """Every request passed through again, from every client; :attr:`seen` emptied."""
+        with self._lock:
+            self.policy, self.agent = passthrough, ""
+            self.seen.clear()
 
     @property
     def endpoint(self) -> str:

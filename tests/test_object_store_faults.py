@@ -5,6 +5,12 @@ InternalError`` as S3 answers under load.
 A store that throttles some requests costs retries, not data: the run ends 0 and the lake equals
 PostgreSQL. A store that keeps failing stops the run with 75 (retry later) and one line naming the
 object store; the slot stays where it was, and the next run, the store back, lands everything.
+
+Every CLI call of these tests runs in a child process (the ``proxy`` fixture), so the faults reach
+every client of a run: in this test process the embedded engine (pysail) keeps the S3 client of
+the first endpoint it used for a bucket for the life of the process, whatever the environment says
+later, and a proxy thread of this process cannot answer a call of this process that holds the GIL
+(delta-rs's ``alter.set_table_properties`` does: measured, it times out through such a proxy).
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
+import workload
 from changelog_support import setup_source
 from conftest import newest_server_only
 from lake_read import read_delta
 from pg2delta.errors import EXIT_STATUS_LAKE_CHANGED
-from s3fault import FaultProxy, passthrough
+from s3fault import FaultProxy, Policy, passthrough
 from s3server import S3Server
 from test_object_store import _ok, assert_s3_lake_matches, write_config
 from workload import TABLES, Workload, cli, confirmed_lsn, create_schema
@@ -30,15 +37,29 @@ from workload import TABLES, Workload, cli, confirmed_lsn, create_schema
 pytestmark = [pytest.mark.e2e, pytest.mark.deploy]
 
 
+# The User-Agent of the object_store crate's requests: the embedded engine's (pysail) and delta-rs's.
+OBJECT_STORE = "object_store/"
+
+
 @pytest.fixture
 def proxy(s3_server: S3Server, s3_lake: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
-    """The proxy in front of the test process's S3 server, its endpoint in AWS_ENDPOINT_URL."""
+    """The proxy in front of the test process's S3 server, its endpoint in AWS_ENDPOINT_URL, and
+    every ``cli()`` of the test in a child process (see the module's docstring)."""
     p = FaultProxy(s3_server).start()
     monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+    monkeypatch.setattr(workload, "_CLI_IN_PROCESS", False)
     try:
         yield p
     finally:
         p.stop()
+
+
+def _table_file(path: str) -> bool:
+    """Whether a request's path is a data file of a replicated table (not its log, not pg2delta's
+    own tables or staging): in a run, only the engine writes those (delta-rs writes commits and
+    compacts in ``maintain`` only; pyarrow writes staging files and pg2delta's own tables)."""
+    name = path.split("?")[0]
+    return name.endswith(".parquet") and "/_delta_log/" not in name and "/_pg2delta/" not in name
 
 
 def test_a_throttling_store_costs_retries_not_rows(
@@ -71,16 +92,24 @@ def test_a_failing_store_stops_the_run_with_75_and_loses_nothing(
         _ok(cli("run", "--config", config), "first run, store healthy")
         wl.phase(40)
         before = confirmed_lsn(pgdb, slot)
-        # every write fails from now on
-        proxy.policy = lambda method, path, n: 500 if method in ("PUT", "POST", "DELETE") else None
-        started = time.monotonic()
-        failed = cli("run", "--config", config)
-        took = time.monotonic() - started
-        assert failed.returncode == 75, (failed.returncode, took, failed.stderr[-3000:])
-        lines = [line for line in failed.stderr.splitlines() if line.startswith("pg2delta")]
-        assert len(lines) == 1 and "object store" in lines[0], failed.stderr[-3000:]
-        assert confirmed_lsn(pgdb, slot) == before, "the slot moved past a window the store refused"
-        proxy.policy = lambda method, path, n: None
+        # First only the engine's writes of the tables' data files fail, then every write of every client.
+        phases: list[tuple[str, str, Policy]] = [
+            ("the engine's writes", OBJECT_STORE, lambda method, path, n: 500 if method in ("PUT", "POST") and _table_file(path) else None),
+            ("every write", "", lambda method, path, n: 500 if method in ("PUT", "POST", "DELETE") else None),
+        ]
+        for what, agent, policy in phases:
+            proxy.agent, proxy.policy = agent, policy
+            started = time.monotonic()
+            failed = cli("run", "--config", config)
+            took = time.monotonic() - started
+            refused = sum(1 for *_, status in proxy.seen if status is not None)
+            proxy.reset()
+            assert failed.returncode == 75, (what, failed.returncode, took, failed.stderr[-3000:])
+            lines = [line for line in failed.stderr.splitlines() if line.startswith("pg2delta")]
+            assert len(lines) == 1 and "object store" in lines[0], failed.stderr[-3000:]
+            assert confirmed_lsn(pgdb, slot) == before, f"the slot moved past a window the store refused ({what})"
+            assert refused, f"{what}: no request was refused: the test proved nothing"
+            print(f"{what} refused: exit 75 after {took:.1f} s, {refused} requests refused")
         _ok(cli("run", "--config", config), "run with the store back")
     assert_s3_lake_matches(pgdb, s3_server, s3_lake, "after a failed run and its rerun")
 
@@ -124,14 +153,12 @@ def test_an_answer_lost_after_the_commit_landed(
                 return None
 
             proxy.policy = lost_answer
-            # In a child process: the test process's shared engine may have started before this
-            # test, with another endpoint, and its writes (the changelog's) would pass the proxy by.
-            failed = cli("run", "--config", config, child=True)
+            failed = cli("run", "--config", config)
             for _ in range(2):  # a run that wrote no such commit (its window held none): more changes, once more
                 if lost or failed.returncode not in (0, 75):
                     break
                 wl.phase(30)
-                failed = cli("run", "--config", config, child=True)
+                failed = cli("run", "--config", config)
             proxy.policy = lambda method, path, n: None
             assert lost, (f"no commit of {part} in three runs: the test proved nothing (last exit {failed.returncode})\n"
                           f"{failed.stderr[-2000:]}")
