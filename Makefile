@@ -196,10 +196,10 @@ test-spark4: $(SPARK4_STAMP) postgres
 # The unit and integration tiers (decoding against real servers) and the engine-facing end-to-end
 # tests again on the oldest supported stack: the pyspark 3.5 Spark Connect client against pysail,
 # numpy 1.x, pyarrow 15, pandas 2. Against the newest server only: the libraries and the server are
-# independent, and the embedded tier runs every test against every server.
+# independent, and the embedded tier runs every test against every server. One pytest (the
+# end-to-end ones marked `compat`): one start of its workers, no test twice.
 test-compat: $(SPARK35_STAMP) postgres
-	PG2DELTA_TEST_PG=18 $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not e2e and not monitoring"
-	PG2DELTA_TEST_PG=18 $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) tests/test_job_e2e.py tests/test_type_fidelity.py
+	PG2DELTA_TEST_PG=18 $(SPARK35_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not monitoring and (not e2e or compat)"
 
 # The C extension built with AddressSanitizer and UBSan (in a copy of src/ under .cache/asan),
 # then the decoder's unit and hypothesis tests against it; any report stops the run. PostgreSQL

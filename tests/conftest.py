@@ -141,6 +141,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_slow_first)  # stable: the others keep their order
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # (here rather than in pyproject.toml's list, whose change rebuilds every venv of the Makefile)
+    config.addinivalue_line(
+        "markers", "compat: end-to-end tests the compat tier runs again on the oldest stack (make test-compat)"
+    )
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"pg2delta engine under test: {TEST_ENGINE}; PostgreSQL {', '.join(map(str, PG_VERSIONS))}"
 

@@ -34,7 +34,7 @@ from workload import (
     pg_rows,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.compat]  # compat: run again on the oldest stack (make test-compat)
 
 
 def _names() -> tuple[str, str]:

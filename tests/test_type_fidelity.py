@@ -44,6 +44,9 @@ from pg2delta.decode import pgoutput
 from pg2delta.job import Job, RunReport
 from pg2delta.source.throwaway import ThrowawayPostgres
 
+# The compat tier (make test-compat) runs this file again on the oldest supported stack.
+pytestmark = pytest.mark.compat
+
 UTC = dt.UTC
 TS_LO = dt.datetime(1, 1, 1)
 TS_HI = dt.datetime(9999, 12, 31, 23, 59, 59, 999999)
