@@ -65,22 +65,27 @@ XDIST ?= -n 2
 # Hive catalog, a standalone cluster, a failover), the Spark 4.0 and compat tiers and the
 # dashboard. core and deploy are meant as two CI jobs side by side, each within the 25-minute
 # budget (`.ci/run core`, `.ci/run deploy`; docs/development.md, "CI", has their times).
+# SIDE_TESTS run beside the embedded tier once SIDE_INSTALLS are done (one process each: they share
+# the cores with the embedded tier's two workers), LATER_TIERS after it.
 TIER ?= all
 ifeq ($(TIER),core)
 EMBEDDED_MARKS := not monitoring and not deploy
 SPARK_MARKS := classic and not deploy
 LATER_TIERS := test-spark
 SIDE_INSTALLS := docs $(SPARK35_STAMP)
+SIDE_TESTS :=
 else ifeq ($(TIER),deploy)
 EMBEDDED_MARKS := deploy and not monitoring
 SPARK_MARKS := classic and deploy
-LATER_TIERS := test-spark test-spark4 test-compat test-monitoring
+LATER_TIERS := test-spark test-spark4
 SIDE_INSTALLS := install-spark monitoring
+SIDE_TESTS := test-compat test-monitoring
 else ifeq ($(TIER),all)
 EMBEDDED_MARKS := not monitoring
 SPARK_MARKS := classic
-LATER_TIERS := test-spark test-spark4 test-compat test-monitoring
+LATER_TIERS := test-spark test-spark4
 SIDE_INSTALLS := docs install-spark monitoring
+SIDE_TESTS := test-compat test-monitoring
 else
 $(error TIER must be all, core or deploy, not $(TIER))
 endif
@@ -90,7 +95,7 @@ DURATIONS ?= --durations=15
 DOCS_VENV ?= .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
-.PHONY: s3proxy dist install install-spark install-side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-year bench-verify bench-scale soak postgres clean docs docs-reference docs-serve
+.PHONY: s3proxy dist install install-spark install-side side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-year bench-verify bench-scale soak postgres clean docs docs-reference docs-serve
 
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
@@ -146,13 +151,21 @@ demo: install postgres
 # CLI), which is shorter than a tier of its own. The Spark venvs are built (pip, Delta's jars)
 # while the embedded tier runs: that mostly waits on downloads, not on the cores the tests use.
 # Java and PostgreSQL 15 come first, so that no two package installs run at once.
-test: lint postgres java s3proxy
-	$(MAKE) -j2 --output-sync=line test-embedded install-side
+# The Airflow venv is built beside lint (its venv and pip beside uv), not between lint and the
+# embedded tier. The compat tier and the dashboard (light: the unit and integration tiers, a
+# Prometheus) run beside the embedded tier too, each in one process, rather than after it.
+test: postgres java s3proxy
+	$(MAKE) -j2 --output-sync=line lint $(if $(filter core,$(TIER)),,$(AIRFLOW_STAMP))
+	$(MAKE) -j2 --output-sync=line test-embedded side
 	$(MAKE) $(LATER_TIERS)
 
 # What the later tiers need, installed one after the other beside the embedded tier; first the docs
 # site, built with --strict (seconds), so that a broken link fails early.
 install-side: $(SIDE_INSTALLS)
+
+# Then the side tests, one after the other, each in one test process (XDIST empty).
+side: install-side
+	$(if $(SIDE_TESTS),$(MAKE) $(SIDE_TESTS) XDIST=)
 
 # A Java 17, found or installed (tools/java_home.sh).
 java:
