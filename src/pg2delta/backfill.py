@@ -444,7 +444,8 @@ def _apply_one(
 def _seed(engine: Engine, lake: Lake, target_lake: Lake, uri: str, plan: _Plan, job: Lakeside, run_id: str) -> None:
     """Start the copy at ``uri`` from the table's version ``plan.seed_version``, and log it."""
     assert plan.seed_version is not None
-    engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri)
+    # Created by the copy's lake's engine: with the table's configured partitions and properties.
+    engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri, creator=job.engine)
     log.info("seeded %s from %s.%s at version %d", uri, plan.schema, plan.table, plan.seed_version)
     _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
 

@@ -460,11 +460,11 @@ class DeltaWrites(Commits, TableFeatures):
             except Exception:
                 log.debug("could not drop temp view %s", view)
 
-    def copy_table(self, source: str, version: int, target: str) -> None:
-        """Write the Delta table ``source`` as of ``version`` (time travel) as a new table at ``target``."""
+    def copy_table(self, source: str, version: int, target: str, *, creator: Any = None) -> None:
+        """Write ``source`` as of ``version`` as a new table ``target``, as ``creator`` (its lake's engine) creates it."""
         try:
             df = self._read_version(source, version)
-            self.new_table_writer(self.delta_writer(df, "append"), df, target).save(target)
+            (creator or self).new_table_writer(self.delta_writer(df, "append"), df, target).save(target)
         except LakeError:
             raise
         except Exception as exc:
