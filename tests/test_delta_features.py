@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 
 from conftest import newest_server_only
 from engines import TEST_ENGINE
+from pg2delta.backfill import backfill
 from pg2delta.config import Config, TableConfig, load
 from pg2delta.delta_features import FeatureSettings
 from pg2delta.errors import ConfigError, LakeError
@@ -42,6 +43,10 @@ def _config(tmp_path: Path, dsn: str, slot: str, pub: str, lake: Path, text: str
     return load(path, env={}, dsn=dsn, slot=slot, publication=pub, lake=str(lake), engine=TEST_ENGINE)
 
 
+def lake_rows_of(path: Path) -> list[dict[str, Any]]:
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+
+
 def _assert_equal_by_name(dsn: str, lake: Path, spec: TableSpec, where: str) -> None:
     with psycopg.connect(dsn) as conn:
         names, pg = pg_rows(conn, spec)
@@ -57,6 +62,7 @@ properties = { "delta.logRetentionDuration" = "interval 60 days" }
 
 [tables."public.feat"]
 partition_by = ["region"]
+changelog = true
 properties = { "delta.checkpointInterval" = 5 }
 """
 
@@ -89,6 +95,19 @@ def test_properties_and_partitions_on_new_and_existing_tables(pgdb: str, tmp_pat
     assert conf["delta.deletedFileRetentionDuration"] == "interval 14 days", conf
     assert conf["delta.enableChangeDataFeed"] == "false", conf
     _assert_equal_by_name(pgdb, lake, FEAT, "after the second run")
+
+    # pg2delta backfill --into a new folder creates its copy partitioned and with the properties as
+    # configured, both seeded from the main table (time travel to the first window) and from the
+    # lake's start (no seed: created by the replay's first write).
+    windows = [w for w in lake_rows_of(lake / "_pg2delta" / "applied_log") if w["table_name"] == "feat"]
+    end = max(w["window_end"] for w in windows)
+    for n, a in enumerate((min(w["window_start"] for w in windows), min(w["window_end"] for w in windows))):
+        into = tmp_path / f"copy{n}"
+        backfill(cfg, a, end, into=str(into))
+        copy = DeltaTable(str(into / "public" / "feat")).metadata()
+        assert copy.partition_columns == ["region"], (n, copy)
+        assert copy.configuration["delta.checkpointInterval"] == "5", (n, copy.configuration)
+        _assert_equal_by_name(pgdb, into, FEAT, f"backfill --into {'from the start' if n == 0 else 'seeded'}")
 
     # A resync writes the table whole again: partitioned as configured, properties kept.
     with psycopg.connect(pgdb) as conn:
@@ -137,6 +156,7 @@ def test_embedded_engine_refuses_features_it_cannot_write(pgdb: str, tmp_path: P
 
 
 CDF = TableSpec("public", "cdf", ("id",))
+CM = TableSpec("public", "cm", ("id",))
 
 
 @pytest.mark.classic
@@ -149,10 +169,20 @@ def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, sha
         pgdb, "CREATE TABLE cdf (id int PRIMARY KEY, region text, v text)", "cdf",
         "INSERT INTO cdf SELECT g, 'r' || (g % 2), 'v' || g FROM generate_series(1, 20) g",
     )
+    # A second table, created without column mapping; its large column is stored out of line, so
+    # an UPDATE that leaves it alone sends it as unchanged TOAST ('u').
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE cm (id int PRIMARY KEY, tag text, big text)")
+        conn.execute("ALTER TABLE cm ALTER COLUMN big SET STORAGE EXTERNAL")
+        conn.execute(f"ALTER PUBLICATION {pub} ADD TABLE cm")
+        conn.execute("INSERT INTO cm SELECT g, 't', repeat(chr(64 + g), 5000) FROM generate_series(1, 6) g")
     lake = tmp_path / "lake"
     text = '[lake]\nchange_data_feed = true\n[tables."public.cdf"]\ncolumn_mapping = "name"\npartition_by = ["region"]\n'
     cfg = _config(tmp_path, pgdb, slot, pub, lake, text)
     run(cfg)
+    cm_table = lake / "public" / "cm"
+    assert "delta.columnMapping.mode" not in DeltaTable(str(cm_table)).metadata().configuration
+    _assert_equal_by_name(pgdb, lake, CM, "cm before column mapping")
     table = lake / "public" / "cdf"
     first = DeltaTable(str(table))
     assert first.metadata().configuration["delta.enableChangeDataFeed"] == "true"
@@ -194,14 +224,47 @@ def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, sha
     _assert_equal_by_name(pgdb, lake, CDF, "read back with delta-rs")
 
     # Column mapping: a RENAME COLUMN in PostgreSQL is a rename in the lake, a commit that rewrites
-    # no file, not a new column beside the old one.
+    # no file, not a new column beside the old one. cm gets column mapping now (configured for an
+    # existing table: one property commit) and, in the same window, a rename followed by updates
+    # that leave the renamed column alone: its values come from the lake under the old name.
     with psycopg.connect(pgdb) as conn:
         conn.execute("ALTER TABLE cdf RENAME COLUMN v TO note")
     with psycopg.connect(pgdb) as conn:
         conn.execute("UPDATE cdf SET note = 'renamed' WHERE id = 1")
         conn.execute("INSERT INTO cdf VALUES (50, 'r0', 'after rename')")
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("ALTER TABLE cm RENAME COLUMN big TO body")
+        conn.execute("UPDATE cm SET tag = 'after rename' WHERE id IN (1, 2)")
     renamed_at = DeltaTable(str(table)).version() + 1
+    cm_before = DeltaTable(str(cm_table)).version()
+    cfg = _config(tmp_path, pgdb, slot, pub, lake, text + '[tables."public.cm"]\ncolumn_mapping = "name"\n')
     run(cfg)
+    cm_history = sorted(DeltaTable(str(cm_table)).history(), key=lambda h: h["version"])[cm_before + 1:]
+    assert [h["operation"] for h in cm_history] == ["SET TBLPROPERTIES", "RENAME COLUMN", "MERGE"], cm_history
+    turned_on = (cm_table / "_delta_log" / f"{cm_before + 1:020d}.json").read_text()
+    assert '"delta.columnMapping.mode":"name"' in turned_on and '"add"' not in turned_on, turned_on
+    assert DeltaTable(str(cm_table)).metadata().configuration["delta.columnMapping.mode"] == "name"
+    assert [f.name for f in DeltaTable(str(cm_table)).schema().fields] == ["id", "tag", "body"]
+    _assert_equal_by_name(pgdb, lake, CM, "cm after the rename and the unchanged TOAST in its window")
+    # The next window, unchanged TOAST again (from the renamed column as the lake now has it), and
+    # one that has an update before a rename and another after it.
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("UPDATE cm SET tag = 'next window' WHERE id IN (2, 3)")
+    run(cfg)
+    _assert_equal_by_name(pgdb, lake, CM, "cm a window after the rename")
+    # An update made before a second rename (under the old name), the rename and an update after
+    # it, each leaving the renamed column alone: the lake follows the rename and keeps the values.
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("UPDATE cm SET tag = 'before' WHERE id = 4")
+    with psycopg.connect(pgdb) as conn:
+        conn.execute("ALTER TABLE cm RENAME COLUMN body TO content")
+        conn.execute("UPDATE cm SET tag = 'after' WHERE id = 5")
+    version = DeltaTable(str(cm_table)).version()
+    run(cfg)
+    ops = [h["operation"] for h in sorted(DeltaTable(str(cm_table)).history(), key=lambda h: h["version"])[version + 1:]]
+    assert "RENAME COLUMN" in ops, ops
+    assert [f.name for f in DeltaTable(str(cm_table)).schema().fields] == ["id", "tag", "content"], ops
+    _assert_equal_by_name(pgdb, lake, CM, f"cm after an update before a rename and one after it ({ops})")
     history = {h["version"]: h for h in DeltaTable(str(table)).history()}
     assert history[renamed_at]["operation"] == "RENAME COLUMN", history[renamed_at]
     log = (table / "_delta_log" / f"{renamed_at:020d}.json").read_text()

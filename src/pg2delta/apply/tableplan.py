@@ -41,6 +41,7 @@ class DeltaShapes(Protocol):
 
     def table_types(self, uri: str, *, version: int | None = None) -> dict[str, str] | None: ...
     def has_rows(self, uri: str, *, version: int | None = None) -> bool: ...
+    def renaming(self, uri: str, renames: Sequence[tuple[str, str]]) -> None: ...
 
 
 class TablePlanner:
@@ -171,6 +172,8 @@ class TablePlanner:
                                  applied.end_lsn if applied else 0)
         if renames and types is not None:  # column mapping: renamed in place before the MERGE
             types = renamed_types(types, renames)
+        if self.planned_types is None and types is not None:
+            self.engine().renaming(uri, renames)  # unchanged TOAST of a renamed column: read under its old name
         pl = plan(
             f"{tgt.schema}.{tgt.table}",
             types,

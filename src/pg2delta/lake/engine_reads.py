@@ -109,7 +109,9 @@ class DeltaReads(EngineSession):
                 for k in key_names
             )
             cols = ", ".join(
-                f"t.{quote(c)}" if c in present else f"NULL AS {quote(c)}" for c in dict.fromkeys([*key_names, *columns])
+                f"t.{quote(c)} AS {quote(c)}" if c == then else f"NULL AS {quote(c)}" if then is None
+                else f"t.{quote(then)} AS {quote(c)}"
+                for c, then in names_then(self, uri, version, present, [*key_names, *columns]).items()
             )
             rows = self._sql(f"SELECT {cols} FROM {table_view} AS t JOIN {key_view} AS k ON {on}", f"lookup in {uri}")
             return [r.asDict(recursive=True) for r in rows]
@@ -151,6 +153,11 @@ class DeltaReads(EngineSession):
                 self.spark.catalog.dropTempView(view)
             except Exception:
                 log.debug("could not drop temp view %s", view)
+
+    def renaming(self, uri: str, renames: Sequence[tuple[str, str]]) -> None:
+        """The columns ``(old, new)`` of ``uri`` the window's plan renames: committed before its MERGE,
+        after the reads of its unchanged TOAST, which find them under the old name (:func:`names_then`)."""
+        self.__dict__.setdefault("_renaming", {})[uri] = list(renames)
 
     def read_version(self, uri: str, version: int | None) -> Any:
         """The Delta table at ``uri`` as of ``version`` (None: the latest) as a DataFrame."""
@@ -263,3 +270,45 @@ class DeltaReads(EngineSession):
             raise LakeError(
                 f"cannot read {uri} as of Delta version {version} (time travel): {' '.join(str(exc).split())[:300]}"
             ) from exc
+
+
+def names_then(
+    reads: DeltaReads, uri: str, version: int | None, present: set[str], columns: Sequence[str]
+) -> dict[str, str | None]:
+    """For each of ``columns`` (named as the table names them now), its name in the table ``uri`` as
+    of ``version``, whose columns are ``present``; None for a column it did not have then.
+
+    A table that maps columns by name (column mapping) renames a column in place: time travel to a
+    version before the rename gives its values under the old name, which Delta's history of the
+    ``RENAME COLUMN`` commits since ``version`` tells (Apache Spark only: the embedded engine does
+    not write column-mapped tables), and before those the renames the window commits after its
+    reads (:meth:`DeltaReads.renaming`). Used to fill unchanged TOAST from an older version."""
+    out: dict[str, str | None] = {c: (c if c in present else None) for c in dict.fromkeys(columns)}
+    absent = [c for c, then in out.items() if then is None]
+    if not absent or not reads.classic:
+        return out
+    renames = list(reads.__dict__.get("_renaming", {}).get(uri, ()))  # the window's, not committed yet
+    latest = reads.lake.delta_version(uri)
+    if version is not None and latest is not None and latest > version:
+        try:
+            history = reads.spark.sql(f"DESCRIBE HISTORY {reads.target(uri)} LIMIT {latest - version}").collect()
+        except Exception as exc:  # pyspark raises many unrelated types
+            raise LakeError(f"DESCRIBE HISTORY {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
+        committed = sorted(
+            ((int(r["version"]), dict(r["operationParameters"] or {}))
+             for r in history if r["operation"] == "RENAME COLUMN" and int(r["version"]) > version),
+            key=lambda vp: vp[0],
+        )
+        renames = [(_unquoted(p.get("oldColumnPath", "")), _unquoted(p.get("newColumnPath", ""))) for _, p in committed] + renames
+    for c in absent:
+        name = c
+        for old, new in reversed(renames):  # newest first: back to the name at ``version``
+            if new == name:
+                name = old
+        out[c] = name if name != c and name in present else None
+    return out
+
+
+def _unquoted(path: str) -> str:
+    """A top-level column's name from Delta's column path (backquoted when it holds a dot)."""
+    return path[1:-1].replace("``", "`") if len(path) > 1 and path[0] == path[-1] == "`" else path

@@ -21,6 +21,7 @@ from pg2delta.decode.events import DELETED_COL
 from pg2delta.errors import DataError, LakeError, Pg2DeltaError
 from pg2delta.lake import staged_sql
 from pg2delta.lake.engine_commits import Commits
+from pg2delta.lake.engine_reads import names_then
 from pg2delta.lake.engine_session import Txn
 from pg2delta.lake.sql import quote
 
@@ -283,8 +284,8 @@ class _Steps:
             table = engine.read_version(uri, lookup_version)
             present = set(table.columns)
             cols = [
-                quote(c) if c in present else f"NULL AS {quote(c)}"
-                for c in dict.fromkeys([*key_names, *toast_columns])
+                quote(c) if c == then else f"NULL AS {quote(c)}" if then is None else f"{quote(then)} AS {quote(c)}"
+                for c, then in names_then(engine, uri, lookup_version, present, [*key_names, *toast_columns]).items()
             ]
             return self.view(table.selectExpr(*cols, f"true AS {staged_sql.PRESENT}"))
         return None
