@@ -47,6 +47,13 @@ def lake_rows_of(path: Path) -> list[dict[str, Any]]:
     return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
 
 
+def _transaction(dsn: str, *statements: str) -> None:
+    """``statements`` in one transaction of PostgreSQL's."""
+    with psycopg.connect(dsn) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
 def _assert_equal_by_name(dsn: str, lake: Path, spec: TableSpec, where: str) -> None:
     with psycopg.connect(dsn) as conn:
         names, pg = pg_rows(conn, spec)
@@ -227,14 +234,9 @@ def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, sha
     # no file, not a new column beside the old one. cm gets column mapping now (configured for an
     # existing table: one property commit) and, in the same window, a rename followed by updates
     # that leave the renamed column alone: its values come from the lake under the old name.
-    with psycopg.connect(pgdb) as conn:
-        conn.execute("ALTER TABLE cdf RENAME COLUMN v TO note")
-    with psycopg.connect(pgdb) as conn:
-        conn.execute("UPDATE cdf SET note = 'renamed' WHERE id = 1")
-        conn.execute("INSERT INTO cdf VALUES (50, 'r0', 'after rename')")
-    with psycopg.connect(pgdb) as conn:
-        conn.execute("ALTER TABLE cm RENAME COLUMN big TO body")
-        conn.execute("UPDATE cm SET tag = 'after rename' WHERE id IN (1, 2)")
+    _transaction(pgdb, "ALTER TABLE cdf RENAME COLUMN v TO note")
+    _transaction(pgdb, "UPDATE cdf SET note = 'renamed' WHERE id = 1", "INSERT INTO cdf VALUES (50, 'r0', 'after rename')")
+    _transaction(pgdb, "ALTER TABLE cm RENAME COLUMN big TO body", "UPDATE cm SET tag = 'after rename' WHERE id IN (1, 2)")
     renamed_at = DeltaTable(str(table)).version() + 1
     cm_before = DeltaTable(str(cm_table)).version()
     cfg = _config(tmp_path, pgdb, slot, pub, lake, text + '[tables."public.cm"]\ncolumn_mapping = "name"\n')
@@ -248,17 +250,13 @@ def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, sha
     _assert_equal_by_name(pgdb, lake, CM, "cm after the rename and the unchanged TOAST in its window")
     # The next window, unchanged TOAST again (from the renamed column as the lake now has it), and
     # one that has an update before a rename and another after it.
-    with psycopg.connect(pgdb) as conn:
-        conn.execute("UPDATE cm SET tag = 'next window' WHERE id IN (2, 3)")
+    _transaction(pgdb, "UPDATE cm SET tag = 'next window' WHERE id IN (2, 3)")
     run(cfg)
     _assert_equal_by_name(pgdb, lake, CM, "cm a window after the rename")
     # An update made before a second rename (under the old name), the rename and an update after
     # it, each leaving the renamed column alone: the lake follows the rename and keeps the values.
-    with psycopg.connect(pgdb) as conn:
-        conn.execute("UPDATE cm SET tag = 'before' WHERE id = 4")
-    with psycopg.connect(pgdb) as conn:
-        conn.execute("ALTER TABLE cm RENAME COLUMN body TO content")
-        conn.execute("UPDATE cm SET tag = 'after' WHERE id = 5")
+    _transaction(pgdb, "UPDATE cm SET tag = 'before' WHERE id = 4")
+    _transaction(pgdb, "ALTER TABLE cm RENAME COLUMN body TO content", "UPDATE cm SET tag = 'after' WHERE id = 5")
     version = DeltaTable(str(cm_table)).version()
     run(cfg)
     ops = [h["operation"] for h in sorted(DeltaTable(str(cm_table)).history(), key=lambda h: h["version"])[version + 1:]]
