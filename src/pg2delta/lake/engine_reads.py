@@ -157,7 +157,7 @@ class DeltaReads(EngineSession):
     def renaming(self, uri: str, renames: Sequence[tuple[str, str]]) -> None:
         """The columns ``(old, new)`` of ``uri`` the window's plan renames: committed before its MERGE,
         after the reads of its unchanged TOAST, which find them under the old name (:func:`names_then`)."""
-        self.__dict__.setdefault("_renaming", {})[uri] = list(renames)
+        self._renaming[uri] = list(renames)
 
     def read_version(self, uri: str, version: int | None) -> Any:
         """The Delta table at ``uri`` as of ``version`` (None: the latest) as a DataFrame."""
@@ -287,7 +287,7 @@ def names_then(
     absent = [c for c, then in out.items() if then is None]
     if not absent or not reads.classic:
         return out
-    renames = list(reads.__dict__.get("_renaming", {}).get(uri, ()))  # the window's, not committed yet
+    renames = list(reads._renaming.get(uri, ()))  # the window's, not committed yet
     latest = reads.lake.delta_version(uri)
     if version is not None and latest is not None and latest > version:
         try:

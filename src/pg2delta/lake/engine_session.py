@@ -285,6 +285,9 @@ class EngineSession:
         # copies under the staging area (DeltaReads._read_version), removed when the engine stops.
         self._version_copies: dict[tuple[str, int], list[str]] = {}
         self._copies_folder = f"versions-{uuid.uuid4().hex}"
+        # Per table, the columns (old, new) its window renames after reading its unchanged TOAST
+        # (DeltaReads.renaming, pg2delta.lake.engine_reads.names_then).
+        self._renaming: dict[str, list[tuple[str, str]]] = {}
 
     def adopt(self) -> None:
         """The calling thread uses the main session from now on (an engine started in a background
