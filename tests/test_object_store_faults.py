@@ -224,7 +224,7 @@ def test_the_copies_commits_and_verify_over_other_writers_commits(
     with Workload(pgdb, 86) as wl:
         wl.phase(40, truncate=False)
         lost = at_acct_commit(lambda: -500)
-        boot = cli("bootstrap", "--config", config, child=True)
+        boot = cli("bootstrap", "--config", config)
         proxy.policy = passthrough
         assert lost, f"no commit of acct's copy went through the proxy (exit {boot.returncode}): {boot.stderr[-2000:]}"
         print("exit code of the bootstrap whose commit lost its answer:", boot.returncode)
@@ -238,7 +238,7 @@ def test_the_copies_commits_and_verify_over_other_writers_commits(
         wl.phase(40)
         first = DeltaTable(acct, storage_options=s3_server.storage_options).to_pyarrow_table(columns=["id"])["id"][0]
         deleted = at_acct_commit(other_writer(lambda t: t.delete(f"id = {first.as_py()}")))
-        verified = cli("verify", "--config", config, "--json", child=True)
+        verified = cli("verify", "--config", config, "--json")
         proxy.policy = passthrough
         assert deleted and verified.returncode == 20, (deleted, verified.returncode, verified.stderr[-3000:])
         foreign = json.loads(verified.stdout)["tables"]["public.acct"]["foreign_commits"]
@@ -247,7 +247,7 @@ def test_the_copies_commits_and_verify_over_other_writers_commits(
         assert cli("status", "--config", config).returncode == EXIT_STATUS_LAKE_CHANGED
 
         compacted = at_acct_commit(other_writer(lambda t: t.optimize.z_order(["id"])))
-        resync = cli("resync", "--config", config, "--table", "public.acct", child=True)
+        resync = cli("resync", "--config", config, "--table", "public.acct")
         proxy.policy = passthrough
         assert resync.returncode == 0 and compacted, (resync.returncode, compacted, resync.stderr[-3000:])
         retried = [line for line in resync.stderr.splitlines() if "met a concurrent commit that changes no row" in line]
