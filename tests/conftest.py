@@ -97,34 +97,67 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 # Tests of the lake's side, run against the newest server only (as newest_server_only does from
 # inside a test, but skipped before their fixtures start): a crash and its replay, spilling and
 # reducing on the driver, maintenance, backfill from the lake's own versions, signals, the staging
-# disk. Against an older server they prove nothing the newest does not: the server's side (the
-# protocol, types, catalog queries, snapshots, slots, DDL, key changes, TOAST) keeps every server.
+# disk, the lake's store and its faults, Delta's features, the SCD2 history and the changelog's
+# configuration, how a window is committed (rewrites, tables in parallel), damage to the lake and
+# verify's side of it, views at a Delta version, command-line and config errors found before the
+# server is asked anything. Against an older server they prove nothing the newest does not: the
+# server's side (the protocol, types, catalog queries, snapshots, slots, DDL, key changes, TOAST,
+# replica identity, partitions as published, failover) keeps every server. docs/development.md
+# ("Which server, which engine") has the list.
 LAKE_SIDE = (
     "tests/test_together.py::test_crash_in_the_window_of_a_widening",
     "tests/test_history.py::test_spilled_history_equals_in_memory",
-    "tests/test_backfill.py::test_backfill_into_fresh_path_equals_time_travel",
-    "tests/test_backfill.py::test_backfill_from_the_middle_is_seeded_by_time_travel",
-    "tests/test_backfill.py::test_backfill_in_place",
-    "tests/test_backfill.py::test_backfill_killed_half_way_resumes",
+    "tests/test_history.py::test_history_equals_the_versions",  # the SCD2 rows from the changelog
+    "tests/test_history.py::test_added_column_and_resync",  # the history's columns; the resync's copy: test_resync
+    "tests/test_backfill.py::",  # the lake's changelog and versions only, and the command's errors
     "tests/test_progress.py::test_bars_on_a_terminal_log_lines_under_a_scheduler",
     "tests/test_engine_allocator.py::test_bootstrap_and_resync_copy_with_the_bulk_allocator",
     "tests/test_job_faults.py::test_crash_at_point_then_rerun",
     "tests/test_job_faults.py::test_crash_between_tables_with_small_windows",
     "tests/test_job_faults.py::test_kill_in_a_later_window",
     "tests/test_job_faults.py::test_crash_after_the_first_window_appended_then_rerun",
-    "tests/test_parallel_apply.py::test_crash_while_some_tables_committed",
+    "tests/test_job_faults.py::test_replay_key_change",  # a crash's replay of key changes
+    "tests/test_job_faults.py::test_unchanged_toast_replay_across_a_delta_checkpoint",
+    "tests/test_schema_changes.py::test_crash_after_",  # a crash's replay of a schema change and a default
+    "tests/test_resync.py::test_resync_killed_then_run_again",
+    "tests/test_parallel_apply.py::",  # tables committed in parallel, a crash among them
     "tests/test_changelog.py::test_replayed_window_adds_nothing_twice",
+    "tests/test_changelog.py::test_changelog_only_where_configured",
+    "tests/test_changelog.py::test_changelog_follows_new_columns",  # the column's decoding: test_schema_changes
     "tests/test_spill.py::test_spilled_window_equals_in_memory",
     "tests/test_spill.py::test_kill_while_spilling_then_rerun",
     "tests/test_spill.py::test_spilled_window_in_driver_buckets_equals_in_memory",
     "tests/test_spill.py::test_spilled_inserts_are_merged_without_a_reduce",
-    "tests/test_merge_rewrite.py::test_bulk_update_rewritten_then_replayed",
+    "tests/test_merge_rewrite.py::",  # a window committed as a rewrite of its key range
+    "tests/test_run_toll.py::test_first_window_and_inserts_alone_are_appends",
     "tests/test_sigterm.py::",
     "tests/test_io_faults.py::test_staging_disk_full",
     "tests/test_job_e2e.py::test_float_keys_with_nan",
+    "tests/test_job_errors.py::test_unwritable_lake",
+    "tests/test_job_errors.py::test_broken_toml",
+    "tests/test_job_errors.py::test_unknown_config_key",
+    "tests/test_job_errors.py::test_until_lsn_garbage",
+    "tests/test_verify.py::test_corrupted_lake_names_exactly_the_corrupted_keys",  # the lake's side of verify
+    "tests/test_verify.py::test_keyless_tables_are_skipped",
+    "tests/test_verify.py::test_bad_input_is_one_line",
+    "tests/test_lake_changed.py::",  # another writer's damage to the lake, found and repaired
+    "tests/test_versions.py::test_open_at_lsn_registers_views_at_those_versions",
     "tests/test_row_metadata.py::test_row_metadata_through",
     "tests/test_row_metadata.py::test_soft_deletes",
     "tests/test_concurrent_writers.py::",
+    "tests/test_governance.py::test_hashed_and_excluded_columns_never_land_raw",
+    "tests/test_governance.py::test_changed_settings_are_refused_until_a_resync",
+    "tests/test_governance.py::test_an_excluded_key_column_is_refused",
+    # newest_server_only inside each of their tests too (a test run by itself says why it skips)
+    "tests/test_maintain.py::",
+    "tests/test_maintain_defaults.py::",
+    "tests/test_deletion_vectors.py::",
+    "tests/test_delta_features.py::",
+    "tests/test_object_store.py::",
+    "tests/test_object_store_faults.py::",
+    "tests/test_lineage.py::",
+    "tests/test_dist.py::",
+    "tests/test_status.py::test_status_warns_when_maintenance_falls_behind",
 )
 
 
