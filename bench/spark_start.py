@@ -12,11 +12,20 @@ session pyspark starts itself in a child process (the same :meth:`SparkStart.env
   beside an empty ``SPARK_CONF_DIR``;
 * ``tiered``: the same with the full (tiered) compiler, for JVMs that live long (a backfill);
 * ``plain``: ``SPARK_CONF_DIR`` holding ``spark-defaults.conf``, no JVM options.
+
+:class:`ConnectServer` starts Apache Spark's Spark Connect server with one of them: a driver that
+outlives the runs, which ``pg2delta run --engine connect`` processes use in turn (the tests use it too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +87,88 @@ class SparkStart:
         for needed in (self.properties(), self.cache / "spark.jsa", self.cache / "empty-conf"):
             if not needed.exists():
                 raise SystemExit(f"no {needed} (make install-spark)")
+
+
+# Apache Spark's Spark Connect server (docs/engines/connect.md): a driver that outlives the runs.
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def connect_jar(spark_submit: str | Path, cache: Path, env: dict[str, str]) -> str | None:
+    """The Spark Connect server's jar for the pyspark beside ``spark_submit``: None from Spark 4 on
+    (it ships with Spark); for Spark 3.5 ``org.apache.spark:spark-connect_2.12`` of pyspark's version,
+    else of the newest earlier patch release Maven Central has (not every pyspark release has one
+    there), from the Ivy cache of ``make install-spark`` (``cache``), resolved into it by an
+    untimed ``spark-submit --packages`` if not there yet."""
+    from importlib.metadata import version
+
+    major, minor, patch = (int(p) for p in version("pyspark").split(".")[:3])
+    if major >= 4:
+        return None
+    jars = cache / "ivy" / "jars"
+    for release in range(patch, -1, -1):
+        jar = jars / f"org.apache.spark_spark-connect_2.12-{major}.{minor}.{release}.jar"
+        if jar.is_file():
+            return str(jar)
+    with tempfile.TemporaryDirectory(prefix="pg2delta-connect-jar-") as work:
+        (Path(work) / "nothing.py").write_text("")
+        for release in range(patch, -1, -1):
+            subprocess.run([str(spark_submit), "--packages", f"org.apache.spark:spark-connect_2.12:{major}.{minor}.{release}",
+                            "--conf", f"spark.jars.ivy={cache / 'ivy'}", str(Path(work) / "nothing.py")],
+                           capture_output=True, check=False, env=env, cwd=work)
+            jar = jars / f"org.apache.spark_spark-connect_2.12-{major}.{minor}.{release}.jar"
+            if jar.is_file():
+                return str(jar)
+    raise RuntimeError(f"no org.apache.spark:spark-connect_2.12:{major}.{minor}.x could be resolved into {jars}")
+
+
+@dataclass
+class ConnectServer:
+    """A running Spark Connect server of Apache Spark with Delta (``local[2]``, the settings of
+    ``make install-spark``), in a process group of its own; :meth:`stop` ends it."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def remote(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, spark_submit: str | Path, start: SparkStart, log: Path, *, jars: tuple[str, ...] = (),
+              timeout: float = 300.0) -> ConnectServer:
+        """``spark-submit --class SparkConnectServer`` with ``start``'s settings (its JVM options:
+        ``tiered`` suits a long-lived driver), Delta's jars and ``jars``; returns once the server
+        answers (``timeout`` seconds, else RuntimeError with the log's end)."""
+        python = Path(spark_submit).parent / "python"
+        env = start.env(python)
+        env["PATH"] = f"{Path(spark_submit).parent}{os.pathsep}{env.get('PATH', '')}"
+        found = connect_jar(spark_submit, start.cache, env)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        argv = [str(spark_submit), "--class", CONNECT_CLASS, "--name", "pg2delta-connect",
+                *start.flags(tuple(j for j in (*jars, found) if j)),
+                "--conf", f"spark.connect.grpc.binding.port={port}", "spark-internal"]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = cls(proc, port, log)
+        deadline = time.monotonic() + timeout
+        while "Spark Connect server started" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                server.stop()
+                raise RuntimeError(f"the Spark Connect server did not start:\n{log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+        return server
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, SIGKILL after 30 s."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()

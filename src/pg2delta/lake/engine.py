@@ -4,7 +4,9 @@ The rest of pg2delta never imports pyspark. Three engines, chosen in config:
 
 * ``embedded`` (default): pysail, a Spark Connect server started in this process (no JVM);
 * ``spark``: Apache Spark with delta-spark, a classic session (what ``spark-submit`` gives);
-* ``connect``: any Spark Connect server at ``remote = "sc://host:port"``.
+* ``connect``: a Spark Connect server at ``remote = "sc://host:port"``: Apache Spark's own with
+  delta-spark (a driver that outlives the runs) gets Apache Spark's statements, another (pysail's)
+  the embedded engine's (:func:`pg2delta.lake.engine_session.apache_spark` tells them apart).
 
 Only APIs that pyspark 3.5 and 4.x share are used, and only SQL that both Apache Spark
 with delta-spark and pysail accept: data reaches Spark as Parquet files read with
@@ -72,6 +74,7 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
         return cls(
             opened.spark, lake, stop=opened.stop, classic=opened.classic, embedded=opened.embedded,
             session_conf=opened.session_conf, deletion_vectors=config.deletion_vectors,
+            remote=opened.remote, new_session=opened.new_session,
         )
 
     def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
@@ -97,6 +100,7 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
         engine = Engine(
             self._main, lake, classic=self.classic, embedded=self.embedded, session_conf=self._session_conf,
             deletion_vectors=self.deletion_vectors if deletion_vectors is None else deletion_vectors,
+            remote=self.remote, new_session=self._new_session,
         )
         engine.features_of = self.features_of
         return engine

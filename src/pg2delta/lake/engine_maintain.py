@@ -108,7 +108,11 @@ class DeltaMaintenance(EngineSession):
                 # 10,000 unless set: 20 s of empty tasks per table on a small cluster (measured on
                 # local[2]). The cluster's cores are enough unless the session says otherwise.
                 listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
-                if not self.spark.sparkContext.getConf().contains(listing):
+                if self.remote:  # a Spark Connect server: its settings say what its cores are
+                    cores = self.spark.conf.get("spark.default.parallelism", None)
+                    if cores is not None and self.spark.conf.get(listing, None) is None:
+                        self.spark.conf.set(listing, cores)
+                elif not self.spark.sparkContext.getConf().contains(listing):
                     self.spark.conf.set(listing, str(max(self.spark.sparkContext.defaultParallelism, 1)))
                 self._sql(f"VACUUM {self.target(uri)} RETAIN {retention_hours} HOURS", f"VACUUM {uri}")
                 return -1

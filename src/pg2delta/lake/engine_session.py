@@ -1,13 +1,15 @@
 """The Spark session under the engine, and what differs between the engines.
 
 Starting one of the three engines (:func:`open_session`: pysail in this process, Apache Spark
-with delta-spark, a Spark Connect server) and :class:`EngineSession`, the base every part of
+with delta-spark, a Spark Connect server: Apache Spark's own, which gets Apache Spark's paths, or
+another such as pysail's, which gets the embedded engine's) and :class:`EngineSession`, the base every part of
 :class:`pg2delta.lake.engine.Engine` builds on: this thread's session, SQL whose failures become
 :class:`LakeError`, Delta's idempotent-write settings, and the few SQL spellings that differ.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import threading
@@ -22,6 +24,8 @@ from pg2delta.config import ENGINES, EngineConfig
 from pg2delta.errors import ConfigError, LakeError
 from pg2delta.lake.foreign import MARK, USER_METADATA
 from pg2delta.lake.lake_files import Lake
+
+log = logging.getLogger("pg2delta.lake.engine")
 
 # Bytes per Parquet file the embedded engine writes into a Delta table. pysail's Delta writer
 # keeps a file's rows in memory (row groups of a million rows) until it closes the file, so the
@@ -168,14 +172,18 @@ def _names_jars(properties_file: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class OpenedSession:
-    """A started session: the SparkSession, how to stop what was started for it, whether it is a
-    classic one, and the SQL settings a classic session's other threads need too."""
+    """A started session: the SparkSession, how to stop what was started for it, whether Apache
+    Spark with delta-spark runs its statements (``classic``: a classic session in this process, or
+    with ``remote`` Apache Spark's Spark Connect server), how another thread gets a session of its
+    own (``new_session``; None: the threads share this one), and the SQL settings those need too."""
 
     spark: Any
     stop: Callable[[], None] | None = None
     classic: bool = False
     embedded: bool = False  # pysail in this process: the lake's files are this process's files too
     session_conf: dict[str, str] = field(default_factory=dict)
+    remote: bool = False  # Apache Spark's driver is a Spark Connect server: no SparkContext here
+    new_session: Callable[[], Any] | None = None
 
 
 def open_session(config: EngineConfig) -> OpenedSession:
@@ -188,14 +196,7 @@ def open_session(config: EngineConfig) -> OpenedSession:
         if config.kind == "embedded":
             return _open_embedded()
         if config.kind == "connect":
-            if not config.remote:
-                raise ConfigError("engine 'connect' needs remote = \"sc://host:port\"")
-            from pyspark.sql import SparkSession
-
-            spark = SparkSession.builder.remote(config.remote).getOrCreate()
-            _CONNECT_SESSIONS.append(spark)
-            spark.conf.set(USER_METADATA, MARK)  # the mark of its SQL commits where the server has Delta's setting
-            return OpenedSession(spark)
+            return _open_connect(config)
         return _open_classic(config)
     except ImportError as exc:
         extra = "embedded" if config.kind != "spark" else "spark"
@@ -224,13 +225,70 @@ def _open_embedded() -> OpenedSession:
     return OpenedSession(spark, stop=stop, embedded=True)
 
 
+def _marked_conf(config: EngineConfig) -> dict[str, str]:
+    """``[engine.spark_conf]``, its commits' user metadata starting with pg2delta's mark (the
+    config's own text after it)."""
+    conf = dict(config.spark_conf)
+    if not conf.get(USER_METADATA, MARK).startswith(MARK):
+        conf[USER_METADATA] = f"{MARK}: {conf[USER_METADATA]}"
+    return conf
+
+
+def apache_spark(spark: Any) -> bool:
+    """Whether the Spark Connect server behind ``spark`` is Apache Spark: its SQL ``version()``
+    starts with the version it answers the client's version request with. pysail answers that
+    request with the client's own version and ``version()`` with its own (``0.7.2``)."""
+    try:
+        found = str(spark.sql("SELECT version()").collect()[0][0]).split()
+        return bool(found) and found[0] == str(spark.version)
+    except Exception:  # a server without version(): not Apache Spark
+        return False
+
+
+def _open_connect(config: EngineConfig) -> OpenedSession:
+    """A Spark Connect server's session. Apache Spark's server (with delta-spark: its SQL extension
+    and catalog in the server's settings, docs/engines/connect.md) gets Apache Spark's statements
+    and a session per thread, each with the classic session's SQL settings and
+    ``[engine.spark_conf]`` (settings the server takes per session); another server (pysail's)
+    the embedded engine's, on one shared session."""
+    if not config.remote:
+        raise ConfigError("engine 'connect' needs remote = \"sc://host:port\"")
+    from pyspark.sql import SparkSession
+
+    remote = config.remote
+    opened: list[Any] = []
+
+    def session() -> Any:
+        made = SparkSession.builder.remote(remote).create()
+        _CONNECT_SESSIONS.append(made)
+        opened.append(made)
+        return made
+
+    def stop() -> None:
+        for made in opened:
+            made.stop()
+
+    spark = session()
+    if not apache_spark(spark):
+        spark.conf.set(USER_METADATA, MARK)  # the mark of its SQL commits where the server has Delta's setting
+        return OpenedSession(spark, stop=stop)
+    conf = _marked_conf(config)
+    session_conf = {**_CLASSIC_SQL_CONF, **conf}
+    for key, value in list(session_conf.items()):
+        try:
+            spark.conf.set(key, value)
+        except Exception as exc:  # a static setting: the server's own (spark.master, spark.jars, ...)
+            del session_conf[key]
+            log.warning("[engine.spark_conf] %s is the Spark Connect server's to set, not a session's: ignored (%s)",
+                        key, " ".join(str(exc).split())[:200])
+    return OpenedSession(spark, stop=stop, classic=True, session_conf=session_conf, remote=True, new_session=session)
+
+
 def _open_classic(config: EngineConfig) -> OpenedSession:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(config.app_name)
-    conf = dict(config.spark_conf)
-    if not conf.get(USER_METADATA, MARK).startswith(MARK):  # the config's own text after pg2delta's mark
-        conf[USER_METADATA] = f"{MARK}: {conf[USER_METADATA]}"
+    conf = _marked_conf(config)
     conf.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
     conf.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     for key, value in conf.items():
@@ -247,17 +305,20 @@ def _open_classic(config: EngineConfig) -> OpenedSession:
     session_conf = {k: v for k, v in _CLASSIC_SQL_CONF.items() if k not in conf}
     for key, value in session_conf.items():
         spark.conf.set(key, value)
-    return OpenedSession(spark, classic=True, session_conf=session_conf)
+    return OpenedSession(spark, classic=True, session_conf=session_conf, new_session=spark.newSession)
 
 
 class EngineSession:
     """The session the engine's parts share, and the helpers they all use.
 
     Safe to use from several threads at once (``Job`` merges independent tables concurrently).
-    A classic session gives every other thread a session of its own (``newSession()``: the same
-    SparkContext, its own SQL settings and temporary views), so the per-statement idempotent-write
-    settings of one thread never reach another's statement. A Spark Connect session (embedded,
-    connect) is shared: its statements carry no per-thread settings.
+    Apache Spark gives every other thread a session of its own (a classic session's
+    ``newSession()``: the same SparkContext, its own SQL settings and temporary views; on Apache
+    Spark's Spark Connect server a new session of the server), so the per-statement
+    idempotent-write settings of one thread never reach another's statement. pysail's session
+    (embedded, or a pysail server at ``connect``) is shared: its statements carry no per-thread settings.
+    ``classic``: Apache Spark with delta-spark runs the statements, in this process or (``remote``)
+    in a Spark Connect server.
     """
 
     def __init__(
@@ -270,8 +331,12 @@ class EngineSession:
         embedded: bool = False,
         session_conf: dict[str, str] | None = None,
         deletion_vectors: bool = True,
+        remote: bool = False,
+        new_session: Callable[[], Any] | None = None,
     ) -> None:
         self._main = spark
+        self.remote = remote
+        self._new_session = new_session
         self.lake = lake
         self._stop = stop
         self.classic = classic
@@ -297,12 +362,12 @@ class EngineSession:
 
     @property
     def spark(self) -> Any:
-        """This thread's session: the main one, or for a classic engine in another thread its own."""
-        if not self.classic or threading.get_ident() == self._owner:
+        """This thread's session: the main one, or on Apache Spark in another thread its own."""
+        if self._new_session is None or threading.get_ident() == self._owner:
             return self._main
         session = getattr(self._local, "spark", None)
         if session is None:
-            session = self._main.newSession()
+            session = self._new_session()
             for key, value in self._session_conf.items():
                 session.conf.set(key, value)
             self._local.spark = session
