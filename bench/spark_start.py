@@ -99,9 +99,10 @@ def connect_jar(spark_submit: str | Path, cache: Path, env: dict[str, str]) -> s
     else of the newest earlier patch release Maven Central has (not every pyspark release has one
     there), from the Ivy cache of ``make install-spark`` (``cache``), resolved into it by an
     untimed ``spark-submit --packages`` if not there yet."""
-    from importlib.metadata import version
-
-    major, minor, patch = (int(p) for p in version("pyspark").split(".")[:3])
+    python = Path(spark_submit).parent / "python"
+    found = subprocess.run([str(python), "-c", "import pyspark; print(pyspark.__version__)"],
+                           capture_output=True, text=True, check=True, env=env).stdout.strip()
+    major, minor, patch = (int(p) for p in found.split(".")[:3])
     if major >= 4:
         return None
     jars = cache / "ivy" / "jars"

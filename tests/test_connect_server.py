@@ -7,6 +7,7 @@ a run SIGKILLed between its tables' commits and the run after it, each a process
 slot stays put after the kill, the lake equals PostgreSQL (read with delta-rs) after each run that
 finished, no window is logged twice, and the commits are Apache Spark's (the tables it created have
 deletion vectors, which pysail's paths never set): pg2delta told the server apart from pysail's.
+Last, a run against a port nobody listens on ends with 75 at once, the slot unmoved.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pg2delta.faults import FAULT_ENV
 from pg2delta.lake.applied_log import LOG_TABLE
 from pg2delta.lake.engine import Engine, EngineConfig, Lake
 from pg2delta.lake.engine_session import apache_spark
+from pg2delta.source.throwaway import _free_port
 from workload import TABLES, Workload, assert_lake_matches, cli, confirmed_lsn, create_schema, lsn_int
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,23 +96,32 @@ def test_runs_against_apache_spark_connect_server(pgdb: str, tmp_path: Path) -> 
             assert_lake_matches(pgdb, lake, context="first run through the Connect server")
             wl.phase(50)
 
-        before = confirmed_lsn(pgdb, slot)
-        crashed = cli(*common, env={**env, FAULT_ENV: "between_tables"}, child=True)
-        assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-3000:])
-        assert confirmed_lsn(pgdb, slot) == before, "the slot moved although the run died between its tables"
-        again = cli(*common, env=env, child=True)
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert json.loads(again.stdout)["from_lsn"] == before
-        assert lsn_int(confirmed_lsn(pgdb, slot) or "0/0") > lsn_int(before or "0/0")
-        assert_lake_matches(pgdb, lake, context="the run after one SIGKILLed between its tables")
-        logged = [(r["relation_oid"], r["window_end"]) for r in read_delta(str(lake / LOG_TABLE)).to_pylist()
-                  if r["slot"] == slot and r["kind"] == "window"]
-        assert len(logged) == len(set(logged)), "a table logged twice at a window's end after the kill"
+            before = confirmed_lsn(pgdb, slot)
+            crashed = cli(*common, env={**env, FAULT_ENV: "between_tables"}, child=True)
+            assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-3000:])
+            assert confirmed_lsn(pgdb, slot) == before, "the slot moved although the run died between its tables"
+            again = cli(*common, env=env, child=True)
+            assert again.returncode == 0, again.stderr[-3000:]
+            assert json.loads(again.stdout)["from_lsn"] == before
+            assert lsn_int(confirmed_lsn(pgdb, slot) or "0/0") > lsn_int(before or "0/0")
+            assert_lake_matches(pgdb, lake, context="the run after one SIGKILLed between its tables")
+            logged = [(r["relation_oid"], r["window_end"]) for r in read_delta(str(lake / LOG_TABLE)).to_pylist()
+                      if r["slot"] == slot and r["kind"] == "window"]
+            assert len(logged) == len(set(logged)), "a table logged twice at a window's end after the kill"
 
-        for spec in TABLES:  # Apache Spark's paths: the server's Delta wrote them, with deletion vectors
-            table = DeltaTable(str(lake / spec.schema / spec.name))
-            assert table.metadata().configuration.get("delta.enableDeletionVectors") == "true", spec.qualified
-            engines = {str(c.get("engineInfo", "")) for c in table.history()}
-            assert any(e.startswith("Apache-Spark/") for e in engines), (spec.qualified, engines)
+            for spec in TABLES:  # Apache Spark's paths: the server's Delta wrote them, with deletion vectors
+                table = DeltaTable(str(lake / spec.schema / spec.name))
+                assert table.metadata().configuration.get("delta.enableDeletionVectors") == "true", spec.qualified
+                engines = {str(c.get("engineInfo", "")) for c in table.history()}
+                assert any(e.startswith("Apache-Spark/") for e in engines), (spec.qualified, engines)
+
+            # A server that does not answer: retryable at once (pyspark's client alone retries for
+            # about ten minutes), the slot where it was.
+            wl.phase(5)
+            at = confirmed_lsn(pgdb, slot)
+            down = cli(*common, env={**env, "PG2DELTA_REMOTE": f"sc://127.0.0.1:{_free_port()}"}, child=True, timeout=120)
+            assert down.returncode == 75 and "cannot reach the Spark Connect server" in down.stderr, (
+                down.returncode, down.stderr[-3000:])
+            assert confirmed_lsn(pgdb, slot) == at
     finally:
         server.stop()

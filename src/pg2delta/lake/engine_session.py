@@ -245,6 +245,26 @@ def apache_spark(spark: Any) -> bool:
         return False
 
 
+def _reachable(remote: str, timeout: float = 10.0) -> None:
+    """A retryable :class:`LakeError` unless the Spark Connect server at ``remote``
+    (``sc://host[:port][/;params]``, port 15002 unless named) accepts a connection within
+    ``timeout`` seconds: pyspark's client retries an unreachable server for about ten minutes."""
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(remote.split("/;", 1)[0])
+        host, port = url.hostname, url.port or 15002
+    except ValueError as exc:
+        raise ConfigError(f"engine 'connect': remote {remote!r} is not sc://host:port ({exc})") from exc
+    if url.scheme != "sc" or not host:
+        raise ConfigError(f"engine 'connect': remote {remote!r} is not sc://host:port")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise LakeError(f"cannot reach the Spark Connect server at {remote}: {exc}", retryable=True) from exc
+
+
 def _open_connect(config: EngineConfig) -> OpenedSession:
     """A Spark Connect server's session. Apache Spark's server (with delta-spark: its SQL extension
     and catalog in the server's settings, docs/engines/connect.md) gets Apache Spark's statements
@@ -253,9 +273,10 @@ def _open_connect(config: EngineConfig) -> OpenedSession:
     the embedded engine's, on one shared session."""
     if not config.remote:
         raise ConfigError("engine 'connect' needs remote = \"sc://host:port\"")
+    remote = config.remote
+    _reachable(remote)
     from pyspark.sql import SparkSession
 
-    remote = config.remote
     opened: list[Any] = []
 
     def session() -> Any:
