@@ -5,7 +5,10 @@ rows; ``PG2DELTA_BENCH_SCALE_MAX_ROWS`` leaves out the larger ones for a quick r
 key and four columns, loaded in key order. Per engine, every command runs as a scheduler starts
 it, in a new process: ``pg2delta bootstrap`` / ``pg2delta run`` for the embedded engine,
 ``spark-submit jobs/pg2delta_bootstrap.py`` / ``jobs/pg2delta_run.py`` for Apache Spark
-(``local[2]``, Delta's jars from ``make install-spark``'s cache, ``--spark-cache``). Apache Spark's
+(``local[2]``, Delta's jars from ``make install-spark``'s cache, ``--spark-cache``), and on
+``spark_connect`` ``pg2delta bootstrap`` / ``pg2delta run --engine connect`` against Apache Spark's
+Spark Connect server with Delta, started once before the first table (the same settings, a plain
+start: the full compiler suits a driver that lives long; docs/engines/connect.md). Apache Spark's
 commands start fast, as docs/engines/spark-submit.md recommends for scheduled runs: the class-data
 archive that set-up trained, the client compiler, the settings as ``--properties-file``. Per table:
 
@@ -27,7 +30,11 @@ session and MERGEs 10 rows into a 1,000-row Delta table), ``idle_run_seconds_spa
 ``small_run_seconds_spark=`` (10 updates) on the smallest table, and ``jdbc_overwrite_seconds_spark=``
 (a spark-submit of a JDBC read of the 2,000,000-row table and a Delta overwrite: what a Spark user
 does without CDC; the PostgreSQL JDBC driver comes from Maven Central, resolved once before).
-The same fast start for all three. Then the three again as a plain ``spark-submit`` starts them
+The same fast start for all three. With ``spark_connect``, beside each of them the same through the
+running Connect server, each a new client process: ``spark_connect_floor_seconds=``,
+``idle_run_seconds_spark_connect=``, ``small_run_seconds_spark_connect=`` and
+``jdbc_overwrite_seconds_spark_connect=``, then ``run_vs_jdbc_overwrite_<engine>=`` (the largest
+table's run seconds over the JDBC overwrite's, on spark and spark_connect). Then the three again as a plain ``spark-submit`` starts them
 (``SPARK_CONF_DIR`` with ``spark-defaults.conf``, no JVM options): ``spark_floor_seconds_plain=``,
 ``jdbc_overwrite_seconds_spark_plain=`` and ``run_seconds_spark_<largest>_plain=`` (another
 window like step 3). Last, ``scale_growth_<engine>=`` (largest table's run seconds / smallest's; target <= 1.5).
@@ -55,7 +62,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from psycopg.conninfo import conninfo_to_dict
-from spark_start import SparkStart
+from spark_start import ConnectServer, SparkStart
 
 from pg2delta.source.throwaway import ThrowawayPostgres
 
@@ -76,6 +83,7 @@ class Runner:
     def __init__(self, dsn: str, root: Path, spark_submit: str | None, start: SparkStart | None) -> None:
         self.dsn, self.root, self.spark_submit, self.start = dsn, root, spark_submit, start
         self.peak_mb = 0
+        self.connect: ConnectServer | None = None  # Apache Spark's Connect server, for spark_connect
 
     def lake(self, engine: str, rows: int) -> Path:
         return self.root / f"lake-{engine}-{rows}"
@@ -88,6 +96,11 @@ class Runner:
         if engine == "embedded":
             argv = [sys.executable, "-m", "pg2delta.cli", what, *common, "--engine", "embedded"]
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_CONF_DIR"))}
+        elif engine == "spark_connect":  # a client process of the running server, from the Spark venv
+            assert self.spark_submit is not None and self.connect is not None
+            argv = [str(_python(self.spark_submit)), "-m", "pg2delta.cli", what, *common, "--engine", "connect",
+                    "--remote", self.connect.remote]
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_", "PYSPARK_"))}
         else:
             start = start or self.start
             assert self.spark_submit is not None and start is not None
@@ -192,20 +205,37 @@ def matches(dsn: str, lake: Path, rows: int) -> bool:
     return got == want
 
 
-def spark_floor(spark_submit: str, root: Path, start: SparkStart) -> float:
-    """A spark-submit of a script that starts a session and MERGEs 10 rows into a 1,000-row table."""
-    table = root / f"floor-{start.name}"
+def _session(remote: str | None) -> str:
+    """The script's line that starts its session: its own, or a client of the Connect server at ``remote``."""
+    return f"spark = SparkSession.builder.remote({remote!r}).getOrCreate()" if remote else "spark = SparkSession.builder.getOrCreate()"
+
+
+def _client(spark_submit: str, script: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` as a new client process of the Connect server (the Spark venv's Python): timed by the caller."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG", "SPARK_", "PYSPARK_"))}
+    return subprocess.run([str(_python(spark_submit)), str(script)], capture_output=True, text=True, check=False, env=env)
+
+
+def spark_floor(spark_submit: str, root: Path, start: SparkStart, remote: str | None = None) -> float:
+    """A spark-submit of a script that starts a session and MERGEs 10 rows into a 1,000-row table
+    (``remote``: the same script as a client process of that Connect server)."""
+    table = root / f"floor-{'connect' if remote else start.name}"
     write_deltalake(str(table), pa.table({"id": pa.array(range(1000), pa.int64()), "v": [f"v{i}" for i in range(1000)]}))
     script = root / "floor.py"
     script.write_text(textwrap.dedent(f"""
         from pyspark.sql import SparkSession
-        spark = SparkSession.builder.getOrCreate()
+        {_session(remote)}
         spark.range(0, 1000, 100).selectExpr("id", "'u' AS v").createOrReplaceTempView("src")
         spark.sql("MERGE INTO delta.`{table}` t USING src s ON t.id = s.id WHEN MATCHED THEN UPDATE SET *")
         spark.stop()
     """))
     t0 = time.perf_counter()
-    subprocess.run([spark_submit, *start.flags(), str(script)], check=True, capture_output=True, env=start.env(_python(spark_submit)))
+    if remote:
+        done = _client(spark_submit, script)
+        if done.returncode != 0:
+            raise SystemExit(f"the floor through the Connect server failed: {done.stderr.strip()[-1500:]}")
+    else:
+        subprocess.run([spark_submit, *start.flags(), str(script)], check=True, capture_output=True, env=start.env(_python(spark_submit)))
     return time.perf_counter() - t0
 
 
@@ -223,20 +253,29 @@ def jdbc_jars(spark_submit: str, root: Path, start: SparkStart) -> tuple[str, ..
     return found
 
 
-def jdbc_overwrite(spark_submit: str, root: Path, dsn_parts: dict[str, Any], rows: int, start: SparkStart) -> float:
-    """A spark-submit of a JDBC read of the table of ``rows`` (2 partitions on the key) and a Delta overwrite."""
+def jdbc_overwrite(spark_submit: str, root: Path, dsn_parts: dict[str, Any], rows: int, start: SparkStart,
+                   remote: str | None = None) -> float:
+    """A spark-submit of a JDBC read of the table of ``rows`` (2 partitions on the key) and a Delta
+    overwrite (``remote``: the same script as a client process of that Connect server, started
+    with the JDBC driver)."""
     script = root / "jdbc.py"
     url = f"jdbc:postgresql://{dsn_parts['host']}:{dsn_parts['port']}/{dsn_parts['dbname']}"
     script.write_text(textwrap.dedent(f"""
         from pyspark.sql import SparkSession
-        spark = SparkSession.builder.getOrCreate()
+        {_session(remote)}
         df = (spark.read.format("jdbc").option("url", {url!r}).option("dbtable", "scale_{rows}")
               .option("user", {dsn_parts['user']!r}).option("driver", "org.postgresql.Driver")
               .option("partitionColumn", "id").option("lowerBound", "1").option("upperBound", "{rows}")
               .option("numPartitions", "2").load())
-        df.write.format("delta").mode("overwrite").save({str(root / "jdbc-lake")!r})
+        df.write.format("delta").mode("overwrite").save({str(root / ("jdbc-lake-connect" if remote else "jdbc-lake"))!r})
         spark.stop()
     """))
+    if remote:
+        t0 = time.perf_counter()
+        done = _client(spark_submit, script)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip()[-1500:])
+        return time.perf_counter() - t0
     argv = [spark_submit, *start.flags(jdbc_jars(spark_submit, root, start)), str(script)]
     t0 = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, check=False, env=start.env(_python(spark_submit)))
@@ -281,23 +320,36 @@ def measure_size(runner: Runner, engines: list[str], rows: int, out: dict[str, f
 
 
 def spark_extras(runner: Runner, sizes: list[int], out: dict[str, float]) -> None:
+    """The floor, the idle and small runs and the JDBC overwrite: spark-submit's fast start, beside
+    each the same through the Connect server (when running), then spark-submit's plain start."""
     assert runner.spark_submit is not None and runner.start is not None
     fast, plain = runner.start, SparkStart("plain", runner.start.cache)
+    remote = runner.connect.remote if runner.connect is not None else None
+    engines = ["spark", *(["spark_connect"] if remote else [])]
     out["spark_floor_seconds"] = spark_floor(runner.spark_submit, runner.root, fast)
+    if remote:
+        out["spark_connect_floor_seconds"] = spark_floor(runner.spark_submit, runner.root, fast, remote)
     small = sizes[0]
-    out["idle_run_seconds_spark"] = runner.command("spark", "run", small)
+    for engine in engines:
+        out[f"idle_run_seconds_{engine}"] = runner.command(engine, "run", small)
     with psycopg.connect(runner.dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE scale_{small} SET n = n + 1 WHERE id <= 10")
-    out["small_run_seconds_spark"] = runner.command("spark", "run", small)
-    if not matches(runner.dsn, runner.lake("spark", small), small):
-        raise SystemExit(1)
+    for engine in engines:
+        out[f"small_run_seconds_{engine}"] = runner.command(engine, "run", small)
+        if not matches(runner.dsn, runner.lake(engine, small), small):
+            raise SystemExit(1)
     jdbc_rows = 2_000_000 if 2_000_000 in sizes else sizes[-1]
     suffix = "" if jdbc_rows == 2_000_000 else f"_{jdbc_rows}"
     parts = conninfo_to_dict(runner.dsn)
-    try:
-        out[f"jdbc_overwrite_seconds_spark{suffix}"] = jdbc_overwrite(runner.spark_submit, runner.root, parts, jdbc_rows, fast)
-    except (RuntimeError, subprocess.SubprocessError) as exc:
-        print(f"jdbc overwrite not measured: {exc}", file=sys.stderr)
+    for engine in engines:
+        try:
+            out[f"jdbc_overwrite_seconds_{engine}{suffix}"] = jdbc_overwrite(
+                runner.spark_submit, runner.root, parts, jdbc_rows, fast, remote if engine == "spark_connect" else None)
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            print(f"jdbc overwrite ({engine}) not measured: {exc}", file=sys.stderr)
+        if f"jdbc_overwrite_seconds_{engine}{suffix}" in out and f"run_seconds_{engine}_{jdbc_rows}" in out:
+            out[f"run_vs_jdbc_overwrite_{engine}{suffix}"] = (
+                out[f"run_seconds_{engine}_{jdbc_rows}"] / out[f"jdbc_overwrite_seconds_{engine}{suffix}"])
     # The same three as a plain spark-submit starts them, in the same run.
     largest = sizes[-1]
     change(runner.dsn, largest, "s2", recent=False, seed=largest + 3)
@@ -313,7 +365,8 @@ def spark_extras(runner: Runner, sizes: list[int], out: dict[str, float]) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engines", default="embedded,spark", help="comma-separated (default embedded,spark)")
+    ap.add_argument("--engines", default="embedded,spark,spark_connect",
+                    help="comma-separated (default embedded,spark,spark_connect; spark_connect needs spark)")
     ap.add_argument("--spark-submit", default=str(Path(sys.executable).parent / "spark-submit"))
     ap.add_argument("--spark-cache", default=str(REPO / ".cache" / "spark35"),
                     help="make install-spark's folder of Delta's jars, settings and class-data archive")
@@ -322,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     top = int(os.environ.get("PG2DELTA_BENCH_SCALE_MAX_ROWS", SIZES[-1]))
     sizes = [n for n in SIZES if n <= top] or [top]
     engines = args.engines.split(",")
+    if "spark_connect" in engines and "spark" not in engines:
+        raise SystemExit("spark_connect is measured beside spark: --engines ...,spark,spark_connect")
     if "spark" in engines and not Path(args.spark_submit).exists():
         raise SystemExit(f"no spark-submit at {args.spark_submit} (make install-spark)")
     if "spark" in engines and not (Path(args.spark_cache) / "spark.jsa").is_file():
@@ -331,15 +386,23 @@ def main(argv: list[str] | None = None) -> int:
     pg = ThrowawayPostgres.start(args.pg, settings=PG_SETTINGS)
     root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-scale-"))
     out: dict[str, float] = {}
+    connect: ConnectServer | None = None
     try:
         start = SparkStart("fast", Path(args.spark_cache).resolve()) if "spark" in engines else None
         runner = Runner(pg.dsn, root, args.spark_submit if "spark" in engines else None, start)
+        if "spark_connect" in engines and start is not None:
+            # Started once, with the JDBC driver for its overwrite; its start is not timed.
+            jars = jdbc_jars(args.spark_submit, root, start)
+            connect = runner.connect = ConnectServer.start(args.spark_submit, SparkStart("plain", start.cache),
+                                                           root / "connect.log", jars=jars)
         for rows in sizes:
             if not measure_size(runner, engines, rows, out, largest=rows == sizes[-1]):
                 return 1
         if "spark" in engines:
             spark_extras(runner, sizes, out)
     finally:
+        if connect is not None:
+            connect.stop()
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
     for engine in engines:
