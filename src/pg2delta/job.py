@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import pg2delta.copy.copier as copying
@@ -53,19 +52,9 @@ from pg2delta.errors import SchemaError
 from pg2delta.failover import run_bounds
 from pg2delta.faults import fault_point
 from pg2delta.lake import applied_log
-from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, log_rows, window_rows
+from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, window_rows
 from pg2delta.lake.engine import Engine, Lake
-from pg2delta.lake.foreign import (
-    Damaged,
-    ForeignCommit,
-    damaged_tables,
-    landed_between,
-    last_logged_versions,
-    refuse,
-    remember,
-    remembered,
-    with_known,
-)
+from pg2delta.lake.foreign_watch import ForeignWatch, Written
 from pg2delta.lsn import format_lsn
 from pg2delta.maintain import maintain_due
 from pg2delta.metastore import register_written
@@ -124,6 +113,7 @@ class _Run:
     keys: KeyResolver
     progress: Progress
     progress_start: int
+    foreign: ForeignWatch  # another writer's commits on the window's tables (pg2delta.lake.foreign_watch)
     # Per root published via itself, its leaves' relfilenodes as last read after a peek (or as the
     # applied log has them; None: not recorded), to notice a partition truncated alone.
     filenodes: dict[int, dict[int, int] | None] = field(default_factory=dict)
@@ -131,13 +121,6 @@ class _Run:
     # logged with the next window even if it has no changes of them: else every run would decode the
     # backlog again.
     rewritten: set[int] = field(default_factory=set)
-    # Per Delta table (schema, table), the newest version the applied log records: commits after it
-    # are looked at before the table is written (pg2delta.lake.foreign).
-    logged: dict[tuple[str, str], int] | None = None
-    damaged: dict[tuple[str, str], Damaged] | None = None  # remembered from before (foreign.remember)
-    # Per Delta table the window writes, its latest version when the window looked at it (None: no
-    # table yet), and the version the applied log records: what its commits are compared with.
-    checked: dict[tuple[str, str], tuple[int | None, int | None]] = field(default_factory=dict)
 
 
 class Job(Lakeside):
@@ -149,7 +132,7 @@ class Job(Lakeside):
         self.changelog = ChangelogWriter(config, self.lake)
         self._attnums: dict[int, str] = {}  # table OID -> JSON of its Delta columns' attnums, for the log
         self._rewritten: set[int] = set()  # tables whose rows this job set anew: no Delta txn skipping
-        self.on_foreign = "refuse"  # or "remember" (verify): see _refuse_foreign
+        self.on_foreign = "refuse"  # or "remember" (verify): see pg2delta.lake.foreign_watch
 
     def run(self, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:
         cfg = self.config
@@ -192,7 +175,7 @@ class Job(Lakeside):
                 run = _Run(
                     src, uuid.uuid4().hex, applied, publication, planner, commits,
                     catalog, key_resolver(cfg, catalog_conn), run_progress(start, upper), start,
-                    recorded_filenodes(publication, applied),
+                    ForeignWatch(self.lake, cfg.source.slot, self.on_foreign), recorded_filenodes(publication, applied),
                 )
                 try:
                     self._windows(run, report)
@@ -301,10 +284,10 @@ class Job(Lakeside):
         plans, refused = run.planner.plan_window(ordered, run.applied, start, end, workers=self.config.window.parallel_tables)
         for tgt, refusal in refused:  # on_unfollowable = "resync": nothing written yet
             self._resync_in_run(run, tgt, refusal)
-        _refuse_foreign(self, run, ordered)
+        run.foreign.look({(t.schema, t.table): _applied_version(run, t) for t in ordered})
         committed = run.commits.commit(run.run_id, rd.tables, ordered, plans, run.applied, start, end)
         window.tables.extend(committed.tables)
-        _refuse_landed(self, run, window.tables)
+        run.foreign.landed(Written(r.schema, r.table, r.path, r.delta_version) for r in window.tables if not r.skipped)
         logged = [
             _logged(run, tgt, rep, plans[(tgt.schema, tgt.table)], end)
             for tgt, rep in zip(ordered, window.tables, strict=True)
@@ -360,6 +343,13 @@ class Job(Lakeside):
             run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
 
 
+def _applied_version(run: _Run, tgt: Target) -> int | None:
+    """The Delta version the run's applied log has for the table ``tgt`` writes (None: none, or
+    its owner's entry names another table)."""
+    a = run.applied.get(tgt.owner)
+    return a.delta_version if a is not None and (a.schema, a.table) == (tgt.schema, tgt.table) else None
+
+
 def _leaves(run: _Run, owner: int, end: int) -> str | None:
     """The leaves the applied log records for ``owner`` after the window ending at ``end``: as
     the run read them at its start, and those detached (see
@@ -409,81 +399,6 @@ def _logged(run: _Run, tgt: Target, rep: TableReport, pl: Plan | None, end: int)
         run.publication.memberships.get(tgt.owner), _leaves(run, tgt.owner, end),
         run.planner.attnums.get(tgt.owner), filenodes_json(run.filenodes.get(tgt.owner)),
     )
-
-
-def _refuse_foreign(job: Job, run: _Run, targets: Sequence[Target]) -> None:
-    """Stop (exit 21) before anything of the window is written when a table it writes has
-    commits another writer made since pg2delta's last one, or had before (pg2delta.lake.foreign):
-    merging over them would bury the damage under pg2delta's own commits. ``on_foreign =
-    "remember"`` (verify) records them instead, so that the runs after still refuse."""
-    job.lake.commits_read.clear()  # the window's first look reads the logs afresh; its later looks share its reads
-    if run.logged is None or run.damaged is None:  # once per run
-        run.logged = last_logged_versions(log_rows(job.lake), job.config.source.slot)
-        run.damaged = remembered(job.lake, job.config.source.slot)
-    versions: dict[tuple[str, str], int | None] = {}
-    latest: dict[tuple[str, str], int | None] = {}
-    for t in targets:
-        a = run.applied.get(t.owner)
-        known = [v for v in (run.logged.get((t.schema, t.table)),
-                             a.delta_version if a is not None and (a.schema, a.table) == (t.schema, t.table) else None)
-                 if v is not None]
-        versions[(t.schema, t.table)] = max(known, default=None)
-        latest[(t.schema, t.table)] = job.lake.delta_version(job.lake.table_uri(t.schema, t.table))
-    run.checked = {k: (latest[k], versions[k]) for k in versions}
-    found = damaged_tables(job.lake, versions, run.damaged, latest=latest)
-    if job.on_foreign == "refuse":
-        refuse(found)
-    else:  # and a commit that meets another writer's to one of these tables is made again over it
-        job.lake.remember_foreign = partial(_remember_landed, job, run)
-    _remember(job, run, found)
-
-
-def _remember_landed(job: Job, run: _Run, uri: str, commits: Sequence[ForeignCommit]) -> bool:
-    """``on_foreign = "remember"`` (verify's run; pg2delta.lake.lake_files.Lake.remember_foreign):
-    another writer's ``commits`` that change rows landed on the Delta table at ``uri`` while the
-    window committed to it. Remembered, as :func:`_refuse_foreign` remembers what it finds, when the
-    table is one the window writes (True: the commit is made again over them, pg2delta.lake.conflicts);
-    False for the others (a changelog, a history, the applied log: the run stops with exit 21)."""
-    for (schema, table), (_, logged) in run.checked.items():
-        if job.lake.table_uri(schema, table) == uri:
-            known = (run.damaged or {}).get((schema, table))
-            _remember(job, run, [Damaged(schema, table, logged, with_known(commits, known))])
-            return True
-    return False
-
-
-def _remember(job: Job, run: _Run, found: Sequence[Damaged]) -> None:
-    """Keep ``found`` (pg2delta.lake.foreign.remember) where it is news."""
-    assert run.damaged is not None
-    fresh = [d for d in found if (k := run.damaged.get((d.schema, d.table))) is None or k.commits != d.commits]
-    remember(job.lake, job.config.source.slot, fresh)
-    run.damaged.update(((d.schema, d.table), d) for d in fresh)
-
-
-def _refuse_landed(job: Job, run: _Run, reports: Sequence[TableReport]) -> None:
-    """After the window's commits, before they are logged: stop (exit 21) when another writer's
-    commit that changes rows landed on a table between the window's look at it
-    (:func:`_refuse_foreign`) and the version read after pg2delta's commit (Apache Spark's Delta
-    commits a ``MERGE`` on top of a blind append by itself; a commit before the ``MERGE`` began is
-    no conflict at all). The window's commits are over it already, which would hide it from the
-    next look: it is remembered first (pg2delta.lake.foreign.remember), so the runs after refuse
-    too until a resync, ``status`` flags it and ``verify`` names it. Usually the one new version is
-    the window's own commit, one small read; the commits a failed commit met were read then
-    (pg2delta.lake.conflicts) and are not read again (pg2delta.lake.foreign.read_commit)."""
-    found = []
-    for rep in reports:
-        key = (rep.schema, rep.table)
-        if rep.skipped or key not in run.checked:
-            continue
-        seen, logged = run.checked[key]
-        commits = landed_between(job.lake, rep.path, seen, rep.delta_version)
-        if commits:
-            found.append(Damaged(rep.schema, rep.table, logged, with_known(commits, (run.damaged or {}).get(key))))
-    if not found:
-        return
-    _remember(job, run, found)
-    if job.on_foreign == "refuse":
-        refuse(found, during=True)
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:
