@@ -525,7 +525,7 @@ def test_a_snapshot_that_is_gone_stops_the_copy(pgdb: str, tmp_path: Path, paral
     job = Job(_config(pgdb, slot, pub, lake))
     try:
         with psycopg.connect(pgdb, autocommit=True) as conn:
-            copier = Copier(job, Snapshot(slot, 1, "00000003-0000FFFF-1"), "run", parallel=parallel)
+            copier = Copier(job.copies, Snapshot(slot, 1, "00000003-0000FFFF-1"), "run", parallel=parallel)
             plans = copier.plans(conn, published_tables(conn, pub))
         with pytest.raises(Pg2DeltaError) as err:
             copier.copy_all(plans)

@@ -50,6 +50,7 @@ from pg2delta.apply.lakeside import Lakeside
 from pg2delta.copy.copier import (
     DEFAULT_PARALLEL,
     Copier,
+    CopyInto,
     LakeBootstrap,
     TableCopy,
     append_log_row,
@@ -90,7 +91,7 @@ def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool =
         raise ConfigError("--parallel must be at least 1")
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
         info = _checked(job, src)
-        state = read_state(job)
+        state = read_state(job.lake, cfg.source.slot)
         if info is not None:
             return _resumed(job, src, info, state, parallel=parallel, resume=resume)
         return _created(job, src, parallel=parallel)
@@ -131,7 +132,7 @@ def _resumed(
     start = state.start_lsn
     if start is None:
         start = info.confirmed_flush_lsn
-        append_log_row(job, uuid.uuid4().hex, start, None, 0, None)
+        append_log_row(_into(job), uuid.uuid4().hex, start, None, 0, None)
         state = LakeBootstrap(start, {})
     published = copied_tables(src.conn, cfg)
     report = BootstrapReport(cfg.source.slot, start, created_slot=False)
@@ -142,7 +143,7 @@ def _resumed(
         cfg.source.slot, len(report.already_copied), len(missing),
     )
     if missing:
-        report.copied = copy_at_new_snapshot(job, src, missing, parallel=parallel)
+        report.copied = copy_at_new_snapshot(_into(job), src, missing, parallel=parallel)
     return report
 
 
@@ -156,7 +157,7 @@ def _created(job: Lakeside, src: SlotSource, *, parallel: int) -> BootstrapRepor
     job.start_engine_early()
     n_workers = min(parallel, len(copied_tables(src.conn, cfg)))
     with contextlib.ExitStack() as stack:
-        stack.enter_context(slot_staging(job))  # left last, once the workers have stopped
+        stack.enter_context(slot_staging(job.lake, cfg.source.slot))  # left last, once the workers have stopped
         workers = stack.enter_context(Workers(n_workers)) if n_workers > 1 else None
         exported = stack.enter_context(ExportedSnapshot(
             cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout,
@@ -165,9 +166,10 @@ def _created(job: Lakeside, src: SlotSource, *, parallel: int) -> BootstrapRepor
         snap = exported.snapshot
         report = BootstrapReport(cfg.source.slot, snap.consistent_lsn, created_slot=True)
         # The lake's start is logged before the first table's commit, while the tables are read.
+        into = _into(job)
         copier = Copier(
-            job, snap, run_id, parallel=parallel, workers=workers,
-            start_row=lambda: append_log_row(job, run_id, snap.consistent_lsn, None, 0, None),
+            into, snap, run_id, parallel=parallel, workers=workers,
+            start_row=lambda: append_log_row(into, run_id, snap.consistent_lsn, None, 0, None),
         )
         try:
             catalog_conn = connect(
@@ -195,6 +197,11 @@ def _created(job: Lakeside, src: SlotSource, *, parallel: int) -> BootstrapRepor
                 log.warning("could not log the lake's start: %s", exc)
             raise
     return report
+
+
+def _into(job: Lakeside) -> CopyInto:
+    """What the copies are handed of the command's lake side."""
+    return CopyInto(job.config, job.writer, job.history)
 
 
 def run_bootstrap(config: Any, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:

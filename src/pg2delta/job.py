@@ -132,6 +132,7 @@ class Job(Lakeside):
         self.changelog = ChangelogWriter(config, self.lake)
         self._attnums: dict[int, str] = {}  # table OID -> JSON of its Delta columns' attnums, for the log
         self._rewritten: set[int] = set()  # tables whose rows this job set anew: no Delta txn skipping
+        self.copies = copying.CopyInto(config, self.writer, self.history)  # what the run's copies are handed
         self.on_foreign = "refuse"  # or "remember" (verify): see pg2delta.lake.foreign_watch
 
     def run(self, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:
@@ -152,7 +153,7 @@ class Job(Lakeside):
             # write id, with the window's end as its version.
             app_id = f"pg2delta/{src.system_identifier()}/{cfg.source.slot}"
             # Tables added to the publication since the lake's bootstrap are copied first.
-            bootstrapped = copying.copy_new_tables(self, src)
+            bootstrapped = copying.copy_new_tables(self.copies, src)
             applied = applied_lsns(self.lake, cfg.source.slot)
             publication = publication_state(cfg, src.conn)
             if self._added_back(src, applied, publication):
@@ -215,7 +216,7 @@ class Job(Lakeside):
                 "copying it again", name, self.config.source.publication,
             )
         if again:
-            copying.copy_at_new_snapshot(self, src, set(again), parallel=copying.DEFAULT_PARALLEL)
+            copying.copy_at_new_snapshot(self.copies, src, set(again), parallel=copying.DEFAULT_PARALLEL)
         return bool(again)
 
     def _maintain_if_due(self, report: RunReport) -> None:
@@ -262,7 +263,7 @@ class Job(Lakeside):
             if refusal is not None:
                 raise refusal
             if again:  # copied at a snapshot after the window's end: the window's changes of it are skipped
-                copied = copying.copy_at_new_snapshot(self, run.src, set(again), parallel=copying.DEFAULT_PARALLEL)
+                copied = copying.copy_at_new_snapshot(self.copies, run.src, set(again), parallel=copying.DEFAULT_PARALLEL)
                 if {c.relation_oid for c in copied} != set(again):
                     raise SchemaError(f"cannot copy {', '.join(sorted(again.values()))} again: no longer published")
                 run.applied.update(applied_lsns(self.lake, self.config.source.slot))
@@ -334,7 +335,7 @@ class Job(Lakeside):
             "%s.%s cannot follow by changes alone (%s); on_unfollowable = \"resync\": copying it again",
             tgt.schema, tgt.table, refusal,
         )
-        copied = copying.copy_at_new_snapshot(self, run.src, {tgt.owner}, parallel=copying.DEFAULT_PARALLEL)
+        copied = copying.copy_at_new_snapshot(self.copies, run.src, {tgt.owner}, parallel=copying.DEFAULT_PARALLEL)
         if not any(c.relation_oid == tgt.owner for c in copied):  # not published any more: nothing to copy it from
             raise refusal
         run.applied.update(applied_lsns(self.lake, self.config.source.slot))

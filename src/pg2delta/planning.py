@@ -132,7 +132,7 @@ def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
         report = PlanReport(cfg.source.slot, start, upper, start)
         if start >= upper:
             return report  # a run would stop here too, before copying anything
-        bootstrapped, _, report.would_copy = tables_to_copy(side, src)
+        bootstrapped, _, report.would_copy = tables_to_copy(side.lake, cfg, src)
         applied = applied_lsns(side.lake, cfg.source.slot)
         publication = publication_state(cfg, src.conn)
         again, refusal = added_back_tables(cfg, src, applied, publication)

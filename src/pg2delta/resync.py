@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from pg2delta.apply.lakeside import Lakeside
 from pg2delta.config import Config
-from pg2delta.copy.copier import DEFAULT_PARALLEL, TableCopy, copy_at_new_snapshot
+from pg2delta.copy.copier import DEFAULT_PARALLEL, CopyInto, TableCopy, copy_at_new_snapshot
 from pg2delta.errors import ConfigError, SourceStateError
 from pg2delta.lake.foreign import forget
 from pg2delta.metastore import register_written
@@ -69,7 +69,7 @@ def resync(config: Config, tables: Sequence[str], *, parallel: int = DEFAULT_PAR
                 )
             oids = {published[name].oid for name in tables}
             log.info("resyncing %s at a new snapshot; the slot stays at its place", ", ".join(sorted(tables)))
-            copied = copy_at_new_snapshot(job, src, oids, parallel=parallel)
+            copied = copy_at_new_snapshot(CopyInto(config, job.writer, job.history), src, oids, parallel=parallel)
             # Copied anew: what another writer did to them is gone (pg2delta.lake.foreign).
             forget(job.lake, config.source.slot, [(c.schema, c.table) for c in copied])
         register_written(job)  # [lake] database: a table that had no catalog entry gets one

@@ -23,7 +23,9 @@ from typing import Any
 import psycopg
 
 from pg2delta.apply import rowmeta
-from pg2delta.apply.lakeside import Lakeside
+from pg2delta.apply.history import HistoryWriter
+from pg2delta.apply.lakeside import LakeWriter
+from pg2delta.config import Config
 from pg2delta.copy.staging import StageTask, Workers, stage_in_worker, stage_table
 from pg2delta.decode.changes import LSN_COL, WindowDecoder
 from pg2delta.decode.events import DELETED_COL, OP_COL, TS_COL
@@ -36,6 +38,7 @@ from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import KIND_BOOTSTRAP, LoggedTable, log_row, log_rows
 from pg2delta.lake.applied_log import append as append_log
 from pg2delta.lake.column_records import write_record
+from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lsn import format_lsn
 from pg2delta.progress import Progress, percent
 from pg2delta.source.catalog import PgTypeCatalog
@@ -50,6 +53,25 @@ log = logging.getLogger(__name__)
 STAGING = "_pg2delta/staging/bootstrap"
 ROW_COLUMNS = frozenset({LSN_COL, TS_COL, OP_COL, DELETED_COL})  # a copy's row metadata (CopyMeta), not in the history
 DEFAULT_PARALLEL = 2
+
+
+@dataclass(frozen=True)
+class CopyInto:
+    """What a copy is handed by the operation that copies (bootstrap, resync, the run): the
+    configuration (the source, each table's settings), the lake and its engine (started when first
+    asked for: a copy's worker processes never ask), the history tables."""
+
+    config: Config
+    writer: LakeWriter
+    history: HistoryWriter
+
+    @property
+    def lake(self) -> Lake:
+        return self.writer.lake
+
+    @property
+    def engine(self) -> Engine:
+        return self.writer.engine
 
 
 # --- what the lake already holds ------------------------------------------------------------
@@ -146,14 +168,14 @@ class Copier:
     """
 
     def __init__(
-        self, job: Lakeside, snapshot: Snapshot, run_id: str, *, parallel: int, workers: Workers | None = None,
+        self, into: CopyInto, snapshot: Snapshot, run_id: str, *, parallel: int, workers: Workers | None = None,
         start_row: Callable[[], None] | None = None,
     ) -> None:
-        self.job = job
+        self.into = into
         self.snapshot = snapshot
         self.run_id = run_id
         self.parallel = max(1, parallel)
-        self.staging = f"{STAGING}/{job.config.source.slot}/{run_id}"
+        self.staging = f"{STAGING}/{into.config.source.slot}/{run_id}"
         self.workers = workers  # started early by the caller, else started here when needed
         # Logs the lake's start (a fresh bootstrap): once, while the workers read the tables and
         # before the first commit, so that the engine's work overlaps the copy.
@@ -163,7 +185,7 @@ class Copier:
 
     def plans(self, catalog_conn: psycopg.Connection[Any], tables: Sequence[PublishedTable]) -> list[CopyPlan]:
         catalog = PgTypeCatalog(catalog_conn)
-        config = self.job.config
+        config = self.into.config
         decoder = WindowDecoder(catalog, key_resolver(config, catalog_conn), columns=column_rules(config, catalog_conn))
         return [CopyPlan.make(t.usable(), decoder.relation_version(t.relation), self.meta(catalog_conn, t)) for t in tables]
 
@@ -171,14 +193,14 @@ class Copier:
         """The row metadata of the table's copied rows (None: the table keeps none): the snapshot's
         LSN and PostgreSQL's time in it (``catalog_conn`` is in the snapshot; read once per copy)."""
         rel = table.relation
-        if not rowmeta.metadata(self.job.config, rel.namespace, rel.name):
+        if not rowmeta.metadata(self.into.config, rel.namespace, rel.name):
             return None
         if self._snapshot_ts is None:
             row = catalog_conn.execute(
                 "SELECT floor(extract(epoch FROM transaction_timestamp()) * 1000000)::int8"
             ).fetchone()
             self._snapshot_ts = int(row[0]) if row is not None else 0
-        return CopyMeta(self.snapshot.consistent_lsn, self._snapshot_ts, rowmeta.soft_deletes(self.job.config, rel.namespace, rel.name))
+        return CopyMeta(self.snapshot.consistent_lsn, self._snapshot_ts, rowmeta.soft_deletes(self.into.config, rel.namespace, rel.name))
 
     def _kept(self, plan: CopyPlan) -> Any:
         """What a soft-delete table keeps of its rows beside its copy (pg2delta.apply.rowmeta.KeptRows's
@@ -186,7 +208,7 @@ class Copier:
         if plan.meta is None or not plan.meta.soft:
             return None
         rel = plan.table.relation
-        configured = bool(self.job.config.table(rel.namespace, rel.name).key)
+        configured = bool(self.into.config.table(rel.namespace, rel.name).key)
         return rowmeta.KeptRows(tuple(plan.version.key_names), plan.meta.lsn, plan.meta.ts, configured).sql
 
     def _stage_rel(self, table: PublishedTable) -> str:
@@ -216,7 +238,7 @@ class Copier:
             self._start_row = None
 
     def _copy_here(self, todo: Sequence[CopyPlan], progress: _Progress) -> list[TableCopy]:
-        cfg = self.job.config
+        cfg = self.into.config
         results: list[TableCopy] = []
         conn = connect(cfg.source.dsn, application_name="pg2delta bootstrap copy", connect_timeout=cfg.source.connect_timeout)
         try:
@@ -228,8 +250,8 @@ class Copier:
                     progress.update(plan.table, rows, new)
                     fault_point("bootstrap_mid_table")
 
-                stage_dir = f"{self.job.lake.path}/{self._stage_rel(plan.table)}"
-                rows, notes = stage_table(conn, plan, self.job.lake, stage_dir, report)
+                stage_dir = f"{self.into.lake.path}/{self._stage_rel(plan.table)}"
+                rows, notes = stage_table(conn, plan, self.into.lake, stage_dir, report)
                 results.append(self._commit(plan, rows, notes, t0, progress))
         finally:
             conn.close()
@@ -243,8 +265,8 @@ class Copier:
         staging: dict[Future[Any], tuple[CopyPlan, float]] = {}
         for plan in todo:
             task = StageTask(
-                self.job.config, self.snapshot, plan.table,
-                f"{self.job.lake.path}/{self._stage_rel(plan.table)}", plan.meta,
+                self.into.config, self.snapshot, plan.table,
+                f"{self.into.lake.path}/{self._stage_rel(plan.table)}", plan.meta,
             )
             staging[workers.pool.submit(stage_in_worker, task)] = (plan, time.monotonic())
         commits: list[Future[Any]] = []
@@ -286,15 +308,15 @@ class Copier:
         for name, count in sorted(notes.items()):
             log.warning("copy note: %s: %s = %d", table.qualified, name, count)
         rel = table.relation
-        lake = self.job.lake
+        lake = self.into.lake
         stage_rel = self._stage_rel(table)
         uri = lake.table_uri(rel.namespace, rel.name)
         staged = lake.table_uri(stage_rel)
         # A new table takes the staged files as they are, where the engine allows (the history's
         # MERGE of the copy reads them afterwards: then the engine writes the table).
-        history = self.job.history.enabled(rel.namespace, rel.name)
-        if history or not self.job.engine.adopt_copy(uri, staged, plan.schema):
-            self.job.engine.replace_table(uri, staged, keep=self._kept(plan))
+        history = self.into.history.enabled(rel.namespace, rel.name)
+        if history or not self.into.engine.adopt_copy(uri, staged, plan.schema):
+            self.into.engine.replace_table(uri, staged, keep=self._kept(plan))
         with self._logging:  # the applied log (and the history) take one table's rows at a time
             return self._log_copy(plan, rows, t0, progress, uri, stage_rel)
 
@@ -303,11 +325,11 @@ class Copier:
     ) -> TableCopy:
         table = plan.table
         rel = table.relation
-        lake = self.job.lake
+        lake = self.into.lake
         version = lake.delta_version(uri)
         # The history (history = "scd2") ends its current versions and opens the copy's rows.
-        self.job.history.copied(
-            self.job.engine, rel.namespace, rel.name, lake.table_uri(stage_rel), self.snapshot.consistent_lsn,
+        self.into.history.copied(
+            self.into.engine, rel.namespace, rel.name, lake.table_uri(stage_rel), self.snapshot.consistent_lsn,
             row_columns=[f.name for f in plan.schema if f.name in ROW_COLUMNS and not (plan.keyless and f.name == LSN_COL)],
         )
         # The form its columns were landed in (hash, exclude), once the copy is the table's latest version.
@@ -315,7 +337,7 @@ class Copier:
         write_record(lake, rel.namespace, rel.name, governance.rules.record() if governance is not None else None)
         fault_point("copy_after_replace")  # the copy is the table's latest version, the log does not say so yet
         append_log_row(
-            self.job, self.run_id, self.snapshot.consistent_lsn, table, rows, version, key=plan.version.key_names
+            self.into, self.run_id, self.snapshot.consistent_lsn, table, rows, version, key=plan.version.key_names
         )
         fault_point("bootstrap_after_table")
         try:
@@ -333,7 +355,7 @@ class Copier:
 
 
 def append_log_row(
-    job: Lakeside,
+    into: CopyInto,
     run_id: str,
     lsn: int,
     table: PublishedTable | None,
@@ -347,18 +369,18 @@ def append_log_row(
         table.oid, table.relation.namespace, table.relation.name, version, rows, 0, 0, False, None,
         None if key is None else tuple(key), table.membership, table.leaves, table.attnums, table.filenodes,
     )
-    append_log(job.engine, job.lake, [log_row(job.config.source.slot, run_id, lsn, lsn, logged, kind=KIND_BOOTSTRAP)])
+    append_log(into.engine, into.lake, [log_row(into.config.source.slot, run_id, lsn, lsn, logged, kind=KIND_BOOTSTRAP)])
 
 
 @contextlib.contextmanager
-def slot_staging(job: Lakeside) -> Iterator[None]:
+def slot_staging(lake: Lake, slot: str) -> Iterator[None]:
     """This slot's staging folder for a copy: emptied first of what an interrupted copy staged
     (never visible in any Delta table), and removed when the copy ends."""
-    path = f"{job.lake.path}/{STAGING}/{job.config.source.slot}"
+    path = f"{lake.path}/{STAGING}/{slot}"
 
     def remove() -> bool:
         try:
-            job.lake.fs.delete_dir(path)
+            lake.fs.delete_dir(path)
             return True
         except FileNotFoundError:
             return False
@@ -374,17 +396,18 @@ def slot_staging(job: Lakeside) -> Iterator[None]:
         remove()
 
 
-def read_state(job: Lakeside) -> LakeBootstrap:
-    return lake_state(log_rows(job.lake), job.config.source.slot)
+def read_state(lake: Lake, slot: str) -> LakeBootstrap:
+    """What the applied log of ``lake`` says about the bootstrap of ``slot``."""
+    return lake_state(log_rows(lake), slot)
 
 
-def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, parallel: int) -> list[TableCopy]:
+def copy_at_new_snapshot(into: CopyInto, src: SlotSource, missing: set[int], *, parallel: int) -> list[TableCopy]:
     """Copy the tables ``missing`` (OIDs) at the snapshot of a temporary slot created now."""
-    cfg = job.config
+    cfg = into.config
     info = src.slot_info()
     tmp = f"pg2delta_tmp_{uuid.uuid4().hex[:16]}"
     run_id = uuid.uuid4().hex
-    with slot_staging(job), ExportedSnapshot(
+    with slot_staging(into.lake, cfg.source.slot), ExportedSnapshot(
         cfg.source.dsn, tmp, temporary=True, connect_timeout=cfg.source.connect_timeout
     ) as exported:
         snap = exported.snapshot
@@ -393,7 +416,7 @@ def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, p
                 f"the new snapshot ({format_lsn(snap.consistent_lsn)}) is before slot {cfg.source.slot!r} "
                 f"({format_lsn(info.confirmed_flush_lsn)}); nothing was copied"
             )
-        copier = Copier(job, snap, run_id, parallel=parallel)
+        copier = Copier(into, snap, run_id, parallel=parallel)
         catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
         try:
             # The publication as of the snapshot: the tables the slot publishes from its consistent point.
@@ -406,26 +429,26 @@ def copy_at_new_snapshot(job: Lakeside, src: SlotSource, missing: set[int], *, p
             catalog_conn.close()
 
 
-def copy_new_tables(job: Lakeside, src: SlotSource, *, parallel: int = DEFAULT_PARALLEL) -> bool:
+def copy_new_tables(into: CopyInto, src: SlotSource, *, parallel: int = DEFAULT_PARALLEL) -> bool:
     """Before a run's windows: copy the published tables a bootstrapped lake has no copy of.
 
     Returns whether the lake was bootstrapped for this slot (then the run skips the changes of
     tables without a copy). A lake never bootstrapped is left alone: its tables are created from
     the first changes the slot sends, as before.
     """
-    bootstrapped, missing, names = tables_to_copy(job, src)
+    bootstrapped, missing, names = tables_to_copy(into.lake, into.config, src)
     if missing:
         log.info("the publication has %d table(s) the lake has no copy of: %s; copying them first", len(names), ", ".join(names))
-        copy_at_new_snapshot(job, src, missing, parallel=parallel)
+        copy_at_new_snapshot(into, src, missing, parallel=parallel)
     return bootstrapped
 
 
-def tables_to_copy(job: Lakeside, src: SlotSource) -> tuple[bool, set[int], list[str]]:
+def tables_to_copy(lake: Lake, config: Config, src: SlotSource) -> tuple[bool, set[int], list[str]]:
     """Whether the lake was bootstrapped for this slot, and the published tables it has no copy of
     (OIDs, and their names sorted): what :func:`copy_new_tables` copies, without copying."""
-    state = read_state(job)
+    state = read_state(lake, config.source.slot)
     if state.start_lsn is None:
         return False, set(), []
-    published = copied_tables(src.conn, job.config)
+    published = copied_tables(src.conn, config)
     missing = {t.oid for t in published if t.oid not in state.copied}
     return True, missing, sorted(t.qualified for t in published if t.oid in missing)
