@@ -111,6 +111,46 @@ def creating_table(writer: Any, schema: Any, *, deletion_vectors: bool = False, 
     return creating(writer, features)
 
 
+class TableStats(TableFeatures):
+    """Which columns an existing table keeps Delta statistics of (:func:`stats_properties`)."""
+
+    def keep_stats_of(self, uri: str, schema: Any = None, exclude: Collection[str] = ()) -> bool:
+        """Make the existing table keep statistics of the columns :func:`stats_properties` names for
+        ``schema`` (its schema from the next commit on; default the table's own, for a table an
+        earlier version created, which keeps them of every column) that it has now, in one commit
+        when they differ. Columns ``schema`` adds get none (Delta refuses to name a column the
+        table does not have yet), as columns added by a schema merge; nor do its partition columns
+        and ``exclude`` (the ones it is about to be partitioned by). True when it changed."""
+        from pyspark.sql.types import StructType
+
+        try:
+            current = self.spark.read.format("delta").load(uri).schema
+        except Exception as exc:
+            raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        now = set(current.fieldNames())
+        schema = current if schema is None else StructType([f for f in schema.fields if f.name in now])
+        want = stats_properties(schema, {*exclude, *self.partition_columns(uri)})
+        have = self.table_properties(uri)
+        if all(have.get(k) == v for k, v in want.items()) and not (INDEXED_COLUMNS in want and have.get(STATS_COLUMNS)):
+            return False
+        try:
+            if self.classic:
+                sets = ", ".join(f"'{k}' = '{v}'" for k, v in want.items())
+                self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ({sets})", f"ALTER TABLE {uri}")
+                if INDEXED_COLUMNS in want and STATS_COLUMNS in have:
+                    self._sql(f"ALTER TABLE {self.target(uri)} UNSET TBLPROPERTIES ('{STATS_COLUMNS}')", f"ALTER TABLE {uri}")
+            else:
+                # pysail has no ALTER TABLE; an empty list of columns means none to it and to delta-rs.
+                props = dict(want, **({STATS_COLUMNS: ""} if INDEXED_COLUMNS in want and STATS_COLUMNS in have else {}))
+                self._delta_rs(uri).alter.set_table_properties(props, commit_properties=self._marked())
+        except LakeError:
+            raise
+        except Exception as exc:
+            raise LakeError(f"cannot set the statistics columns of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+        log.info("%s keeps statistics of %s", uri, want.get(STATS_COLUMNS) or "no column")
+        return True
+
+
 def _save_file_per_task(writer: Any, uri: str, spark: Any) -> None:
     """``writer.save(uri)``; on Apache Spark (``spark``, a classic session; None elsewhere) its reads
     of staged Parquet (a copy's files, each one key range in key order, pg2delta.copy.staging) take
@@ -210,7 +250,7 @@ def _add_columns(writes: DeltaWrites, uri: str, df: Any, staged: str, added: Seq
     log.info("added columns %s to %s", list(added), uri)
 
 
-class DeltaWrites(Commits, TableFeatures):
+class DeltaWrites(Commits, TableStats):
     """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
 
     def ensure_table(self, uri: str, staged: str, columns: Sequence[str], current: Collection[str] | None = None) -> bool:
@@ -237,42 +277,6 @@ class DeltaWrites(Commits, TableFeatures):
             raise
         except Exception as exc:
             raise LakeError(f"cannot create or widen delta table {uri}: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}") from exc
-
-    def keep_stats_of(self, uri: str, schema: Any = None, exclude: Collection[str] = ()) -> bool:
-        """Make the existing table keep statistics of the columns :func:`stats_properties` names for
-        ``schema`` (its schema from the next commit on; default the table's own, for a table an
-        earlier version created, which keeps them of every column) that it has now, in one commit
-        when they differ. Columns ``schema`` adds get none (Delta refuses to name a column the
-        table does not have yet), as columns added by a schema merge; nor do its partition columns
-        and ``exclude`` (the ones it is about to be partitioned by). True when it changed."""
-        from pyspark.sql.types import StructType
-
-        try:
-            current = self.spark.read.format("delta").load(uri).schema
-        except Exception as exc:
-            raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
-        now = set(current.fieldNames())
-        schema = current if schema is None else StructType([f for f in schema.fields if f.name in now])
-        want = stats_properties(schema, {*exclude, *self.partition_columns(uri)})
-        have = self.table_properties(uri)
-        if all(have.get(k) == v for k, v in want.items()) and not (INDEXED_COLUMNS in want and have.get(STATS_COLUMNS)):
-            return False
-        try:
-            if self.classic:
-                sets = ", ".join(f"'{k}' = '{v}'" for k, v in want.items())
-                self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ({sets})", f"ALTER TABLE {uri}")
-                if INDEXED_COLUMNS in want and STATS_COLUMNS in have:
-                    self._sql(f"ALTER TABLE {self.target(uri)} UNSET TBLPROPERTIES ('{STATS_COLUMNS}')", f"ALTER TABLE {uri}")
-            else:
-                # pysail has no ALTER TABLE; an empty list of columns means none to it and to delta-rs.
-                props = dict(want, **({STATS_COLUMNS: ""} if INDEXED_COLUMNS in want and STATS_COLUMNS in have else {}))
-                self._delta_rs(uri).alter.set_table_properties(props, commit_properties=self._marked())
-        except LakeError:
-            raise
-        except Exception as exc:
-            raise LakeError(f"cannot set the statistics columns of {uri}: {' '.join(str(exc).split())[:500]}") from exc
-        log.info("%s keeps statistics of %s", uri, want.get(STATS_COLUMNS) or "no column")
-        return True
 
     def rewrite(
         self, uri: str, casts: dict[str, str], *, drop: Sequence[str] = (), fill: pa.Table | None = None
