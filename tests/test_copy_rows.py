@@ -19,7 +19,7 @@ from pg2delta.decode import pgoutput as po
 from pg2delta.decode.changes import WindowDecoder
 from pg2delta.errors import DecodeError
 from pg2delta.source import copy as bs
-from pg2delta.source import slot
+from pg2delta.source import copydata
 from test_tuples_ext import COPY_HEADER, COPY_TRAILER, copy_row
 
 Row = tuple[int | None, str | None, bytes | None]
@@ -115,11 +115,11 @@ def test_copy_blocks_equal_psycopgs_copy(pg: Any, direct: bool) -> None:
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         with conn.cursor() as cur, cur.copy(COPY_SERIES) as copy:
             want = b"".join(bytes(b) for b in copy)
-        blocks = [bytes(b) for b in slot.copy_blocks(conn, sql.SQL(COPY_SERIES), direct=direct)]
+        blocks = [bytes(b) for b in copydata.copy_blocks(conn, sql.SQL(COPY_SERIES), direct=direct)]
         assert b"".join(blocks) == want
         if direct:
             # This machine's psycopg has one libpq, so the copy is drained in C, many rows a block.
-            assert slot.libpq_copy_functions() is not None
+            assert copydata.libpq_copy_functions() is not None
             assert len(blocks) < 200000 // 10
         else:
             assert len(blocks) >= 200000
@@ -133,7 +133,7 @@ def test_copy_blocks_raise_a_server_error_after_rows_and_leave_the_connection_us
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         seen = 0
         with pytest.raises(psycopg.errors.DivisionByZero):
-            for block in slot.copy_blocks(conn, sql.SQL(failing), direct=direct):
+            for block in copydata.copy_blocks(conn, sql.SQL(failing), direct=direct):
                 seen += len(block)
         assert seen > 0
         assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -143,7 +143,7 @@ def test_copy_blocks_raise_a_server_error_after_rows_and_leave_the_connection_us
 @pytest.mark.parametrize("direct", [True, False], ids=["libpq-from-C", "psycopg-per-message"])
 def test_copy_blocks_closed_early_leave_the_connection_usable(pg: Any, direct: bool) -> None:
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        blocks = slot.copy_blocks(conn, sql.SQL(COPY_SERIES), direct=direct)
+        blocks = copydata.copy_blocks(conn, sql.SQL(COPY_SERIES), direct=direct)
         for i, _ in enumerate(blocks):
             if i == 2:
                 break

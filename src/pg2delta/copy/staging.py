@@ -34,9 +34,10 @@ from pg2delta.lake.engine_session import EMBEDDED_FILE_BYTES
 from pg2delta.lake.engine_writes import copy_file_options
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.copy import CopyMeta, CopyPlan, CopyRows
+from pg2delta.source.copydata import copy_blocks
 from pg2delta.source.keys import column_rules, key_resolver
 from pg2delta.source.publication import PublishedTable
-from pg2delta.source.slot import connect, copy_blocks
+from pg2delta.source.slot import connect
 from pg2delta.source.snapshot import Snapshot, open_snapshot
 
 log = logging.getLogger(__name__)

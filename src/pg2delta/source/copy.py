@@ -24,8 +24,8 @@ from pg2delta.decode.typemap import KIND_BINARY, KIND_TEXT
 from pg2delta.errors import (
     DecodeError,
 )
+from pg2delta.source.copydata import CopyWalk
 from pg2delta.source.publication import PublishedTable
-from pg2delta.source.slot import CopyWalk
 
 log = logging.getLogger(__name__)
 

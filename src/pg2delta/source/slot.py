@@ -2,28 +2,23 @@
 
 Reading never consumes the slot: rows come from ``pg_logical_slot_peek_binary_changes``
 streamed through ``COPY ... TO STDOUT (FORMAT binary)``, so client memory stays bounded
-whatever the window size. The slot moves only through :meth:`SlotSource.advance`, which
-the job calls after every Delta commit of the window has succeeded.
+whatever the window size (the COPY's blocks and rows: :mod:`pg2delta.source.copydata`). The slot
+moves only through :meth:`SlotSource.advance`, which the job calls after every Delta commit of the
+window has succeeded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
-import functools
 import logging
-import os
-import select
-import time
 import uuid
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import psycopg
-from psycopg import pq as libpq
 from psycopg import sql
 
 from pg2delta.decode import _tuples
@@ -38,12 +33,10 @@ from pg2delta.errors import (
     SourceStateError,
 )
 from pg2delta.lsn import format_lsn
+from pg2delta.source.copydata import TRAILER, CopyWalk, copy_blocks
 
 log = logging.getLogger(__name__)
 
-_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
-_COPY_HEADER_LEN = 19  # signature (11) + flags (4) + extension length (4)
-_TRAILER = b"\xff\xff"  # the end of binary COPY data
 _ROW_PREFIX = 26  # int16 nfields, int32 len, int64 lsn, int32 len, int32 xid, int32 len
 _CHANGE_TAGS = np.array([po.INSERT, po.UPDATE, po.DELETE, po.TRUNCATE], dtype=np.uint8)
 CHUNK_ROWS = 50_000  # rows of the slot function per RowChunk, at most
@@ -88,6 +81,33 @@ class SlotInfo:
     failover: bool | None = None  # PostgreSQL 17 and later: a failover slot (synchronized to standbys)
     synced: bool | None = None  # PostgreSQL 17 and later: a standby's copy of a failover slot (kept after a promotion)
 
+    @staticmethod
+    def columns(server_version: int) -> str:
+        """The columns of ``pg_replication_slots`` :meth:`from_row` reads, as the server has them (NULL where it has not)."""
+        cols = "slot_name, plugin, slot_type, database, confirmed_flush_lsn, restart_lsn, wal_status, safe_wal_size, active_pid, two_phase"
+        cols += ", conflicting" if server_version >= 160000 else ", NULL"
+        return cols + (", invalidation_reason, failover, synced" if server_version >= 170000 else ", NULL, NULL, NULL")
+
+    @classmethod
+    def from_row(cls, r: Sequence[object]) -> SlotInfo:
+        """The slot of a row of :meth:`columns`."""
+        return cls(
+            name=str(r[0]),
+            plugin=str(r[1]),
+            slot_type=str(r[2]),
+            database=str(r[3]),
+            confirmed_flush_lsn=_lsn_value(r[4]),
+            restart_lsn=_lsn_value(r[5]),
+            wal_status=None if r[6] is None else str(r[6]),
+            safe_wal_size=None if r[7] is None else int(str(r[7])),
+            active_pid=None if r[8] is None else int(str(r[8])),
+            two_phase=bool(r[9]),
+            conflicting=None if r[10] is None else bool(r[10]),
+            invalidation_reason=None if r[11] is None else str(r[11]),
+            failover=None if r[12] is None else bool(r[12]),
+            synced=None if r[13] is None else bool(r[13]),
+        )
+
     @property
     def invalidated(self) -> bool:
         """The slot can no longer be read: its WAL was removed, or the server invalidated it otherwise."""
@@ -109,6 +129,29 @@ class ServerState:
     current_lsn: int  # the WAL insert position (the replay position on a standby)
     max_slot_wal_keep_size: int | None  # bytes; None: unlimited (-1)
     now_us: int  # the server's clock, microseconds since 1970 (UTC)
+
+    QUERY: ClassVar[str] = (
+        "SELECT current_setting('server_version_num')::int, pg_is_in_recovery(), "
+        "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END, "
+        "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END, "
+        "(SELECT CASE WHEN setting::bigint < 0 THEN NULL ELSE setting::bigint * "
+        "  pg_size_bytes(CASE WHEN unit ~ '^[0-9]' THEN unit ELSE '1' || unit END) END "
+        "  FROM pg_settings WHERE name = 'max_slot_wal_keep_size'), "
+        "(extract(epoch FROM clock_timestamp()) * 1000000)::int8"
+    )
+
+    @classmethod
+    def from_row(cls, r: Sequence[object]) -> ServerState:
+        """The state of the row :data:`QUERY` returns."""
+        flush, current = _lsn_value(r[2]), _lsn_value(r[3])
+        return cls(
+            version_num=int(str(r[0])),
+            in_recovery=bool(r[1]),
+            flush_lsn=flush or 0,
+            current_lsn=current or 0,
+            max_slot_wal_keep_size=None if r[4] is None else int(str(r[4])),
+            now_us=int(str(r[5])),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,50 +223,13 @@ class SlotSource:
             self._locked = False
 
     def slot_info(self) -> SlotInfo | None:
-        cols = "slot_name, plugin, slot_type, database, confirmed_flush_lsn, restart_lsn, wal_status, safe_wal_size, active_pid, two_phase"
-        cols += ", conflicting" if self.server_version >= 160000 else ", NULL"
-        cols += ", invalidation_reason, failover, synced" if self.server_version >= 170000 else ", NULL, NULL, NULL"
-        rows = self._query(f"SELECT {cols} FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
-        if not rows:
-            return None
-        r = rows[0]
-        return SlotInfo(
-            name=str(r[0]),
-            plugin=str(r[1]),
-            slot_type=str(r[2]),
-            database=str(r[3]),
-            confirmed_flush_lsn=_lsn_value(r[4]),
-            restart_lsn=_lsn_value(r[5]),
-            wal_status=None if r[6] is None else str(r[6]),
-            safe_wal_size=None if r[7] is None else int(str(r[7])),
-            active_pid=None if r[8] is None else int(str(r[8])),
-            two_phase=bool(r[9]),
-            conflicting=None if r[10] is None else bool(r[10]),
-            invalidation_reason=None if r[11] is None else str(r[11]),
-            failover=None if r[12] is None else bool(r[12]),
-            synced=None if r[13] is None else bool(r[13]),
+        rows = self._query(
+            f"SELECT {SlotInfo.columns(self.server_version)} FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)
         )
+        return SlotInfo.from_row(rows[0]) if rows else None
 
     def server_state(self) -> ServerState:
-        rows = self._query(
-            "SELECT current_setting('server_version_num')::int, pg_is_in_recovery(), "
-            "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END, "
-            "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END, "
-            "(SELECT CASE WHEN setting::bigint < 0 THEN NULL ELSE setting::bigint * "
-            "  pg_size_bytes(CASE WHEN unit ~ '^[0-9]' THEN unit ELSE '1' || unit END) END "
-            "  FROM pg_settings WHERE name = 'max_slot_wal_keep_size'), "
-            "(extract(epoch FROM clock_timestamp()) * 1000000)::int8"
-        )
-        r = rows[0]
-        flush, current = _lsn_value(r[2]), _lsn_value(r[3])
-        return ServerState(
-            version_num=int(str(r[0])),
-            in_recovery=bool(r[1]),
-            flush_lsn=flush or 0,
-            current_lsn=current or 0,
-            max_slot_wal_keep_size=None if r[4] is None else int(str(r[4])),
-            now_us=int(str(r[5])),
-        )
+        return ServerState.from_row(self._query(ServerState.QUERY)[0])
 
     def check(self) -> SlotInfo:
         """The slot, checked to be usable by this job; raises SourceStateError otherwise."""
@@ -339,7 +345,7 @@ class SlotSource:
             yield from framer.chunks(blocks, chunk_bytes)
             if framer.cut and framer.more is None:  # the cut is the last row read: see whether more follow
                 after = next(blocks, None)
-                framer.more = after is not None and bytes(after) != _TRAILER
+                framer.more = after is not None and bytes(after) != TRAILER
             if framer.more:
                 # Stop the server, then take what it sent before stopping: psycopg leaves a COPY TO
                 # left early unread, and the connection would refuse every later command.
@@ -427,63 +433,6 @@ def _read_error(slot: str, exc: psycopg.Error) -> Pg2DeltaError:
     return SourceStateError(f"cannot read slot {slot!r}: {text}")
 
 
-class CopyWalk:
-    """Binary COPY data (``COPY … TO STDOUT (FORMAT binary)``), walked in C: the file header, then
-    rows of ``ncols`` fields (``_tuples.walk_copy``: field count, per field its length, -1 for NULL,
-    and the bytes, every read bounds-checked), then the trailer. The window read and the
-    bootstrap's copy both read their COPY through it. ``subject`` names the stream in errors
-    (``COPY of public.t``); ``malformed`` is the message of a bad row, with ``{row}`` and ``{reason}``."""
-
-    def __init__(self, ncols: int, value_kinds: bytes, cap: int, subject: str, malformed: str) -> None:
-        self.ncols, self.value_kinds, self.cap = ncols, value_kinds, cap
-        self.subject, self.malformed = subject, malformed
-        self.rows = 0  # rows walked so far
-        self.header_seen = False
-        self.ended = False
-
-    def walk(self, buf: bytes, take: Callable[[Any, Any, Any], bool], *, last: bool = False) -> int:
-        """Hand the whole rows of ``buf`` to ``take(kinds, starts, lengths)`` (per column, at most
-        ``cap`` rows a call; ``take`` returns False to stop there). Returns the offset of the rest: a
-        row cut at the end of ``buf``, to be completed by the next blocks. ``last``: no more come."""
-        pos = 0
-        if not self.header_seen:
-            if len(buf) < _COPY_HEADER_LEN:
-                if last:
-                    raise DecodeError(f"{self.subject} ends in its header", offset=0)
-                return 0
-            if not buf.startswith(_COPY_SIGNATURE):
-                raise DecodeError(f"{self.subject} without binary signature", offset=0)
-            pos = _COPY_HEADER_LEN + int.from_bytes(buf[_COPY_HEADER_LEN - 4:_COPY_HEADER_LEN], "big")
-            if len(buf) < pos:
-                if last:
-                    raise DecodeError(f"{self.subject} ends in its header", offset=0)
-                return 0
-            self.header_seen = True
-        while pos < len(buf):
-            if self.ended:
-                raise DecodeError(f"{self.subject}: bytes after the trailer (after the end of the data)", offset=pos)
-            kinds = np.empty((self.ncols, self.cap), dtype=np.uint8)
-            starts = np.empty((self.ncols, self.cap), dtype=np.int64)
-            lengths = np.empty((self.ncols, self.cap), dtype=np.int64)
-            n, nxt, status, reason = _tuples.walk_copy(buf, pos, self.ncols, self.value_kinds, kinds, starts, lengths)
-            if status == 2:
-                raise DecodeError(self.malformed.format(row=self.rows + n, reason=reason), offset=nxt)
-            go_on = True
-            if n:
-                go_on = take(kinds[:, :n], starts[:, :n], lengths[:, :n])
-                self.rows += n
-            pos = nxt
-            if status == 1:
-                self.ended = True
-            if not go_on:
-                return pos
-            if status != 1 and n < self.cap:
-                break  # the rest is a row cut at the end of buf
-        if last and not self.ended:
-            raise DecodeError(f"{self.subject} ends without its trailer (a row cut short?)", offset=pos)
-        return pos
-
-
 class _Framer:
     """Binary COPY rows (lsn pg_lsn, xid xid, data bytea) of a buffer -> :class:`RowChunk` objects,
     walked in C and checked in bulk; counts the rows, changes and bytes, keeps the last commit's
@@ -517,10 +466,10 @@ class _Framer:
                         # Whether rows follow the cut: the bytes after it, as many blocks as it takes
                         # to tell them from the trailer (a block may end inside it).
                         after = bytes(acc[rest:])
-                        while len(after) < len(_TRAILER) and (following := next(it, None)) is not None:
+                        while len(after) < len(TRAILER) and (following := next(it, None)) is not None:
                             after += following
                         if after:
-                            self.more = after != _TRAILER
+                            self.more = after != TRAILER
                     return
                 del acc[:rest]
         yield from self.frame(acc, last=True)[0]
@@ -568,107 +517,3 @@ class _Framer:
         self.changes += int(changed[n - 1])
         self.bytes += int(sizes[:n].sum())
         return RowChunk(view, lsn[:n], data_starts[:n].copy(), data_ends[:n].copy())
-
-
-# Bytes of CopyData taken from libpq per call of _tuples.drain_copy.
-DRAIN_BYTES = 1 << 20
-# When libpq has drained everything, wait for the socket, then this long more before draining
-# again: the server sends a COPY in packets of a few KB, so without the pause each wake-up took
-# about 125 rows (8,000 wake-ups per 1,000,000 rows, each a system call and a Python loop turn);
-# with it each takes what arrived meanwhile (measured, bench/README.md: the bootstrap's staging
-# uses less CPU, the bench's bootstrap 3.4-3.6 s against 3.7 s; the window read, which waits for
-# the server, unchanged). The server does not wait for it: the kernel's receive buffer holds
-# what arrives in the meantime.
-DRAIN_PAUSE = 0.001
-_DRAIN_WAIT = 0.1  # the longest wait for the socket before libpq is asked again
-
-
-@functools.cache
-def libpq_copy_functions() -> tuple[int, int, int] | None:
-    """The addresses of PQgetCopyData, PQfreemem and PQconsumeInput in the libpq psycopg uses, for
-    :func:`copy_blocks` to call from C; None where that library cannot be told for sure (not Linux,
-    more than one libpq loaded, another version than psycopg's), and the copy reads through psycopg."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            paths = {
-                path
-                for fields in (line.split(maxsplit=5) for line in maps)
-                if len(fields) == 6 and (path := fields[5].strip())
-                and os.path.basename(path).startswith("libpq") and ".so" in path
-            }
-    except OSError:
-        return None
-    if len(paths) != 1:
-        return None
-    try:
-        lib = ctypes.CDLL(paths.pop())  # loaded already: the very library psycopg calls
-        lib.PQlibVersion.restype = ctypes.c_int
-        if lib.PQlibVersion() != libpq.version():
-            return None
-        return tuple(  # type: ignore[return-value]
-            ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-            for name in ("PQgetCopyData", "PQfreemem", "PQconsumeInput")
-        )
-    except (OSError, AttributeError):
-        return None
-
-
-def copy_blocks(
-    conn: psycopg.Connection[Any], statement: sql.Composed, *, direct: bool = True
-) -> Generator[bytes | memoryview, None, None]:
-    """The data of ``COPY … TO STDOUT`` on ``conn``, in blocks of one or more whole CopyData messages.
-
-    Whatever libpq holds, or can read from the socket without waiting, is taken from it in C
-    (:func:`_tuples.drain_copy`, given libpq's functions by :func:`libpq_copy_functions`), up to
-    :data:`DRAIN_BYTES` per block: no Python work per row. Without those functions (or ``direct``
-    False) each CopyData message is taken straight from psycopg's ``PGconn.get_copy_data``, a block
-    each. When libpq has nothing whole buffered, the C path waits for the socket and
-    :data:`DRAIN_PAUSE` more, then drains again; the per-message path lets psycopg's ``Copy.read``
-    wait (and read the end of the copy, when it comes there). When the end comes in a direct read,
-    its final result is read here, as psycopg would, and an error raised as psycopg raises it.
-    """
-    pgconn = conn.pgconn
-    # (pgconn_ptr: the PGconn's address, in every psycopg 3 implementation; not in its type stubs)
-    address: int | None = getattr(pgconn, "pgconn_ptr", None)
-    drain = None
-    if direct and address is not None and (functions := libpq_copy_functions()) is not None:
-        drain = functools.partial(_tuples.drain_copy, *functions, address, DRAIN_BYTES)
-    with conn.cursor() as cur, cur.copy(statement) as copy:
-        while True:
-            if drain is not None:
-                status, data = drain()
-                if data:
-                    yield data
-                if status == 1:
-                    continue
-                if status == 0:
-                    # Nothing whole is buffered: wait for the socket (the GIL released), pause so
-                    # that more arrives, and drain again. A timeout, not a wait for ever: a
-                    # message already inside the SSL layer leaves the socket quiet.
-                    select.select([pgconn.socket], [], [], _DRAIN_WAIT)
-                    time.sleep(DRAIN_PAUSE)
-                    continue
-                nbytes = status
-            else:
-                nbytes, block = pgconn.get_copy_data(1)  # 1: never block
-                if nbytes > 0:
-                    yield block
-                    continue
-            if nbytes == 0:
-                if not (waited := copy.read()):
-                    return
-                yield memoryview(waited)
-            elif nbytes == -1:  # the end of the copy: its final result (an error, if the server failed)
-                failed = None
-                while (res := pgconn.get_result()) is not None:
-                    if res.status != libpq.ExecStatus.COMMAND_OK and failed is None:
-                        failed = res
-                if failed is not None:
-                    raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
-                return
-            else:
-                raise psycopg.OperationalError(pgconn.get_error_message(conn.info.encoding))
-
-
-
-
