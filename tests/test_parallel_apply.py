@@ -21,7 +21,8 @@ from psycopg import sql
 
 from engines import TEST_ENGINE
 from lake_read import read_delta
-from pg2delta.apply.table import TableReport, apply_tables
+from pg2delta.apply.parallel import apply_tables
+from pg2delta.apply.table import TableReport
 from pg2delta.config import Config, WindowConfig, load
 from pg2delta.faults import FAULT_ENV
 from pg2delta.job import Job, run

@@ -18,8 +18,9 @@ from typing import Any
 from pg2delta.apply.changelog import ChangelogWriter
 from pg2delta.apply.column_forms import ColumnForms
 from pg2delta.apply.lakeside import LakeWriter
+from pg2delta.apply.parallel import apply_tables, map_tables
 from pg2delta.apply.schema import Plan
-from pg2delta.apply.table import TableApplier, TableReport, apply_tables, map_tables
+from pg2delta.apply.table import TableApplier, TableReport
 from pg2delta.apply.targets import Target
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import Applied

@@ -18,9 +18,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -359,60 +357,6 @@ def fill_lookups(
         table = table.set_column(i, c, pa.array(values[c], type=table.schema.field(c).type))
     return table
 
-# --- keys -----------------------------------------------------------------------------
-
-
-def apply_tables(
-    workers: int, targets: Sequence[Target], apply: Callable[[Target], TableReport]
-) -> list[TableReport]:
-    """``apply`` every target, up to ``workers`` (``window.parallel_tables``) at once; reports in ``targets``' order.
-
-    The tables of one window are independent (each its own Delta table and commit), so Spark
-    runs their MERGEs as concurrent jobs. The first failure stops tables not yet started and is
-    raised once the running ones have finished: nothing is logged and the slot stays put, so
-    the next run applies the window again (tables that did commit are recognised, see :meth:`TableApplier.txn`).
-    """
-    workers = min(workers, len(targets))
-    if workers <= 1:
-        reports = []
-        for n, tgt in enumerate(targets):
-            if n > 0:
-                fault_point("between_tables")
-            reports.append(apply(tgt))
-        return reports
-    with ThreadPoolExecutor(workers, thread_name_prefix="pg2delta-apply") as pool:
-        futures: list[Future[TableReport]] = [pool.submit(apply, tgt) for tgt in targets]
-        pending: set[Future[TableReport]] = set(futures)
-        first = True
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            if any(f.exception() is not None for f in done):
-                for f in pending:
-                    f.cancel()
-                wait(pending)
-                break
-            if first and pending:
-                first = False
-                fault_point("between_tables")  # some tables committed, others not yet
-        for f in futures:  # the first failure in the targets' order
-            if f.done() and not f.cancelled() and f.exception() is not None:
-                raise f.exception()  # type: ignore[misc]
-        return [f.result() for f in futures]
-
-
-def map_tables(workers: int, targets: Sequence[Target], fn: Callable[[Target], Any]) -> list[Any]:
-    """``fn`` of every target, up to ``workers`` at once, in ``targets``' order;
-    the first failure in that order is raised once all have finished (the plans, which write
-    nothing, and the histories, each idempotent on its own)."""
-    workers = min(workers, len(targets))
-    if workers <= 1:
-        return [fn(t) for t in targets]
-    with ThreadPoolExecutor(workers, thread_name_prefix="pg2delta-plan") as pool:
-        futures = [pool.submit(fn, t) for t in targets]
-        wait(futures)
-    return [f.result() for f in futures]
-
-
 class TableApplier:
     """The run's apply of one target per window: a MERGE per Delta table, then its history.
 
@@ -580,4 +524,4 @@ class TableApplier:
         self.histories.write(self.to.engine, uri, run_id, versions, key_names, columns, nullable_keys=nullable_keys, fill=fill)
 
 
-__all__ = ["TableApplier", "TableReport", "apply_tables", "fill_lookups", "map_tables", "merge_changes"]
+__all__ = ["TableApplier", "TableReport", "fill_lookups", "merge_changes"]

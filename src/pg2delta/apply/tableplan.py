@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 from pg2delta.apply.added_columns import added_column_values
 from pg2delta.apply.column_forms import ColumnForms
+from pg2delta.apply.parallel import map_tables
 from pg2delta.apply.renames import column_renames, renamed_types
 from pg2delta.apply.rowmeta import check_row_columns
 from pg2delta.apply.schema import Plan, plan
-from pg2delta.apply.table import map_tables
 from pg2delta.apply.targets import Target, TargetResolver, live
 from pg2delta.config import Config
 from pg2delta.errors import SchemaError
