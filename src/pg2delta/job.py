@@ -285,7 +285,7 @@ class Job(Lakeside):
         plans, refused = run.planner.plan_window(ordered, run.applied, start, end, workers=self.config.window.parallel_tables)
         for tgt, refusal in refused:  # on_unfollowable = "resync": nothing written yet
             self._resync_in_run(run, tgt, refusal)
-        run.foreign.look({(t.schema, t.table): _applied_version(run, t) for t in ordered})
+        run.foreign.look({(t.schema, t.table): run.applied.get(t.owner) for t in ordered})
         committed = run.commits.commit(run.run_id, rd.tables, ordered, plans, run.applied, start, end)
         window.tables.extend(committed.tables)
         run.foreign.landed(Written(r.schema, r.table, r.path, r.delta_version) for r in window.tables if not r.skipped)
@@ -342,13 +342,6 @@ class Job(Lakeside):
         run.planner.forms.reset()  # the copy recorded its columns' form
         if tgt.owner in run.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
             run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
-
-
-def _applied_version(run: _Run, tgt: Target) -> int | None:
-    """The Delta version the run's applied log has for the table ``tgt`` writes (None: none, or
-    its owner's entry names another table)."""
-    a = run.applied.get(tgt.owner)
-    return a.delta_version if a is not None and (a.schema, a.table) == (tgt.schema, tgt.table) else None
 
 
 def _leaves(run: _Run, owner: int, end: int) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pg2delta.lake.applied_log import log_rows
+from pg2delta.lake.applied_log import Applied, log_rows
 from pg2delta.lake.foreign import (
     Damaged,
     ForeignCommit,
@@ -53,19 +53,21 @@ class ForeignWatch:
     # table yet), and the version the applied log records: what its commits are compared with.
     checked: dict[tuple[str, str], tuple[int | None, int | None]] = field(default_factory=dict)
 
-    def look(self, tables: Mapping[tuple[str, str], int | None]) -> None:
+    def look(self, tables: Mapping[tuple[str, str], Applied | None]) -> None:
         """Stop (exit 21) before anything of the window is written when a table it writes
-        (``tables``: (schema, table) -> the version the run's applied log has for it, None: none)
-        has commits another writer made since pg2delta's last one, or had before: merging over them
-        would bury the damage under pg2delta's own commits. ``on_foreign = "remember"`` (verify)
-        records them instead, so that the runs after still refuse."""
+        (``tables``: (schema, table) -> the applied log's entry, as the run has it, of the relation
+        it is written from) has commits another writer made since pg2delta's last one, or had
+        before: merging over them would bury the damage under pg2delta's own commits. ``on_foreign
+        = "remember"`` (verify) records them instead, so that the runs after still refuse."""
         self.lake.commits_read.clear()  # the window's first look reads the logs afresh; its later looks share its reads
         if self.logged is None or self.damaged is None:  # once per run
             self.logged = last_logged_versions(log_rows(self.lake), self.slot)
             self.damaged = remembered(self.lake, self.slot)
         versions: dict[tuple[str, str], int | None] = {}
         latest: dict[tuple[str, str], int | None] = {}
-        for name, applied in tables.items():
+        for name, a in tables.items():
+            # The entry's version counts where it is of this Delta table (a relation's entry can name another).
+            applied = a.delta_version if a is not None and (a.schema, a.table) == name else None
             known = [v for v in (self.logged.get(name), applied) if v is not None]
             versions[name] = max(known, default=None)
             latest[name] = self.lake.delta_version(self.lake.table_uri(*name))
