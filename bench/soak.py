@@ -18,10 +18,15 @@ the tests (S3Proxy, ``make s3proxy``) behind their fault-injecting proxy (tests/
    twice), at a random moment of the run: ``sigkill``, ``sigterm``, ``terminate_backend``
    (``pg_terminate_backend`` of the run's sessions), ``pg_restart`` (a fast restart of the server),
    ``store_cut`` (every write to the store answered ``500`` from then on) and ``store_throttle``
-   (one request in 4 to 8 answered ``503 SlowDown``, the whole run). A fault whose run ended before
-   it came is put back in the bag. Every exit code must be one the faults page documents for that
-   fault (0, 73 for a slot still held by a killed run's session, 75, killed); any other is counted in
-   ``soak_unexpected_exits`` with the run's last line.
+   (one request in 4 to 8 answered ``503 SlowDown``, the whole run or its first
+   ``--throttle-seconds``). A fault whose run ended before it came is put back in the bag. Every
+   exit code must be one the faults page documents for that fault (0, 73 for a slot still held by a
+   killed run's session, 75, killed); any other is counted in ``soak_unexpected_exits`` with the
+   run's last line. A run still going after ``--run-timeout`` gets SIGTERM as from a scheduler's
+   timeout (``soak_timeouts``; 0 or 75 expected) and is killed, and counted unexpected, only if it
+   is still going 120 s later. ``--shape-interval``: the seconds between the writer's schema changes
+   and truncates, each of which ends a window (on Apache Spark a window is a ``MERGE`` per table,
+   tens of seconds on a loaded machine).
 3. **catch-up**: the workload stops; runs without faults until one finds nothing to do and the slot
    has passed the server's position at the stop.
 4. **oracle** (bench/soak_lake.py): every table read back with delta-rs straight from the store,
@@ -31,7 +36,8 @@ the tests (S3Proxy, ``make s3proxy``) behind their fault-injecting proxy (tests/
 ``soak_worst_lag_seconds``: the server's WAL position is sampled twice a second during the workload;
 for each sample, the time until the end of the first run after which the slot had passed it (the
 change's age when it reached the lake, to within the sampling). ``soak_changes_applied``: the
-``changes`` of the runs that ended 0. The seed is printed first: ``--seed`` replays the same
+``changes`` of the runs that ended 0. ``soak_pgbench_transactions``: what each pgbench printed as
+it ended (a time-bound soak gives it the time left, since a stopped one prints nothing). The seed is printed first: ``--seed`` replays the same
 choices (the machine's timing still differs).
 """
 
@@ -80,6 +86,7 @@ EXPECTED = {
     "store_throttle": {0, 73},
 }
 SLOT = PUBLICATION = "soak"
+TERM_GRACE = 120.0  # seconds a run past --run-timeout has to end after its SIGTERM
 # The tables with a changelog: the one without a key (a row applied twice is a copy more in both)
 # and the one whose shape changes. Each changelog is one commit more per window.
 CHANGELOG = ("public.pgbench_history", "soak.items")
@@ -103,6 +110,7 @@ class Soak:
     unexpected: list[str] = field(default_factory=list)
     changes: int = 0
     runs: int = 0
+    timeouts: int = 0
     durations: list[float] = field(default_factory=list)
     ends: list[tuple[float, int]] = field(default_factory=list)  # (time, slot's confirmed LSN) after each run
     _bag: list[str] = field(default_factory=list)
@@ -189,37 +197,58 @@ class Soak:
         self.runs += 1
         if kind == "store_throttle" and self.proxy is not None:
             every = self.rng.randint(4, 8)
-            self.proxy.policy = lambda method, path, n: 503 if n % every == 0 else None
+            until = time.monotonic() + (self.args.throttle_seconds or float("inf"))
+            self.proxy.policy = lambda method, path, n: 503 if n % every == 0 and time.monotonic() < until else None
         typical = sorted(self.durations)[len(self.durations) // 2] if self.durations else 3.0
         delay = self.rng.uniform(0.05, typical)
         t0 = time.monotonic()
         proc = self.start("run")
         injected = kind == "store_throttle"
+        timed_out = False
         try:
             if kind not in (None, "store_throttle"):
                 try:
                     proc.wait(delay)
                 except subprocess.TimeoutExpired:
                     injected = self.inject(kind, proc)
-            out, _ = proc.communicate(timeout=self.args.run_timeout)
+            out, _ = proc.communicate(timeout=max(1.0, self.args.run_timeout - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-            self.unexpected.append(f"run {self.runs} ({kind}): still running after {self.args.run_timeout} s, killed")
+            out, timed_out = self._time_out(kind, proc), True
         finally:
             if self.proxy is not None:
                 self.proxy.policy = lambda method, path, n: None
-        return self._record(kind, injected, proc.returncode, out, time.monotonic() - t0)
+        return self._record(kind, injected, proc.returncode, out, time.monotonic() - t0, timed_out)
 
-    def _record(self, kind: str | None, injected: bool, code: int, out: str, took: float) -> dict[str, Any] | None:
+    def _time_out(self, kind: str | None, proc: subprocess.Popen[str]) -> str:
+        """A run past ``--run-timeout`` stopped as a scheduler's timeout stops it (Airflow's
+        ``execution_timeout``, a Kubernetes grace period): SIGTERM, which must end it promptly (exit
+        75, or 0 had it just finished); SIGKILL and counted unexpected only when it is still going
+        :data:`TERM_GRACE` seconds later."""
+        self.timeouts += 1
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=TERM_GRACE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            self.unexpected.append(
+                f"run {self.runs} ({kind}): past --run-timeout ({self.args.run_timeout:.0f} s), "
+                f"still running {TERM_GRACE} s after SIGTERM, killed")
+        return out
+
+    def _record(self, kind: str | None, injected: bool, code: int, out: str, took: float,
+                timed_out: bool = False) -> dict[str, Any] | None:
         self.faults[kind if injected and kind else "none" if kind is None else "missed"] += 1
         self.exits[KILLED.get(code, str(code))] += 1
         self.ends.append((time.time(), self.slot_lsn()))
         if kind and not injected:
             self._bag.append(kind)  # its run ended first: it comes again
-        if code not in EXPECTED[kind if injected else None]:
+        expected = EXPECTED[kind if injected else None] | (EXPECTED["sigterm"] if timed_out else set())
+        killed_after_grace = timed_out and code == -signal.SIGKILL  # counted in _time_out
+        if code not in expected and not killed_after_grace:
             self.unexpected.append(f"run {self.runs} ({kind}, injected={injected}): exit {code}: {self.last_line()}")
-        print(f"run {self.runs}: fault={kind or '-'}{'' if injected or not kind else ' (missed)'} exit={code} {took:.1f} s", flush=True)
+        print(f"run {self.runs}: fault={kind or '-'}{'' if injected or not kind else ' (missed)'}"
+              f"{' (timed out: SIGTERM)' if timed_out else ''} exit={code} {took:.1f} s", flush=True)
         if code != 0:
             return None
         if kind is None or not injected:  # a fault that came too late: a run without one all the same
@@ -283,13 +312,17 @@ def _bootstrap(soak: Soak) -> None:
     print(f"bootstrap: {len(json.loads(out)['tables'])} tables", flush=True)
 
 
-def _scheduled(soak: Soak, seconds: float) -> None:
+def _scheduled(soak: Soak, seconds: float, shapes: ShapeWriter) -> None:
     """Runs every ``--interval`` seconds (0.5x to 1.5x), with faults, for ``seconds``, and on until
-    every kind of fault happened once (at most 600 s more: a slow machine's runs are slow)."""
+    every kind of fault happened once (at most 600 s more: a slow machine's runs are slow), the
+    workload stopped by then (pgbench ends by itself at ``seconds``, the writer beside it is
+    stopped): those runs catch up rather than meet a workload that goes on growing."""
     start = time.monotonic()
     while (elapsed := time.monotonic() - start) < seconds or (
         elapsed < seconds + 600 and not all(soak.faults[k] for k in soak.kinds)
     ):
+        if elapsed >= seconds:
+            shapes.stop()
         soak.run_once(soak.next_fault())
         time.sleep(soak.rng.uniform(0.5, 1.5) * soak.args.interval)
 
@@ -337,13 +370,14 @@ def soak(args: argparse.Namespace, pg: ThrowawayPostgres, store: S3Server | None
     try:
         prepare(pg, args.scale, PUBLICATION)
         _bootstrap(s)
-        bench = Pgbench(pg, args.rate, total=args.transactions).start()
-        shapes = ShapeWriter(pg, args.seed, args.seconds, bench.progress if args.transactions else None).start()
+        bench = Pgbench(pg, args.rate, total=args.transactions, seconds=0.0 if args.transactions else args.seconds).start()
+        shapes = ShapeWriter(pg, args.seed, args.seconds, bench.progress if args.transactions else None,
+                             every=args.shape_interval).start()
         sampler = WalSampler(pg.dsn)
         if args.transactions:
             _scheduled_for(s, bench, shapes)
         else:
-            _scheduled(s, args.seconds)
+            _scheduled(s, args.seconds, shapes)
         sampler.stop()
         shapes.stop()
         bench.stop()
@@ -371,6 +405,7 @@ def soak(args: argparse.Namespace, pg: ThrowawayPostgres, store: S3Server | None
         "soak_schema_changes": schema_changes(shapes.done),
         "soak_truncates": shapes.done["truncate_items"] + shapes.done["truncate_history"],
         "soak_rows_compared": result.rows,
+        "soak_timeouts": s.timeouts,
         "soak_unexpected_exits": len(s.unexpected),
         "soak_lost": result.lost,
         "soak_duplicated": result.duplicated,
@@ -396,7 +431,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate", type=float, default=30.0, help="pgbench transactions a second")
     ap.add_argument("--scale", type=int, default=1, help="pgbench's scale (100,000 accounts each)")
     ap.add_argument("--window-changes", type=int, default=2000, help="[window] max_changes")
-    ap.add_argument("--run-timeout", type=float, default=900.0, help="a run still going after this is killed and counted unexpected")
+    ap.add_argument("--run-timeout", type=float, default=900.0,
+                    help="a run still going after this gets SIGTERM, as a scheduler's timeout sends it (soak_timeouts; "
+                         "exit 75 or 0 expected), and is killed and counted unexpected if still going 120 s later")
+    ap.add_argument("--throttle-seconds", type=float, default=0.0,
+                    help="how long a store_throttle fault lasts from its run's start (default 0: the whole run)")
+    ap.add_argument("--shape-interval", type=float, default=12.0,
+                    help="seconds between soak.items' schema changes or truncates (0.5x-1.5x; each cuts a window)")
     ap.add_argument("--engine", choices=("embedded", "spark"), default=env("SOAK_ENGINE", "embedded"),
                     help="the runs' engine (SOAK_ENGINE): spark is Apache Spark + delta-spark in each run's own JVM "
                          "(a Python with pyspark and delta-spark; make soak SOAK_ENGINE=spark)")

@@ -5,7 +5,7 @@ changes a table of its own, changes its shape and truncates.
   teller and a branch and an ``INSERT`` into ``pgbench_history``, which has no key) at a fixed
   rate, started again whenever it exits before the end (a PostgreSQL restart aborts its clients).
 - **the shape writer**: inserts, updates and deletes in ``soak.items`` every fraction of a second,
-  and every 6 to 18 s a schema change of it (a column added, with or without a default, dropped,
+  and every 6 to 18 s (``every``) a schema change of it (a column added, with or without a default, dropped,
   renamed, widened: smallint -> integer -> bigint, numeric(8,2) -> numeric(12,2)) or a
   ``TRUNCATE`` (of ``soak.items`` with rows inserted in the same transaction, or of
   ``pgbench_history``); at fixed points of the soak, once each, a column added with a default to
@@ -67,11 +67,15 @@ def _conn_args(pg: ThrowawayPostgres) -> list[str]:
 @dataclass
 class Pgbench:
     """pgbench at ``rate`` transactions a second on ``clients`` connections until :meth:`stop`, or
-    until ``total`` transactions are done (0: no such bound), when :attr:`finished` is set."""
+    until ``total`` transactions are done (0: no such bound), when :attr:`finished` is set, or for
+    ``seconds`` from :meth:`start`. pgbench prints the count of its transactions only when it ends
+    by itself: a SIGINT kills it without a word (pgbench 18, tried), so a time-bound one is given
+    the time left (``-T``) rather than stopped, or its transactions would go uncounted."""
 
     pg: ThrowawayPostgres
     rate: float
     total: int = 0
+    seconds: float = 0.0
     clients: int = 2
     transactions: int = 0
     starts: int = 0
@@ -100,9 +104,12 @@ class Pgbench:
             if self.total and self.transactions >= self.total:
                 self.finished.set()
                 return
-            self.starts += 1
             # -t: transactions per client, what is left of the total (a restart aborts its clients)
-            bound = ["-t", str(-(-(self.total - self.transactions) // self.clients))] if self.total else ["-T", "3600"]
+            left = self.seconds - (time.monotonic() - (self._started or 0.0)) if self.seconds else 3600.0
+            if left < 1:
+                return
+            bound = ["-t", str(-(-(self.total - self.transactions) // self.clients))] if self.total else ["-T", str(int(left))]
+            self.starts += 1
             argv = [str(self.pg.bindir / "pgbench"), "-n", "-c", str(self.clients), "-j", "1",
                     "-R", str(self.rate), *bound, *_conn_args(self.pg)]
             self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -135,6 +142,7 @@ class ShapeWriter:
     seed: int
     seconds: float
     progress: Callable[[], float] | None = None
+    every: float = 12.0  # seconds between schema changes or truncates (0.5x-1.5x)
     done: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -156,7 +164,7 @@ class ShapeWriter:
         rng = random.Random(self.seed)
         started = time.monotonic()
         once = [(0.3, self._history_default), (0.6, self._widen_abalance)]
-        next_shape = started + rng.uniform(2, 6)
+        next_shape = started + rng.uniform(2, 6) * self.every / 12
         conn: psycopg.Connection[Any] | None = None
         while not self._stop.is_set():
             try:
@@ -167,7 +175,7 @@ class ShapeWriter:
                     once.pop(0)[1](conn)
                 elif time.monotonic() >= next_shape:
                     self._shape_or_truncate(conn, rng)
-                    next_shape = time.monotonic() + rng.uniform(6, 18)
+                    next_shape = time.monotonic() + rng.uniform(0.5, 1.5) * self.every
                 else:
                     self._rows(conn, rng)
             except psycopg.OperationalError as exc:  # the server restarting

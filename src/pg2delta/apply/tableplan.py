@@ -198,8 +198,9 @@ class TablePlanner:
         under another name (or outside the publication's column list): PostgreSQL holds values for
         the rows the lake has that it never sent. A Delta column whose name has a new number was
         dropped and added again: the lake's rows hold the old column's values. Either is refused
-        (exit 78, or ``on_unfollowable = "resync"``). Tables written from several partitions, whose
-        numbers differ, are not checked."""
+        (exit 78, or ``on_unfollowable = "resync"``). A column renamed before the run read the catalog,
+        in the window that brings it to the lake, has no number under its name: :func:`_unnumbered`
+        finds it. Tables written from several partitions, whose numbers differ, are not checked."""
         catalog = self.catalog
         if catalog is None or len(tgt.parts) != 1 or tgt.parts[0].oid != tgt.owner:
             return
@@ -209,6 +210,9 @@ class TablePlanner:
         record = {n: now[n] for n in lake_columns if n in now}
         if before:  # columns gone from the table keep their number while the Delta table keeps them
             record.update({n: k for n, k in before.items() if n in lake_columns and n not in now})
+        shapes = [b.relation.column_names for b in tgt.parts[0].batches]
+        if any(n in lake_columns and n not in record for names in shapes for n in names):
+            record.update(_unnumbered(shapes, lake_columns, record, now, catalog.dropped_attnums(tgt.owner)))
         self.attnums[tgt.owner] = json.dumps(record, sort_keys=True)
         if not before:
             return
@@ -273,6 +277,38 @@ class TablePlanner:
         return None
 
     # --- one table ----------------------------------------------------------------------------
+
+
+def _unnumbered(
+    shapes: Sequence[Sequence[str]], lake_columns: set[str], known: Mapping[str, int], now: Mapping[str, int],
+    dropped: set[int],
+) -> dict[str, int]:
+    """Numbers of the window's columns PostgreSQL renamed or dropped after the window and before this
+    run read its catalog, that no earlier window numbered: each shape of the window (a Relation
+    message, in ``attnum`` order) places such a column after the columns before it; it is given the
+    lowest number above theirs (and below the next known one) that is dropped now or held by a
+    column the lake does not have, in the shape's order (``ADD COLUMN`` takes a number above every
+    other, so a column added after the window has a higher one). Held by a column: the column was
+    renamed to it, and that column, new to the lake in a later window, is a rename
+    (:meth:`TablePlanner._check_column_identity`, :func:`pg2delta.apply.renames.column_renames`).
+    A column added and dropped between the known ones and it, which no window showed, would
+    shift it: it is placed as if there was none."""
+    free = set(dropped) | {k for n, k in now.items() if n not in lake_columns}
+    out: dict[str, int] = {}
+    for names in shapes:
+        prev = 0
+        for i, name in enumerate(names):
+            if name in known or name in out:
+                prev = known.get(name, out.get(name, prev))
+                continue
+            if name not in lake_columns:
+                continue
+            after = min((known[n] for n in names[i + 1:] if n in known), default=None)
+            slot = min((k for k in free if k > prev and (after is None or k < after)), default=None)
+            if slot is not None:
+                out[name] = prev = slot
+                free.discard(slot)
+    return out
 
 
 __all__ = ["TablePlanner"]

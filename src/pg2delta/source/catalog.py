@@ -56,6 +56,10 @@ SELECT attname::text, attnum::int4 FROM pg_attribute
 WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
 """
 
+_DROPPED_ATTNUMS_QUERY = """
+SELECT attnum::int4 FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND attisdropped
+"""
+
 _ATTNDIMS_QUERY = """
 SELECT attname::text, attndims::int4 FROM pg_attribute
 WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
@@ -157,6 +161,10 @@ class PgTypeCatalog:
         number through renames and type changes, ``ADD COLUMN`` takes a number above every other
         (dropped columns included), and a number is never reused."""
         return {str(name): int(num) for name, num in self._query(_ATTNUMS_QUERY, (relation_oid,))}
+
+    def dropped_attnums(self, relation_oid: int) -> set[int]:
+        """The ``attnum`` of each column dropped from the relation (PostgreSQL keeps them, nameless)."""
+        return {int(num) for (num,) in self._query(_DROPPED_ATTNUMS_QUERY, (relation_oid,))}
 
     def added_columns(self, relation_oid: int, names: Sequence[str]) -> dict[str, list[AddedColumn]]:
         """Per column name, what :class:`AddedColumn` the catalog has now for the relation, or for each
