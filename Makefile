@@ -30,6 +30,7 @@ SPARK4_STAMP := $(SPARK4_VENV)/.installed-stamp
 SPARK4_PINS := 'pyspark==4.0.*' 'delta-spark==4.0.*'
 SPARK4_CACHE := .cache/spark4
 SPARK4_TESTS ?= -m classic tests/test_job_e2e.py tests/test_job_faults.py
+SPARK4_XDIST ?= $(XDIST)
 # Airflow 3 for the example DAGs (examples/airflow/) and their test (tests/test_airflow.py), in a
 # venv of its own: Airflow pins its own versions of pyarrow, numpy, grpc... The constraints are the
 # set resolved for this Python, committed under tools/ (AIRFLOW_CONSTRAINTS=<Airflow's official
@@ -66,7 +67,9 @@ XDIST ?= -n 2
 # dashboard. core and deploy are meant as two CI jobs side by side, each within the 25-minute
 # budget (`.ci/run core`, `.ci/run deploy`; docs/development.md, "CI", has their times).
 # SIDE_TESTS run beside the embedded tier once SIDE_INSTALLS are done (one process each: they share
-# the cores with the embedded tier's two workers), LATER_TIERS after it.
+# the cores with the embedded tier's two workers), LATER_TIERS after it, side by side: the Spark 4.0
+# tier (five tests) in one test process (SPARK4_XDIST empty) beside the Spark 3.5 tier's two workers,
+# whose cores wait now and then (a store's retries, a cluster's executors starting, servers).
 TIER ?= all
 ifeq ($(TIER),core)
 EMBEDDED_MARKS := not monitoring and not deploy
@@ -157,7 +160,7 @@ demo: install postgres
 test: postgres java s3proxy
 	$(MAKE) -j2 --output-sync=line lint $(if $(filter core,$(TIER)),,$(AIRFLOW_STAMP))
 	$(MAKE) -j2 --output-sync=line test-embedded side
-	$(MAKE) $(LATER_TIERS)
+	$(MAKE) -j2 --output-sync=line $(LATER_TIERS) SPARK4_XDIST=
 
 # What the later tiers need, installed one after the other beside the embedded tier; first the docs
 # site, built with --strict (seconds), so that a broken link fails early.
@@ -204,7 +207,7 @@ test-spark: $(SPARK35_STAMP) postgres $(S3PROXY_JAR)
 # The job end to end and the crashes between and after the tables' commits on Spark 4.0 + Delta 4.0.
 test-spark4: $(SPARK4_STAMP) postgres
 	$(WITH_JAVA) $(call FAST_JVM,$(SPARK4_CACHE)) PG2DELTA_TEST_ENGINE=spark \
-	  $(SPARK4_PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) $(SPARK4_TESTS)
+	  $(SPARK4_PY) -m pytest -q -p no:cacheprovider $(SPARK4_XDIST) $(DURATIONS) $(SPARK4_TESTS)
 
 # The unit and integration tiers (decoding against real servers) and the engine-facing end-to-end
 # tests again on the oldest supported stack: the pyspark 3.5 Spark Connect client against pysail,
