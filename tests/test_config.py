@@ -35,6 +35,8 @@ def test_table_keys(tmp_path: Path) -> None:
     cfg = load(path, env={})
     assert cfg.table("public", "t").key == ("a", "b")
     assert cfg.table("public", "other").key == ()
+    spark = write(tmp_path, '[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[engine]\nkind = "spark"\n[tables."public.t"]\ncluster_by = ["a", "b"]\n')
+    assert load(spark, env={}).delta_features("public", "t").cluster_by == ("a", "b")
 
 
 @pytest.mark.parametrize(
@@ -51,6 +53,9 @@ def test_table_keys(tmp_path: Path) -> None:
         ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."t"]\nkey = ["a"]\n', "schema.table"),
         ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\ndeletion_vectors = "no"\n', "true or false"),
         ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[engine]\ndeletion_vectors = false\n', "a \\[lake\\] setting"),
+        ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."s.t"]\ncluster_by = ["a", "b", "c", "d", "e"]\n', "at most 4"),
+        ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."s.t"]\ncluster_by = ["a", "a"]\n', "at most 4 distinct"),
+        ('[source]\ndsn = "x"\n[lake]\nroot = "/l"\n[tables."s.t"]\ncluster_by = ["a"]\n', "clustering, which the embedded engine"),
     ],
 )
 def test_broken_configs(tmp_path: Path, text: str, message: str) -> None:

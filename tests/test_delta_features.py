@@ -1,5 +1,5 @@
 """The Delta features of the tables pg2delta creates ([lake] and [tables."s.t"] properties,
-partition_by, change_data_feed, column_mapping), on the engine under test, and the refusal of
+partition_by, cluster_by, change_data_feed, column_mapping), on the engine under test, and the refusal of
 features the embedded engine cannot write. Every lake is read back with delta-rs and compared
 with PostgreSQL (by column name: pysail puts partition columns last in a table's schema).
 """
@@ -7,6 +7,7 @@ with PostgreSQL (by column name: pysail puts partition columns last in a table's
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,15 @@ from deltalake import DeltaTable
 from conftest import newest_server_only
 from engines import TEST_ENGINE
 from pg2delta.backfill import backfill
+from pg2delta.bootstrap import run_bootstrap
 from pg2delta.config import Config, TableConfig, load
 from pg2delta.delta_features import FeatureSettings
 from pg2delta.errors import ConfigError, LakeError
 from pg2delta.job import run
+from pg2delta.maintain import maintain
 from pg2delta.resync import resync
 from pg2delta.source.throwaway import ThrowawayPostgres
-from workload import TableSpec, assert_same_rows, confirmed_lsn, lake_rows, pg_rows, published_table
+from workload import TableSpec, assert_same_rows, cli, confirmed_lsn, lake_rows, pg_rows, published_table
 
 pytestmark = [pytest.mark.e2e]
 
@@ -138,7 +141,7 @@ def test_embedded_engine_refuses_features_it_cannot_write(pgdb: str, tmp_path: P
                  '[lake]\nproperties = { "delta.enableDeletionVectors" = true }\n'):
         with pytest.raises(ConfigError) as refused:
             _config(tmp_path, pgdb, slot, pub, lake, text)
-        assert refused.value.exit_code == 78 and ("embedded engine" in refused.value.one_line() or "cluster" in text)
+        assert refused.value.exit_code == 78 and "embedded engine" in refused.value.one_line()
         assert "\n" not in refused.value.one_line()
     with pytest.raises(ConfigError, match="forbids the updates and deletes"):
         _config(tmp_path, pgdb, slot, pub, lake, '[lake]\nproperties = { "delta.appendOnly" = true }\n')
@@ -273,3 +276,98 @@ def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, sha
     assert {(r["id"], r["note"], r["_change_type"]) for r in after} == {
         (1, "z", "update_preimage"), (1, "renamed", "update_postimage"), (50, "after rename", "insert")
     }
+
+
+LC = TableSpec("public", "lc", ("id",))
+LP = TableSpec("public", "lp", ("id",))
+
+
+@pytest.mark.classic
+@pytest.mark.skipif(TEST_ENGINE != "spark", reason="liquid clustering is written on Apache Spark (make test-spark)")
+def test_liquid_clustering_kept_through_every_path(pgdb: str, tmp_path: Path, shared_engine: Any) -> None:
+    """``cluster_by``: a table the bootstrap creates is clustered, one the lake holds unclustered is
+    clustered in place when configured so, and the clustering stays through the runs' MERGEs, a
+    column widened (the table rewritten), a truncate, ``maintain`` (whose ``OPTIMIZE`` clusters the
+    files), a resync and a ``backfill --into`` copy; the embedded engine refuses the clustered table
+    before writing. Every step's lake is read back with delta-rs and compared with PostgreSQL."""
+    tag = uuid.uuid4().hex[:8]
+    slot, pub = f"slot_{tag}", f"pub_{tag}"
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        conn.execute("CREATE TABLE lc (id int PRIMARY KEY, region text, n int, v text)")
+        conn.execute("CREATE TABLE lp (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO lc SELECT g, 'r' || (g % 3), g, 'v' || g FROM generate_series(1, 40) g")
+        conn.execute("INSERT INTO lp SELECT g, 'p' || g FROM generate_series(1, 10) g")
+        conn.execute(f"CREATE PUBLICATION {pub} FOR TABLE lc, lp")
+    lake = tmp_path / "lake"
+    text = '[tables."public.lc"]\ncluster_by = ["region", "id"]\n'
+    cfg = _config(tmp_path, pgdb, slot, pub, lake, text)
+
+    def clustering(table: str, root: Path = lake) -> list[str]:
+        return list(shared_engine.spark.sql(f"DESCRIBE DETAIL delta.`{root / 'public' / table}`").collect()[0]["clusteringColumns"])
+
+    def equal(where: str, root: Path = lake) -> None:
+        for spec in (LC, LP):
+            _assert_equal_by_name(pgdb, root, spec, f"{spec.name} {where}")
+
+    run_bootstrap(cfg)  # creates lc (empty and clustered, then the copy) and lp
+    assert (clustering("lc"), clustering("lp")) == (["region", "id"], []), "after the bootstrap"
+    assert "clustering" in (DeltaTable(str(lake / "public" / "lc")).protocol().writer_features or [])
+    equal("after the bootstrap")
+
+    # lp configured clustered now: one ALTER TABLE ... CLUSTER BY before its window's MERGE.
+    cfg = _config(tmp_path, pgdb, slot, pub, lake, text + '[tables."public.lp"]\ncluster_by = ["id"]\nchangelog = true\n')
+    _transaction(pgdb, "UPDATE lc SET v = 'upd' WHERE id % 4 = 0", "DELETE FROM lc WHERE id % 9 = 0",
+                 "INSERT INTO lc VALUES (100, 'r9', 100, 'new')", "UPDATE lp SET v = 'upd' WHERE id < 4")
+    lp_before = DeltaTable(str(lake / "public" / "lp")).version()
+    run(cfg)
+    lp_ops = [h["operation"] for h in sorted(DeltaTable(str(lake / "public" / "lp")).history(), key=lambda h: h["version"])[lp_before + 1:]]
+    assert lp_ops[0] == "CLUSTER BY" and "add" not in (lake / "public" / "lp" / "_delta_log" / f"{lp_before + 1:020d}.json").read_text(), lp_ops
+    assert (clustering("lc"), clustering("lp")) == (["region", "id"], ["id"]), "after a run"
+    equal("after a run")
+
+    # A column widened (the table rewritten whole), then a truncate, in one window.
+    _transaction(pgdb, "ALTER TABLE lc ALTER COLUMN n TYPE bigint", "UPDATE lc SET n = 1099511627776 WHERE id = 1")
+    _transaction(pgdb, "TRUNCATE lc", "INSERT INTO lc SELECT g, 'r' || (g % 2), g, 'again' FROM generate_series(1, 30) g",
+                 "INSERT INTO lp VALUES (50, 'later')")
+    lc_before = DeltaTable(str(lake / "public" / "lc")).version()
+    run(cfg)
+    lc_ops = [h["operation"] for h in sorted(DeltaTable(str(lake / "public" / "lc")).history(), key=lambda h: h["version"])[lc_before + 1:]]
+    assert lc_ops[:2] == ["WRITE", "CLUSTER BY"], lc_ops  # the rewrite, clustered again; then the truncate's MERGE
+    assert clustering("lc") == ["region", "id"], "after the rewrite of a widened column and a truncate"
+    equal("after a rewrite and a truncate")
+
+    # maintain's OPTIMIZE clusters the files: its commit's files carry Delta's clustering provider.
+    before = {t: DeltaTable(str(lake / "public" / t)).version() for t in ("lc", "lp")}
+    maintain(cfg)
+    for t in ("lc", "lp"):
+        log = lake / "public" / t / "_delta_log"
+        optimized = [json.loads(line) for v in range(before[t] + 1, DeltaTable(str(log.parent)).version() + 1)
+                     for line in (log / f"{v:020d}.json").read_text().splitlines()]
+        assert any(a.get("commitInfo", {}).get("operation") == "OPTIMIZE" for a in optimized), (t, optimized)
+        assert {a["add"].get("clusteringProvider") for a in optimized if "add" in a} == {"liquid"}, (t, optimized)
+    assert (clustering("lc"), clustering("lp")) == (["region", "id"], ["id"]), "after maintain"
+    equal("after maintain")
+
+    # A resync writes lc whole again (an overwrite, which forgets the clustering: set again).
+    _transaction(pgdb, "INSERT INTO lc VALUES (200, 'r5', 200, 'late')")
+    resync(cfg, ["public.lc"])
+    assert clustering("lc") == ["region", "id"], "after the resync"
+    equal("after the resync")
+
+    # backfill --into a new folder, seeded from the main table (lp keeps a changelog since its first
+    # window): the copy is created clustered as configured.
+    windows = [w for w in lake_rows_of(lake / "_pg2delta" / "applied_log") if w["table_name"] == "lp"]
+    into = tmp_path / "copy"
+    backfill(cfg, min(w["window_end"] for w in windows), max(w["window_end"] for w in windows), tables=["public.lp"], into=str(into))
+    assert clustering("lp", into) == ["id"], "backfill --into"
+    _assert_equal_by_name(pgdb, into, LP, "lp backfilled --into")
+
+    # The embedded engine meets the clustered table: refused before its first write, the slot unmoved.
+    _transaction(pgdb, "UPDATE lc SET v = 'embedded' WHERE id = 1")
+    version, slot_at = DeltaTable(str(lake / "public" / "lc")).version(), confirmed_lsn(pgdb, slot)
+    refused = cli("run", "--dsn", pgdb, "--slot", slot, "--publication", pub, "--lake", str(lake),
+                  env={"PG2DELTA_ENGINE": "embedded"}, child=True)
+    assert refused.returncode == 78 and "clustering" in refused.stderr and "embedded engine" in refused.stderr, refused.stderr[-2000:]
+    assert (DeltaTable(str(lake / "public" / "lc")).version(), confirmed_lsn(pgdb, slot)) == (version, slot_at)
+    run(cfg)
+    equal("after the refusal, on Apache Spark")

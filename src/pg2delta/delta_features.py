@@ -20,6 +20,7 @@ CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 COLUMN_MAPPING = "delta.columnMapping.mode"
 APPEND_ONLY = "delta.appendOnly"
 COLUMN_MAPPING_MODES = ("none", "name")
+MAX_CLUSTER_COLUMNS = 4  # Delta's limit on liquid clustering columns
 # Column mapping needs these protocol versions; Delta 3.3 refuses the mode without them.
 COLUMN_MAPPING_PROTOCOL = {"delta.minReaderVersion": "2", "delta.minWriterVersion": "5"}
 # Properties pg2delta sets itself on every table it creates (pg2delta.lake.engine_writes.STATS_COLUMNS).
@@ -67,7 +68,7 @@ class FeatureSettings:
     column_mapping: str | None = None
     # Partition columns of the table (per table only); an existing table keeps its own until a resync writes it whole.
     partition_by: tuple[str, ...] = ()
-    # Liquid clustering columns (per table only): refused for now (exit 78) on every engine; use partition_by.
+    # Liquid clustering columns (per table only; at most 4 integer, decimal, string, date or timestamp columns). Apache Spark only: the table is created clustered and pg2delta maintain's OPTIMIZE clusters its files; an existing unpartitioned table is clustered in one commit.
     cluster_by: tuple[str, ...] = ()
 
 
@@ -139,6 +140,9 @@ def feature_settings(section: dict[str, Any], where: str, *, table: bool) -> Fea
         columns[key] = tuple(value)
     if columns["partition_by"] and columns["cluster_by"]:
         raise ConfigError(f"{where}: a Delta table is partitioned or clustered, not both: choose partition_by or cluster_by")
+    cluster = columns["cluster_by"]
+    if len(cluster) > MAX_CLUSTER_COLUMNS or len(set(cluster)) != len(cluster):
+        raise ConfigError(f"{where}.cluster_by: at most {MAX_CLUSTER_COLUMNS} distinct columns (Delta's limit), not {list(cluster)}")
     return FeatureSettings(tuple((k, _text(v)) for k, v in props.items()), cdf, mapping, columns["partition_by"], columns["cluster_by"])
 
 
@@ -182,15 +186,9 @@ def row_settings(section: Mapping[str, Any], where: str) -> RowSettings:
 
 def refuse_unwritable(engine: str, lake: FeatureSettings, tables: Mapping[str, FeatureSettings]) -> None:
     """:class:`ConfigError` (exit 78) for a table feature the configured engine cannot write: the
-    embedded engine writes no Change Data Feed, column mapping, deletion vectors or any other
-    feature of :data:`FEATURE_PROPERTIES` (pysail 0.7.2); liquid clustering (``cluster_by``) is
-    refused on every engine for now (Delta 3.3's DataFrame writer cannot create it)."""
-    clustered = sorted(n for n, s in tables.items() if s.cluster_by)
-    if clustered:
-        raise ConfigError(
-            f"[tables.\"{clustered[0]}\"] cluster_by: pg2delta does not create liquid-clustered tables yet, on any "
-            "engine: use partition_by instead, or leave the table unclustered; nothing was written"
-        )
+    embedded engine writes no Change Data Feed, column mapping, liquid clustering (``cluster_by``),
+    deletion vectors or any other feature of :data:`FEATURE_PROPERTIES` (pysail 0.7.2 and delta-rs
+    1.6 refuse to commit to a clustered table: "Unsupported table features required")."""
     if engine != "embedded":
         return
     where: Iterable[tuple[str, FeatureSettings]] = [("[lake]", lake), *((f"[tables.\"{n}\"]", s) for n, s in tables.items())]
@@ -204,7 +202,7 @@ def refuse_unwritable(engine: str, lake: FeatureSettings, tables: Mapping[str, F
 
 
 __all__ = [
-    "CHANGE_DATA_FEED", "COLUMN_MAPPING", "EMBEDDED_UNWRITABLE", "FEATURE_PROPERTIES", "LAKE_KEYS", "NO_FEATURES",
+    "CHANGE_DATA_FEED", "COLUMN_MAPPING", "EMBEDDED_UNWRITABLE", "FEATURE_PROPERTIES", "LAKE_KEYS", "MAX_CLUSTER_COLUMNS", "NO_FEATURES",
     "TABLE_KEYS", "DeltaFeatures", "FeatureSettings", "RowSettings", "feature_settings", "merged", "refuse_unwritable",
     "row_settings",
 ]

@@ -55,7 +55,7 @@ from pg2delta.lake.engine_session import (
     open_session,
 )
 from pg2delta.lake.engine_staged import StagedReduce
-from pg2delta.lake.engine_writes import DeltaWrites, creating_table
+from pg2delta.lake.engine_writes import DeltaWrites, create_empty, creating_table
 from pg2delta.lake.lake_files import Lake
 
 __all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "AppendRows", "Engine", "EngineConfig", "Lake", "MergeRows", "Txn"]
@@ -83,15 +83,16 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
         on Apache Spark deletion vectors (:data:`pg2delta.lake.engine_maintain.DELETION_VECTORS`), and
         the table's configured features (:mod:`pg2delta.lake.engine_features`).
 
-        A table with column mapping is created empty first, in a commit of its own: Delta 3.3 takes
-        the first commit of such a table, holding rows, for a column rename, which it refuses on a
-        table with a change data feed (``DELTA_BLOCK_COLUMN_MAPPING_AND_CDC_OPERATION``)."""
+        A table with column mapping or liquid clustering is created empty first, in a commit of its
+        own (:func:`pg2delta.lake.engine_writes.create_empty`): Delta 3.3 takes the first
+        commit of a column-mapped table, holding rows, for a column rename, which it refuses on a
+        table with a change data feed (``DELTA_BLOCK_COLUMN_MAPPING_AND_CDC_OPERATION``), and
+        Delta's DataFrame writer cannot cluster a table. An overwrite into it forgets the clustering
+        columns: its caller sets them again (:meth:`pg2delta.lake.engine_features.TableFeatures.keep_clustered`)."""
         features = self.features(uri)
-        if not features.column_mapping:
+        if not features.column_mapping and not features.cluster_by:
             return creating_table(writer, df.schema, deletion_vectors=self.deletion_vectors, features=features)
-        empty = df.limit(0)
-        creating_table(self.delta_writer(empty, "append"), empty.schema, deletion_vectors=self.deletion_vectors,
-                       features=features).save(uri)
+        create_empty(self, uri, df)
         return creating(writer, DeltaFeatures(partition_by=features.partition_by))
 
     def with_lake(self, lake: Lake, *, deletion_vectors: bool | None = None) -> Engine:

@@ -80,18 +80,27 @@ class DeltaMaintenance(EngineSession):
         (:func:`overlapping`: the embedded engine writes a rewrite's rows in no order) is rewritten
         in key order instead, ``ZORDER BY`` that one column (a sort): each file then holds a key
         range apart from the others, and a window rewrites the files of its keys only
-        (pg2delta.lake.engine_commits.key_ranges)."""
+        (pg2delta.lake.engine_commits.key_ranges).
+
+        A table with liquid clustering (Apache Spark) is compacted by a plain ``OPTIMIZE``, which
+        clusters the files not clustered yet by its clustering columns (Delta refuses ``ZORDER BY``
+        there)."""
         try:
-            order = key is not None and overlapping(self._delta_rs(uri), key) > OVERLAP_SHARE
+            table = self._delta_rs(uri)
+            clustered = "clustering" in (table.protocol().writer_features or [])
+            if clustered and not self.classic:
+                raise LakeError(f"cannot compact {uri}: it has liquid clustering, which the embedded engine cannot write "
+                                "(pysail and delta-rs refuse to commit to it): run pg2delta maintain on Apache Spark")
+            order = key is not None and not clustered and overlapping(table, key) > OVERLAP_SHARE
             if self.classic:
                 if target_size:
                     self.spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(target_size))
                 zorder = f" ZORDER BY ({quote(key)})" if order and key is not None else ""
                 self._sql(f"OPTIMIZE {self.target(uri)}{zorder}", f"OPTIMIZE {uri}")
             elif order and key is not None:
-                self._delta_rs(uri).optimize.z_order([key], target_size=target_size or None, commit_properties=self._marked())
+                table.optimize.z_order([key], target_size=target_size or None, commit_properties=self._marked())
             else:
-                self._delta_rs(uri).optimize.compact(target_size=target_size or None, commit_properties=self._marked())
+                table.optimize.compact(target_size=target_size or None, commit_properties=self._marked())
         except LakeError:
             raise
         except Exception as exc:

@@ -23,7 +23,7 @@ from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
 from pg2delta.lake.conflicts import committing
 from pg2delta.lake.engine_commits import Commits
-from pg2delta.lake.engine_features import TableFeatures, creating
+from pg2delta.lake.engine_features import TableFeatures, creating, quote_text
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_session import Txn
 from pg2delta.lake.foreign import TRUNCATE_PREDICATE
@@ -212,14 +212,17 @@ def _replace(writes: DeltaWrites, uri: str, staged_dir: str, keep: Any) -> None:
         try:
             df = _with_kept(writes, uri, writes.spark.read.parquet(staged_dir), keep, views)
             writer = writes.delta_writer(df, "overwrite").option("overwriteSchema", "true")
+            clustered: tuple[str, ...] = ()
             if writes.lake.delta_version(uri) is None:
                 writer = writes.new_table_writer(writer, df, uri)
             else:  # written whole: partitioned as configured now
                 writes.check_features(uri)
+                clustered = writes.clustering_columns(uri)
                 parts = DeltaFeatures(partition_by=writes.features(uri).partition_by)
                 writes.keep_stats_of(uri, df.schema, exclude=parts.partition_by)
                 writer = creating(writer, parts)
             _save_file_per_task(writer, uri, writes.spark if writes.classic else None)
+            writes.keep_clustered(uri, clustered)  # Delta's overwrite forgets the clustering columns
         except LakeError:
             raise
         except Exception as exc:
@@ -250,6 +253,41 @@ def _add_columns(writes: DeltaWrites, uri: str, df: Any, staged: str, added: Seq
     log.info("added columns %s to %s", list(added), uri)
 
 
+def create_empty(writes: DeltaWrites, uri: str, df: Any) -> None:
+    """Create the Delta table at ``uri`` with the columns of ``df`` and no rows, with its configured
+    features (:func:`creating_table`), through ``writes`` (the engine). A clustered one
+    (``cluster_by``, Apache Spark) is a ``CREATE TABLE ... CLUSTER BY ... AS SELECT`` of no rows:
+    Delta's DataFrame writer cannot cluster (Delta 3.3's has no ``clusterBy``, Delta 4.0 ignores
+    Spark 4's). Delta clusters only by columns with statistics (:func:`stats_columns`): another is
+    refused first."""
+    features, empty = writes.features(uri), df.limit(0)
+    if not features.cluster_by:
+        creating_table(writes.delta_writer(empty, "append"), empty.schema, deletion_vectors=writes.deletion_vectors,
+                       features=features).save(uri)
+        return
+    with_stats = stats_columns(empty.schema)
+    unfit = [c for c in features.cluster_by if c not in with_stats]
+    if not writes.classic or unfit:
+        raise LakeError(
+            f"cannot create {uri} clustered by ({', '.join(features.cluster_by)}): "
+            + ("the embedded engine (pysail) cannot write clustered tables" if not writes.classic else
+               f"{', '.join(unfit)} has no statistics (Delta clusters by integer, decimal, string, date or "
+               "timestamp columns among the first 32, or is not a column of the table)")
+            + "; change cluster_by; nothing was written"
+        )
+    props = {**stats_properties(empty.schema), **({DELETION_VECTORS: "true"} if writes.deletion_vectors else {}), **features.props}
+    view = f"pg2delta_new_{uuid.uuid4().hex[:12]}"
+    with _temp_views(writes.spark) as views:
+        empty.createOrReplaceTempView(view)
+        views.append(view)
+        writes._sql(
+            f"CREATE TABLE {writes.target(uri)} USING DELTA CLUSTER BY ({', '.join(quote(c) for c in features.cluster_by)}) "
+            f"TBLPROPERTIES ({', '.join(f'{quote_text(k)} = {quote_text(v)}' for k, v in props.items())}) AS SELECT * FROM {view}",
+            f"CREATE TABLE {uri} CLUSTER BY ({', '.join(features.cluster_by)})",
+        )
+    log.info("created delta table %s clustered by (%s)", uri, ", ".join(features.cluster_by))
+
+
 class DeltaWrites(Commits, TableStats):
     """What the engine commits to Delta tables (reads, for a copy as of a version, included)."""
 
@@ -267,8 +305,7 @@ class DeltaWrites(Commits, TableStats):
                 return False
             df = self.read_staged(staged).select(*[quote(c) for c in columns]).limit(0)
             if existing is None:
-                creating_table(self.delta_writer(df, "append"), df.schema, deletion_vectors=self.deletion_vectors,
-                          features=self.features(uri)).save(uri)
+                create_empty(self, uri, df)
                 log.info("created delta table %s", uri)
                 return True
             _add_columns(self, uri, df, staged, sorted(set(columns) - set(current or ())))
@@ -305,7 +342,9 @@ class DeltaWrites(Commits, TableStats):
                 order = [c for c in df.columns if c not in drop] + [c for c in filled if c not in df.columns]
                 out = out.crossJoin(self.spark.read.parquet(staged)).selectExpr(*[quote(c) for c in order])
             self.keep_stats_of(uri, out.schema)  # a column widened to a float keeps none
+            clustered = self.clustering_columns(uri)
             self.delta_writer(out, "overwrite").option("overwriteSchema", "true").save(uri)
+            self.keep_clustered(uri, clustered)  # Delta's overwrite forgets the clustering columns
         except LakeError:
             raise
         except Exception as exc:
@@ -449,8 +488,7 @@ class DeltaWrites(Commits, TableStats):
             columns = [c for c in df.columns if c not in internal]
             empty = df.select(*[df[c] for c in columns]).limit(0)
             if self.lake.delta_version(uri) is None:
-                creating_table(self.delta_writer(empty, "append"), empty.schema, deletion_vectors=self.deletion_vectors,
-                          features=self.features(uri)).save(uri)
+                create_empty(self, uri, empty)
             elif set(columns) - set(self.spark.read.format("delta").load(uri).columns):
                 self.delta_writer(empty, "append").option("mergeSchema", "true").save(uri)
             df.createOrReplaceTempView(view)
