@@ -22,8 +22,9 @@ from pg2delta.backfill import backfill
 from pg2delta.bootstrap import run_bootstrap
 from pg2delta.config import Config, TableConfig, load
 from pg2delta.delta_features import FeatureSettings
-from pg2delta.errors import ConfigError, LakeError
+from pg2delta.errors import ConfigError, LakeError, Pg2DeltaError
 from pg2delta.job import run
+from pg2delta.lake.engine_features import TableFeatures
 from pg2delta.maintain import maintain
 from pg2delta.resync import resync
 from pg2delta.source.throwaway import ThrowawayPostgres
@@ -171,10 +172,15 @@ CM = TableSpec("public", "cm", ("id",))
 
 @pytest.mark.classic
 @pytest.mark.skipif(TEST_ENGINE != "spark", reason="Change Data Feed is written on Apache Spark (make test-spark)")
-def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, shared_engine: Any) -> None:
+def test_change_data_feed_reproduces_every_window(
+    pgdb: str, tmp_path: Path, shared_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After windows of inserts, updates, deletes, a truncate and a key change, Spark's
     ``table_changes`` replayed over the table's first version gives the table PostgreSQL has; the
-    table uses column mapping (name mode) and is partitioned."""
+    table uses column mapping (name mode) and is partitioned. Column renames with column mapping:
+    followed in place, also after a run that stopped between the rename's commit and its log row
+    (unchanged TOAST then found under the old name through ``DESCRIBE HISTORY``); one transaction
+    that updates, renames and updates again is refused."""
     slot, pub = published_table(
         pgdb, "CREATE TABLE cdf (id int PRIMARY KEY, region text, v text)", "cdf",
         "INSERT INTO cdf SELECT g, 'r' || (g % 2), 'v' || g FROM generate_series(1, 20) g",
@@ -276,6 +282,42 @@ def test_change_data_feed_reproduces_every_window(pgdb: str, tmp_path: Path, sha
     assert {(r["id"], r["note"], r["_change_type"]) for r in after} == {
         (1, "z", "update_preimage"), (1, "renamed", "update_postimage"), (50, "after rename", "insert")
     }
+
+    # A run that stopped after a rename's commit, before its MERGE and its log row: the next run
+    # finds the column renamed already, and takes the unchanged TOAST of the renamed column from
+    # the last window's version (before the rename) under the old name that Delta's history
+    # (DESCRIBE HISTORY) gives. table_changes from the rename on shows the update, value kept.
+    _transaction(pgdb, "ALTER TABLE cm RENAME COLUMN content TO text", "UPDATE cm SET tag = 'stopped' WHERE id = 6")
+    version, slot_at = DeltaTable(str(cm_table)).version(), confirmed_lsn(pgdb, slot)
+    rename_columns = TableFeatures.rename_columns
+
+    def renamed_then_stopped(engine: TableFeatures, uri: str, renames: Any) -> None:
+        rename_columns(engine, uri, renames)
+        if renames:
+            raise LakeError("stopped after the rename's commit (test)")
+
+    with monkeypatch.context() as m:
+        m.setattr(TableFeatures, "rename_columns", renamed_then_stopped)
+        with pytest.raises(LakeError, match="stopped after the rename"):
+            run(cfg)
+    assert confirmed_lsn(pgdb, slot) == slot_at
+    ops = [h["operation"] for h in sorted(DeltaTable(str(cm_table)).history(), key=lambda h: h["version"])[version + 1:]]
+    assert ops == ["RENAME COLUMN"], ops
+    run(cfg)
+    _assert_equal_by_name(pgdb, lake, CM, "cm after a run stopped between the rename and its window")
+    changed = spark.sql(f"SELECT * FROM table_changes_by_path('{cm_table}', {version + 1})").collect()
+    assert {(r["id"], r["tag"], r["text"] == "F" * 5000, r["_change_type"]) for r in changed} == {
+        (6, "t", True, "update_preimage"), (6, "stopped", True, "update_postimage")
+    }, changed
+    # One transaction that updates a row, renames a column and updates again: its changes before
+    # the rename carry the old name, which the lake cannot follow in place (exit 78, nothing written).
+    _transaction(pgdb, "UPDATE cm SET tag = 'one' WHERE id = 1", "ALTER TABLE cm RENAME COLUMN tag TO label",
+                 "UPDATE cm SET label = 'two' WHERE id = 2")
+    version, slot_at = DeltaTable(str(cm_table)).version(), confirmed_lsn(pgdb, slot)
+    with pytest.raises(Pg2DeltaError) as refused:
+        run(cfg)
+    assert refused.value.exit_code == 78 and "new to the lake but not to PostgreSQL" in refused.value.one_line(), refused.value
+    assert (DeltaTable(str(cm_table)).version(), confirmed_lsn(pgdb, slot)) == (version, slot_at)
 
 
 LC = TableSpec("public", "lc", ("id",))
