@@ -289,8 +289,9 @@ bench-verify: install postgres
 	$(PY) bench/bench_verify.py
 
 # One scheduled run (1,000 scattered updates, 100 inserts, 100 deletes) into tables of 200 k, 2 M and
-# 20 M rows on both engines, each command a new process (spark-submit for Apache Spark):
-# run_seconds_*, scale_growth_*, rewritten_fraction_*; PG2DELTA_BENCH_SCALE_MAX_ROWS=2000000 for a quick run.
+# 20 M rows on both engines, each command a new process (spark-submit for Apache Spark; spark_connect:
+# a client of Apache Spark's Spark Connect server, started once): run_seconds_*, scale_growth_*,
+# rewritten_fraction_*; PG2DELTA_BENCH_SCALE_MAX_ROWS=2000000 for a quick run.
 bench-scale: install $(SPARK35_STAMP) postgres
 	$(WITH_JAVA) $(PY) bench/bench_scale.py --spark-submit $(SPARK35_VENV)/bin/spark-submit --spark-cache $(SPARK35_CACHE)
 
