@@ -86,6 +86,7 @@ EXPECTED = {
     "store_throttle": {0, 73},
 }
 SLOT = PUBLICATION = "soak"
+EXTRA_RUNS = 30  # runs after a time-bound soak's workload, until every kind of fault happened
 TERM_GRACE = 120.0  # seconds a run past --run-timeout has to end after its SIGTERM
 # The tables with a changelog: the one without a key (a row applied twice is a copy more in both)
 # and the one whose shape changes. Each changelog is one commit more per window.
@@ -313,17 +314,21 @@ def _bootstrap(soak: Soak) -> None:
 
 
 def _scheduled(soak: Soak, seconds: float, shapes: ShapeWriter) -> None:
-    """Runs every ``--interval`` seconds (0.5x to 1.5x), with faults, for ``seconds``, and on until
-    every kind of fault happened once (at most 600 s more: a slow machine's runs are slow), the
-    workload stopped by then (pgbench ends by itself at ``seconds``, the writer beside it is
-    stopped): those runs catch up rather than meet a workload that goes on growing."""
+    """Runs every ``--interval`` seconds (0.5x to 1.5x), with faults, for ``seconds``; then, the
+    workload stopped (pgbench ends by itself at ``seconds``, the writer beside it is stopped), on
+    until every kind of fault happened once, each run with a kind still missing (at most
+    :data:`EXTRA_RUNS`): a slow machine's runs are slow, and those runs catch up rather than meet a
+    workload that goes on growing."""
     start = time.monotonic()
-    while (elapsed := time.monotonic() - start) < seconds or (
-        elapsed < seconds + 600 and not all(soak.faults[k] for k in soak.kinds)
-    ):
-        if elapsed >= seconds:
-            shapes.stop()
+    while time.monotonic() - start < seconds:
         soak.run_once(soak.next_fault())
+        time.sleep(soak.rng.uniform(0.5, 1.5) * soak.args.interval)
+    shapes.stop()
+    for _ in range(EXTRA_RUNS):
+        missing = [k for k in soak.kinds if not soak.faults[k]]
+        if not missing:
+            break
+        soak.run_once(soak.rng.choice(missing))
         time.sleep(soak.rng.uniform(0.5, 1.5) * soak.args.interval)
 
 
