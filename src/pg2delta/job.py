@@ -11,8 +11,8 @@ One run:
    table's shape (pg2delta.apply.tableplan) before anything is written; **commit** it
    (pg2delta.apply.commits): the changelog, the histories, then every table reduced, staged and
    merged (pg2delta.apply.stage, pg2delta.apply.table: one data commit per table and window); then
-   **log** the window in the applied log
-   (pg2delta.lake.applied_log) and, only then, **advance** the slot to the window's end
+   **log** the window in the applied log (its entries: pg2delta.apply.window_log;
+   pg2delta.lake.applied_log) and, only then, **advance** the slot to the window's end
    (:meth:`Job._log_and_advance`, the one place that moves the slot).
 
 A crash anywhere leaves the slot where it was; the next run peeks the same changes again.
@@ -22,7 +22,6 @@ Re-applying them is harmless: MERGE of final states is idempotent, a truncate is
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -34,7 +33,6 @@ import pg2delta.copy.copier as copying
 from pg2delta.apply.changelog import ChangelogWriter
 from pg2delta.apply.commits import WindowCommits
 from pg2delta.apply.lakeside import Lakeside
-from pg2delta.apply.schema import Plan
 from pg2delta.apply.table import TableApplier, TableReport
 from pg2delta.apply.tableplan import TablePlanner
 from pg2delta.apply.targets import (
@@ -47,6 +45,7 @@ from pg2delta.apply.targets import (
     recorded_filenodes,
     rewritten_partitions,
 )
+from pg2delta.apply.window_log import WindowLog
 from pg2delta.config import Config
 from pg2delta.errors import SchemaError
 from pg2delta.failover import run_bounds
@@ -61,7 +60,7 @@ from pg2delta.metastore import register_written
 from pg2delta.progress import Progress
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.keys import KeyResolver, key_resolver
-from pg2delta.source.rewrites import filenodes_json, filenodes_of
+from pg2delta.source.rewrites import filenodes_of
 from pg2delta.source.slot import SlotSource, connect
 from pg2delta.window.read import ReadWindow, read_window, run_progress
 from pg2delta.window.spill import Spiller
@@ -114,13 +113,7 @@ class _Run:
     progress: Progress
     progress_start: int
     foreign: ForeignWatch  # another writer's commits on the window's tables (pg2delta.lake.foreign_watch)
-    # Per root published via itself, its leaves' relfilenodes as last read after a peek (or as the
-    # applied log has them; None: not recorded), to notice a partition truncated alone.
-    filenodes: dict[int, dict[int, int] | None] = field(default_factory=dict)
-    # Roots whose leaves were rewritten without a TRUNCATE (VACUUM FULL, CLUSTER), or detached, to be
-    # logged with the next window even if it has no changes of them: else every run would decode the
-    # backlog again.
-    rewritten: set[int] = field(default_factory=set)
+    log: WindowLog  # each window's applied-log entries; the leaves' relfilenodes as last read (pg2delta.apply.window_log)
 
 
 class Job(Lakeside):
@@ -176,7 +169,9 @@ class Job(Lakeside):
                 run = _Run(
                     src, uuid.uuid4().hex, applied, publication, planner, commits,
                     catalog, key_resolver(cfg, catalog_conn), run_progress(start, upper), start,
-                    ForeignWatch(self.lake, cfg.source.slot, self.on_foreign), recorded_filenodes(publication, applied),
+                    ForeignWatch(self.lake, cfg.source.slot, self.on_foreign),
+                    WindowLog(publication, planner.targets.detached, planner.attnums, applied,
+                              recorded_filenodes(publication, applied)),
                 )
                 try:
                     self._windows(run, report)
@@ -258,7 +253,7 @@ class Job(Lakeside):
         TRUNCATE of a leaf alone the lake has not seen.
         """
         again: dict[int, str] = {}
-        now, changed, refusal = rewritten_partitions(self.config, run.src, run.applied, run.filenodes, again)
+        now, changed, refusal = rewritten_partitions(self.config, run.src, run.applied, run.log.filenodes, again)
         if changed:
             if refusal is not None:
                 raise refusal
@@ -269,8 +264,8 @@ class Job(Lakeside):
                 run.applied.update(applied_lsns(self.lake, self.config.source.slot))
                 run.planner.forms.reset()  # the copies recorded their columns' form
                 now.update({root: nodes for root in again if (nodes := filenodes_of(run.applied[root].filenodes)) is not None})
-            run.rewritten.update(set(changed) - set(again))
-        run.filenodes.update(now)
+            run.log.rewritten.update(set(changed) - set(again))
+        run.log.filenodes.update(now)
 
     def _apply_window(self, run: _Run, rd: ReadWindow, t0: float) -> WindowReport:
         """The stages after the read, in one direction: the window's Delta tables (targets), each
@@ -289,13 +284,7 @@ class Job(Lakeside):
         committed = run.commits.commit(run.run_id, rd.tables, ordered, plans, run.applied, start, end)
         window.tables.extend(committed.tables)
         run.foreign.landed(Written(r.schema, r.table, r.path, r.delta_version) for r in window.tables if not r.skipped)
-        logged = [
-            _logged(run, tgt, rep, plans[(tgt.schema, tgt.table)], end)
-            for tgt, rep in zip(ordered, window.tables, strict=True)
-            if not rep.skipped
-        ]
-        run.rewritten.update(_detached_roots(run, end))
-        logged += _rewritten_roots(run, {t.oid for t in logged}, end)
+        logged = run.log.entries(ordered, window.tables, plans, end)
         self._log_and_advance(run, window, committed.changelog_log, logged)
         window.seconds = time.monotonic() - t0
         log.info(
@@ -340,59 +329,8 @@ class Job(Lakeside):
             raise refusal
         run.applied.update(applied_lsns(self.lake, self.config.source.slot))
         run.planner.forms.reset()  # the copy recorded its columns' form
-        if tgt.owner in run.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
-            run.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
-
-
-def _leaves(run: _Run, owner: int, end: int) -> str | None:
-    """The leaves the applied log records for ``owner`` after the window ending at ``end``: as
-    the run read them at its start, and those detached (see
-    :func:`pg2delta.apply.targets.detached_published`) past the window's end, whose changes up to
-    their DETACH are still the root's."""
-    leaves = run.publication.leaves.get(owner)
-    pending = {str(leaf) for leaf, (root, at) in run.planner.targets.detached.items() if root == owner and at > end}
-    if leaves is None or not pending:
-        return leaves
-    return ",".join(sorted({*leaves.split(","), *pending} - {""}, key=int))
-
-
-def _detached_roots(run: _Run, end: int) -> set[int]:
-    """The roots whose leaves' DETACH the window ending at ``end`` passed while the applied log
-    still records them as the root's: logged with the window even if it has no changes of them
-    (:func:`_rewritten_roots`), so that the next run need not decode the backlog again."""
-    return {root for leaf, (root, at) in run.planner.targets.detached.items()
-            if at <= end and (a := run.applied.get(root)) is not None and str(leaf) in (a.partitions or "").split(",")}
-
-
-def _rewritten_roots(run: _Run, logged: set[int], end: int) -> list[LoggedTable]:
-    """Applied-log entries, without changes, of the roots whose leaves were rewritten without a
-    TRUNCATE (:meth:`Job._truncated_partitions`), or detached (:func:`_detached_roots`), and that
-    this window did not change: they record the relfilenodes read after its peek, which the next
-    run compares with, and the leaves of now. The root stands
-    at the window's end (it has nothing in the window) with its Delta version, key, membership,
-    partitions and attnums as before."""
-    out = []
-    for root in sorted(run.rewritten - logged):
-        a = run.applied.get(root)
-        if a is None or not a.table or a.end_lsn >= end:  # a copy past this window logged it already
-            continue
-        out.append(LoggedTable(
-            root, a.schema, a.table, a.delta_version, 0, 0, 0, False, None, a.key,
-            run.publication.memberships.get(root), _leaves(run, root, end),
-            json.dumps(a.attnums) if a.attnums else None, filenodes_json(run.filenodes.get(root)),
-        ))
-    run.rewritten.clear()
-    return out
-
-
-def _logged(run: _Run, tgt: Target, rep: TableReport, pl: Plan | None, end: int) -> LoggedTable:
-    """The applied-log entry of a table the window applied."""
-    return LoggedTable(
-        tgt.owner, rep.schema, rep.table, rep.delta_version, rep.inserts, rep.updates, rep.deletes,
-        rep.truncated, rep.commit_ts, pl.key if pl is not None else None,
-        run.publication.memberships.get(tgt.owner), _leaves(run, tgt.owner, end),
-        run.planner.attnums.get(tgt.owner), filenodes_json(run.filenodes.get(tgt.owner)),
-    )
+        if tgt.owner in run.log.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
+            run.log.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:
