@@ -39,6 +39,22 @@ JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _HIDE = 'for d in $PG2DELTA_HIDDEN; do mount -t tmpfs -o size=64k,mode=0755 pg2delta-hidden "$d" || exit 97; done; exec "$@"'
 
 
+def class_data() -> tuple[str, str] | None:
+    """``(-XX:SharedArchiveFile=<archive>, <empty conf dir>)`` when this process's Spark JVMs start
+    fast (the Makefile's ``FAST_JVM``: ``SPARK_SUBMIT_OPTS`` names the class-data archive of
+    tools/spark_setup.py and ``SPARK_CONF_DIR`` is the empty folder it was trained beside), else None.
+    The daemons and executors then start from the same archive: the JVM maps it only where the class
+    path is the one it was built with (that conf folder, then the install's jars), so they take that
+    (empty) folder as their ``SPARK_CONF_DIR``."""
+    opts = [o for o in os.environ.get("SPARK_SUBMIT_OPTS", "").split() if o.startswith("-XX:SharedArchiveFile=")]
+    conf = os.environ.get("SPARK_CONF_DIR", "")
+    if not opts or not conf or not Path(conf).is_dir() or any(Path(conf).iterdir()):
+        return None
+    if not Path(opts[-1].split("=", 1)[1]).is_file():
+        return None
+    return opts[-1], conf
+
+
 def spark_home() -> Path | None:
     """The installed pyspark's folder when it is a full Spark (its jars), else None (pyspark-client)."""
     spec = importlib.util.find_spec("pyspark")
@@ -66,6 +82,7 @@ class SparkCluster:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     hidden: tuple[str, ...] = ()
     started_in: float = 0.0
+    jvm_opts: str = JVM_OPTS  # the daemons' and the executors' (with the class-data archive where there is one)
 
     @property
     def master(self) -> str:
@@ -82,7 +99,7 @@ class SparkCluster:
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.executor.memory": EXECUTOR_MEMORY,
-            "spark.executor.extraJavaOptions": JVM_OPTS,  # an executor lives for one short application
+            "spark.executor.extraJavaOptions": self.jvm_opts,  # an executor lives for one short application
             **conf,
         }
         args = ["--master", self.master, "--deploy-mode", "client"]
@@ -98,18 +115,22 @@ class SparkCluster:
         root = Path(tempfile.mkdtemp(prefix="pg2delta-spark-cluster-"))
         for sub in ("conf", "work", "local", "logs"):
             (root / sub).mkdir()
-        cluster = cls(root, _free_port(), hidden=tuple(str(h) for h in hidden) if hidden and can_hide() else ())
+        fast = class_data()
+        cluster = cls(
+            root, _free_port(), hidden=tuple(str(h) for h in hidden) if hidden and can_hide() else (),
+            jvm_opts=f"{fast[0]} {JVM_OPTS}" if fast else JVM_OPTS,
+        )
         home = spark_home()
         if home is None:
             raise RuntimeError("no full pyspark install (its jars and spark-class) in this venv")
         daemon_env = {
             **env,
             "SPARK_HOME": str(home),
-            "SPARK_CONF_DIR": str(root / "conf"),  # empty: none of the driver's settings
+            "SPARK_CONF_DIR": fast[1] if fast else str(root / "conf"),  # empty: none of the driver's settings
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOCAL_DIRS": str(root / "local"),
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
-            "SPARK_DAEMON_JAVA_OPTS": JVM_OPTS,
+            "SPARK_DAEMON_JAVA_OPTS": cluster.jvm_opts,
         }
         t0 = time.monotonic()
         try:
