@@ -15,8 +15,9 @@ the tests (S3Proxy, ``make s3proxy``) behind their fault-injecting proxy (tests/
 2. **runs**: ``pg2delta run`` (``python -m pg2delta.cli``, a new process each time, as a scheduler
    starts it) every ``--interval`` seconds (0.5x to 1.5x), about ``--fault-share`` of them with a
    fault, its kind drawn from a shuffled bag of every kind (so each comes once before any comes
-   twice), at a random moment of the run: ``sigkill``, ``sigterm``, ``terminate_backend``
-   (``pg_terminate_backend`` of the run's sessions), ``pg_restart`` (a fast restart of the server),
+   twice), at a random moment of the run (within the median time of the last five runs without
+   one): ``sigkill``, ``sigterm``, ``terminate_backend`` (``pg_terminate_backend`` of the run's
+   sessions), ``pg_restart`` (a fast restart of the server),
    ``store_cut`` (every write to the store answered ``500`` from then on) and ``store_throttle``
    (one request in 4 to 8 answered ``503 SlowDown``, the whole run or its first
    ``--throttle-seconds``). A fault whose run ended before it came is put back in the bag. Every
@@ -200,7 +201,8 @@ class Soak:
             every = self.rng.randint(4, 8)
             until = time.monotonic() + (self.args.throttle_seconds or float("inf"))
             self.proxy.policy = lambda method, path, n: 503 if n % every == 0 and time.monotonic() < until else None
-        typical = sorted(self.durations)[len(self.durations) // 2] if self.durations else 3.0
+        recent = sorted(self.durations[-5:])  # the last runs without a fault: runs shorten once a backlog is gone
+        typical = recent[len(recent) // 2] if recent else 3.0
         delay = self.rng.uniform(0.05, typical)
         t0 = time.monotonic()
         proc = self.start("run")
