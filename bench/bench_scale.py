@@ -28,13 +28,15 @@ changes, the updated rows' text), else exit 1.
 Then, on Apache Spark: ``spark_floor_seconds=`` (a bare spark-submit of a script that starts a
 session and MERGEs 10 rows into a 1,000-row Delta table), ``idle_run_seconds_spark=`` and
 ``small_run_seconds_spark=`` (10 updates) on the smallest table, and ``jdbc_overwrite_seconds_spark=``
-(a spark-submit of a JDBC read of the 2,000,000-row table and a Delta overwrite: what a Spark user
-does without CDC; the PostgreSQL JDBC driver comes from Maven Central, resolved once before).
+(a spark-submit of a JDBC read of the 2,000,000-row table, 2 partitions on the key, 10,000 rows a
+fetch, and a Delta overwrite: what a Spark user does without CDC; the PostgreSQL JDBC driver comes from Maven Central, resolved once before).
 The same fast start for all three. With ``spark_connect``, beside each of them the same through the
 running Connect server, each a new client process: ``spark_connect_floor_seconds=``,
 ``idle_run_seconds_spark_connect=``, ``small_run_seconds_spark_connect=`` and
-``jdbc_overwrite_seconds_spark_connect=``, then ``run_vs_jdbc_overwrite_<engine>=`` (the largest
-table's run seconds over the JDBC overwrite's, on spark and spark_connect). Then the three again as a plain ``spark-submit`` starts them
+``jdbc_overwrite_seconds_spark_connect=``, then ``run_vs_jdbc_overwrite_<engine>=`` (the
+2,000,000-row table's run seconds over the JDBC overwrite's, on spark and spark_connect); for each
+larger table measured, the same overwrite and ratio suffixed with its rows
+(``jdbc_overwrite_seconds_spark_20000000=``, ``run_vs_jdbc_overwrite_spark_20000000=``). Then the three again as a plain ``spark-submit`` starts them
 (``SPARK_CONF_DIR`` with ``spark-defaults.conf``, no JVM options): ``spark_floor_seconds_plain=``,
 ``jdbc_overwrite_seconds_spark_plain=`` and ``run_seconds_spark_<largest>_plain=`` (another
 window like step 3). Last, ``scale_growth_<engine>=`` (largest table's run seconds / smallest's; target <= 1.5).
@@ -266,7 +268,7 @@ def jdbc_overwrite(spark_submit: str, root: Path, dsn_parts: dict[str, Any], row
         df = (spark.read.format("jdbc").option("url", {url!r}).option("dbtable", "scale_{rows}")
               .option("user", {dsn_parts['user']!r}).option("driver", "org.postgresql.Driver")
               .option("partitionColumn", "id").option("lowerBound", "1").option("upperBound", "{rows}")
-              .option("numPartitions", "2").load())
+              .option("numPartitions", "2").option("fetchsize", "10000").load())
         df.write.format("delta").mode("overwrite").save({str(root / ("jdbc-lake-connect" if remote else "jdbc-lake"))!r})
         spark.stop()
     """))
@@ -338,18 +340,22 @@ def spark_extras(runner: Runner, sizes: list[int], out: dict[str, float]) -> Non
         out[f"small_run_seconds_{engine}"] = runner.command(engine, "run", small)
         if not matches(runner.dsn, runner.lake(engine, small), small):
             raise SystemExit(1)
-    jdbc_rows = 2_000_000 if 2_000_000 in sizes else sizes[-1]
+    # The overwrite at 2,000,000 rows (no suffix) and at every larger size measured (suffixed).
+    jdbc_sizes = [n for n in sizes if n >= 2_000_000] or sizes[-1:]
+    jdbc_rows = jdbc_sizes[0]
     suffix = "" if jdbc_rows == 2_000_000 else f"_{jdbc_rows}"
     parts = conninfo_to_dict(runner.dsn)
-    for engine in engines:
-        try:
-            out[f"jdbc_overwrite_seconds_{engine}{suffix}"] = jdbc_overwrite(
-                runner.spark_submit, runner.root, parts, jdbc_rows, fast, remote if engine == "spark_connect" else None)
-        except (RuntimeError, subprocess.SubprocessError) as exc:
-            print(f"jdbc overwrite ({engine}) not measured: {exc}", file=sys.stderr)
-        if f"jdbc_overwrite_seconds_{engine}{suffix}" in out and f"run_seconds_{engine}_{jdbc_rows}" in out:
-            out[f"run_vs_jdbc_overwrite_{engine}{suffix}"] = (
-                out[f"run_seconds_{engine}_{jdbc_rows}"] / out[f"jdbc_overwrite_seconds_{engine}{suffix}"])
+    for rows in jdbc_sizes:
+        sfx = "" if rows == 2_000_000 else f"_{rows}"
+        for engine in engines:
+            try:
+                out[f"jdbc_overwrite_seconds_{engine}{sfx}"] = jdbc_overwrite(
+                    runner.spark_submit, runner.root, parts, rows, fast, remote if engine == "spark_connect" else None)
+            except (RuntimeError, subprocess.SubprocessError) as exc:
+                print(f"jdbc overwrite ({engine}, {rows} rows) not measured: {exc}", file=sys.stderr)
+            if f"jdbc_overwrite_seconds_{engine}{sfx}" in out and f"run_seconds_{engine}_{rows}" in out:
+                out[f"run_vs_jdbc_overwrite_{engine}{sfx}"] = (
+                    out[f"run_seconds_{engine}_{rows}"] / out[f"jdbc_overwrite_seconds_{engine}{sfx}"])
     # The same three as a plain spark-submit starts them, in the same run.
     largest = sizes[-1]
     change(runner.dsn, largest, "s2", recent=False, seed=largest + 3)
