@@ -65,11 +65,10 @@ def _pg_float(x: str) -> str:
     b = f"('x' || encode(float8send({x}), 'hex'))::bit(64)::bigint"
     exp = f"(({b} >> 52) & 2047)"
     frac = f"({b} & {_2_52 - 1})"
-    return (
-        f"CASE WHEN {x} IS NULL THEN NULL WHEN {x} = 'NaN'::float8 THEN 'NaN' WHEN {x} = 'Infinity'::float8 "
-        f"THEN 'Infinity' WHEN {x} = '-Infinity'::float8 THEN '-Infinity' WHEN {x} = 0 THEN '0' ELSE "
+    return _float_cases(
+        x, f"{x} = 'NaN'::float8", f"{x} = 'Infinity'::float8", f"{x} = '-Infinity'::float8",
         f"CASE WHEN {x} < 0 THEN '-' ELSE '' END || (CASE WHEN {exp} = 0 THEN {frac} ELSE {frac} + {_2_52} END)::text "
-        f"|| 'p' || (CASE WHEN {exp} = 0 THEN -1074 ELSE {exp} - 1075 END)::text END"
+        f"|| 'p' || (CASE WHEN {exp} = 0 THEN -1074 ELSE {exp} - 1075 END)::text",
     )
 
 
@@ -77,12 +76,20 @@ def _spark_float(x: str) -> str:
     e0 = f"greatest(floor(log2(abs({x}))), -1022)"
     m0 = f"(abs({x}) / pow(2D, {e0} - 52))"
     e = f"({e0} + CASE WHEN {m0} >= {_2_53} THEN 1 WHEN {m0} < {_2_52} AND {e0} > -1022 THEN -1 ELSE 0 END)"
-    return (
+    return _float_cases(
         # isnan, not = NaN: Apache Spark says NaN = NaN, pysail does not.
-        f"CASE WHEN {x} IS NULL THEN NULL WHEN isnan({x}) THEN 'NaN' "
-        f"WHEN {x} = CAST('Infinity' AS DOUBLE) THEN 'Infinity' WHEN {x} = CAST('-Infinity' AS DOUBLE) THEN '-Infinity' "
-        f"WHEN {x} = 0 THEN '0' ELSE concat(CASE WHEN {x} < 0 THEN '-' ELSE '' END, "
-        f"CAST(CAST(abs({x}) / pow(2D, {e} - 52) AS BIGINT) AS STRING), 'p', CAST({e} - 52 AS STRING)) END"
+        x, f"isnan({x})", f"{x} = CAST('Infinity' AS DOUBLE)", f"{x} = CAST('-Infinity' AS DOUBLE)",
+        f"concat(CASE WHEN {x} < 0 THEN '-' ELSE '' END, "
+        f"CAST(CAST(abs({x}) / pow(2D, {e} - 52) AS BIGINT) AS STRING), 'p', CAST({e} - 52 AS STRING))",
+    )
+
+
+def _float_cases(x: str, nan: str, inf: str, neg_inf: str, finite: str) -> str:
+    """The canonical text of a float ``x`` on either side: NULL, the three special values and zero,
+    each dialect's tests for them given, else ``finite`` (its significand ``p`` exponent)."""
+    return (
+        f"CASE WHEN {x} IS NULL THEN NULL WHEN {nan} THEN 'NaN' WHEN {inf} THEN 'Infinity' "
+        f"WHEN {neg_inf} THEN '-Infinity' WHEN {x} = 0 THEN '0' ELSE {finite} END"
     )
 
 
