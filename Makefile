@@ -29,7 +29,10 @@ SPARK4_PY := $(SPARK4_VENV)/bin/python
 SPARK4_STAMP := $(SPARK4_VENV)/.installed-stamp
 SPARK4_PINS := 'pyspark==4.0.*' 'delta-spark==4.0.*'
 SPARK4_CACHE := .cache/spark4
-SPARK4_TESTS ?= -m classic tests/test_job_e2e.py tests/test_job_faults.py
+# Not the float keys with NaN there (171 s of the tier's 393 s at 0c80ead): what they prove on Apache
+# Spark is the classic dialect's SQL (canonical.py, the same on 3.5 and 4.0) and the tables' statistics
+# columns (the same Delta table property), on Spark 3.5 and on the embedded engine.
+SPARK4_TESTS ?= -m classic tests/test_job_e2e.py tests/test_job_faults.py --deselect tests/test_job_e2e.py::test_float_keys_with_nan
 SPARK4_XDIST ?= $(XDIST)
 # Airflow 3 for the example DAGs (examples/airflow/) and their test (tests/test_airflow.py), in a
 # venv of its own: Airflow pins its own versions of pyarrow, numpy, grpc... The constraints are the
@@ -100,11 +103,16 @@ DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
 .PHONY: s3proxy dist install install-spark install-side side install-airflow test-airflow demo test java monitoring test-monitoring test-asan test-embedded test-spark test-spark4 test-compat test-unit test-integration lint typecheck bench bench-decode bench-bootstrap bench-spark bench-memory bench-maintain bench-year bench-verify bench-scale soak postgres clean docs docs-reference docs-serve
 
+# uv (put in the venv by its pip) installs the packages of .venv, the docs' and Airflow's venvs: the
+# same packages in less CPU, from warm caches 11-12 s against pip's 38.5 s for .venv (on make test's
+# critical path), 7.9 against 15.7 s for the docs'. Not the Spark venvs: there uv took 33-35 s
+# against pip's 29.5 s (pyspark's 400 MB of jars). $(call UV_INSTALL,<venv>) <what to install>
+UV_INSTALL = $(1)/bin/python -m pip install --quiet uv && $(1)/bin/uv pip install --quiet --python $(1)/bin/python
+
 # setup.py and the C source too: an editable install does not rebuild the extension by itself.
 $(STAMP): pyproject.toml setup.py src/pg2delta/decode/_tuples.c
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[embedded,dev]'
+	$(call UV_INSTALL,$(VENV)) -e '.[embedded,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -129,8 +137,7 @@ install-spark: $(SPARK35_STAMP) $(SPARK4_STAMP)
 # Ends with `airflow db migrate` on a throwaway SQLite database: the install works.
 $(AIRFLOW_STAMP): $(wildcard tools/airflow-constraints-py*.txt)
 	$(PYTHON) -m venv $(AIRFLOW_VENV)
-	$(AIRFLOW_PY) -m pip install --quiet uv
-	$(AIRFLOW_VENV)/bin/uv pip install --quiet --python $(AIRFLOW_PY) $(if $(AIRFLOW_CONSTRAINTS),-c $(AIRFLOW_CONSTRAINTS)) $(AIRFLOW_PINS)
+	$(call UV_INSTALL,$(AIRFLOW_VENV)) $(if $(AIRFLOW_CONSTRAINTS),-c $(AIRFLOW_CONSTRAINTS)) $(AIRFLOW_PINS)
 	home="$$(mktemp -d)" && AIRFLOW_HOME="$$home" AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	  $(AIRFLOW_VENV)/bin/airflow db migrate >/dev/null && rm -rf "$$home"
 	touch $(AIRFLOW_STAMP)
@@ -248,7 +255,7 @@ lint: install
 # which `make test` builds and uses beside the embedded tier, off its critical path.
 $(DOCS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(DOCS_VENV)
-	$(DOCS_VENV)/bin/python -m pip install --quiet $$($(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))')
+	$(call UV_INSTALL,$(DOCS_VENV)) $$($(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))')
 	touch $(DOCS_STAMP)
 
 docs: install $(DOCS_STAMP)
