@@ -211,7 +211,7 @@ def run_bootstrap(config: Any, *, parallel: int = DEFAULT_PARALLEL, resume: bool
         report = bootstrap(job, parallel=parallel, resume=resume)
         from pg2delta.metastore import register_written
 
-        register_written(job)  # [lake] database: the tables in the session's catalog
+        register_written(config, job.lake, job.started_engine)  # [lake] database: the tables in the session's catalog
         return report
     finally:
         job.close()

@@ -338,7 +338,7 @@ def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | Non
     job = Job(config)
     try:
         report = job.run(until_lsn=until_lsn, create_slot=create_slot)
-        register_written(job)  # [lake] database: the tables in the session's catalog
+        register_written(config, job.lake, job.started_engine)  # [lake] database: the tables in the session's catalog
         return report
     finally:
         job.close()

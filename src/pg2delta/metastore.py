@@ -24,7 +24,7 @@ from pg2delta.apply.changelog import changelog_path
 from pg2delta.apply.history import history_table
 from pg2delta.config import Config
 from pg2delta.lake.applied_log import LOG_TABLE
-from pg2delta.lake.engine import Lake
+from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.sql import quote, sql_string
 
 log = logging.getLogger(__name__)
@@ -65,12 +65,12 @@ def catalog_tables(config: Config, lake: Lake) -> dict[str, str]:
     return out
 
 
-def register_written(side: Any) -> list[str]:
-    """At the end of a command that wrote the lake (``side``: its :class:`pg2delta.lake.lakeside.Lakeside`):
-    :func:`register` with its engine, when ``[lake] database`` is set and the command started one."""
-    if not side.config.database or not side.engine_started:
+def register_written(config: Config, lake: Lake, engine: Engine | None) -> list[str]:
+    """At the end of a command that wrote ``lake``: :func:`register` with ``engine``, when
+    ``[lake] database`` is set and the command started one (``engine`` None: it started none)."""
+    if not config.database or engine is None:
         return []
-    return register(side.engine, side.config, side.lake)
+    return register(engine, config, lake)
 
 
 def _identifier(dotted: str) -> str:

@@ -72,7 +72,7 @@ def resync(config: Config, tables: Sequence[str], *, parallel: int = DEFAULT_PAR
             copied = copy_at_new_snapshot(CopyInto(config, job.writer, job.history), src, oids, parallel=parallel)
             # Copied anew: what another writer did to them is gone (pg2delta.lake.foreign).
             forget(job.lake, config.source.slot, [(c.schema, c.table) for c in copied])
-        register_written(job)  # [lake] database: a table that had no catalog entry gets one
+        register_written(config, job.lake, job.started_engine)  # [lake] database: a table that had no catalog entry gets one
         return copied
     finally:
         job.close()

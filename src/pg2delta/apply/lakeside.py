@@ -80,6 +80,11 @@ class Lakeside:
         """Whether this operation started its engine (a run with nothing to do never does)."""
         return self._engine is not None or self._starting is not None
 
+    @property
+    def started_engine(self) -> Engine | None:
+        """The engine, if this operation started one (waiting for a start under way), else None."""
+        return self.engine if self.engine_started else None
+
     def start_engine_early(self, *, work_known: bool = False) -> None:
         """Start the engine in a background thread now, for a run that will need it: it then starts
         while the source is checked and the server prepares the first window (the peek sends its
