@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,28 +81,32 @@ class BootstrapReport:
     already_copied: list[str] = field(default_factory=list)  # finished by an earlier, interrupted bootstrap
 
 
-def bootstrap(job: Lakeside, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:
+def bootstrap(
+    into: CopyInto, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False, start_engine_early: Callable[[], None] = lambda: None,
+) -> BootstrapReport:
     """``pg2delta bootstrap``: create the slot and copy every published table as of its consistent point.
 
     On a slot that exists, resume: copy the tables the lake has no copy of (an interrupted
     bootstrap) at a new snapshot. A slot the lake knows nothing of needs ``resume=True``.
+    ``into``: the configuration, the lake and its engine, the history tables the copies are made
+    with; ``start_engine_early`` starts the engine in the background, once the copy is sure to come.
     """
-    cfg = job.config
+    cfg = into.config
     if parallel < 1:
         raise ConfigError("--parallel must be at least 1")
     with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
-        info = _checked(job, src)
-        state = read_state(job.lake, cfg.source.slot)
+        info = _checked(into, src)
+        state = read_state(into.lake, cfg.source.slot)
         if info is not None:
-            return _resumed(job, src, info, state, parallel=parallel, resume=resume)
-        return _created(job, src, parallel=parallel)
+            return _resumed(into, src, info, state, parallel=parallel, resume=resume)
+        return _created(into, src, parallel=parallel, start_engine_early=start_engine_early)
 
 
-def _checked(job: Lakeside, src: SlotSource) -> SlotInfo | None:
+def _checked(into: CopyInto, src: SlotSource) -> SlotInfo | None:
     """Take the slot's lock and check the source and the lake; the slot, if it exists."""
-    cfg = job.config
+    cfg = into.config
     src.lock()
-    job.lake.own_staging(cfg.source.slot)
+    into.lake.own_staging(cfg.source.slot)
     info = src.slot_info()
     if info is not None:
         src.check()  # the slot is usable (plugin, database, not invalidated, not in use)
@@ -112,15 +117,15 @@ def _checked(job: Lakeside, src: SlotSource) -> SlotInfo | None:
         raise SourceStateError("pg2delta bootstrap needs PostgreSQL 15 or newer (publication column lists and row filters)")
     if cfg.source.failover:
         refuse_failover(src.server_version)
-    job.lake.check_writable()
+    into.lake.check_writable()
     return info
 
 
 def _resumed(
-    job: Lakeside, src: SlotSource, info: SlotInfo, state: LakeBootstrap, *, parallel: int, resume: bool
+    into: CopyInto, src: SlotSource, info: SlotInfo, state: LakeBootstrap, *, parallel: int, resume: bool
 ) -> BootstrapReport:
     """The slot exists: copy the published tables the lake has no copy of (``state``), at a new snapshot."""
-    cfg = job.config
+    cfg = into.config
     assert info.confirmed_flush_lsn is not None
     if state.start_lsn is None and not resume:
         raise SourceStateError(
@@ -132,7 +137,7 @@ def _resumed(
     start = state.start_lsn
     if start is None:
         start = info.confirmed_flush_lsn
-        append_log_row(_into(job), uuid.uuid4().hex, start, None, 0, None)
+        append_log_row(into, uuid.uuid4().hex, start, None, 0, None)
         state = LakeBootstrap(start, {})
     published = copied_tables(src.conn, cfg)
     report = BootstrapReport(cfg.source.slot, start, created_slot=False)
@@ -143,21 +148,21 @@ def _resumed(
         cfg.source.slot, len(report.already_copied), len(missing),
     )
     if missing:
-        report.copied = copy_at_new_snapshot(_into(job), src, missing, parallel=parallel)
+        report.copied = copy_at_new_snapshot(into, src, missing, parallel=parallel)
     return report
 
 
-def _created(job: Lakeside, src: SlotSource, *, parallel: int) -> BootstrapReport:
+def _created(into: CopyInto, src: SlotSource, *, parallel: int, start_engine_early: Callable[[], None]) -> BootstrapReport:
     """Create the slot, exporting its snapshot, and copy every published table as of it."""
-    cfg = job.config
+    cfg = into.config
     run_id = uuid.uuid4().hex
     # What the copy needs gets ready while the slot is created and the catalog read: the
     # engine starts in a thread, the worker processes start (the snapshot's table list,
     # read below, is what is copied; this one only says how many workers are worth starting).
-    job.start_engine_early()
+    start_engine_early()
     n_workers = min(parallel, len(copied_tables(src.conn, cfg)))
     with contextlib.ExitStack() as stack:
-        stack.enter_context(slot_staging(job.lake, cfg.source.slot))  # left last, once the workers have stopped
+        stack.enter_context(slot_staging(into.lake, cfg.source.slot))  # left last, once the workers have stopped
         workers = stack.enter_context(Workers(n_workers)) if n_workers > 1 else None
         exported = stack.enter_context(ExportedSnapshot(
             cfg.source.dsn, cfg.source.slot, temporary=False, connect_timeout=cfg.source.connect_timeout,
@@ -166,7 +171,6 @@ def _created(job: Lakeside, src: SlotSource, *, parallel: int) -> BootstrapRepor
         snap = exported.snapshot
         report = BootstrapReport(cfg.source.slot, snap.consistent_lsn, created_slot=True)
         # The lake's start is logged before the first table's commit, while the tables are read.
-        into = _into(job)
         copier = Copier(
             into, snap, run_id, parallel=parallel, workers=workers,
             start_row=lambda: append_log_row(into, run_id, snap.consistent_lsn, None, 0, None),
@@ -199,22 +203,18 @@ def _created(job: Lakeside, src: SlotSource, *, parallel: int) -> BootstrapRepor
     return report
 
 
-def _into(job: Lakeside) -> CopyInto:
-    """What the copies are handed of the command's lake side."""
-    return CopyInto(job.config, job.writer, job.history)
-
-
 def run_bootstrap(config: Any, *, parallel: int = DEFAULT_PARALLEL, resume: bool = False) -> BootstrapReport:
-    """The function the CLI and jobs/ call: a job's engine, one bootstrap, engine stopped."""
-    job = Lakeside(config)
+    """The function the CLI and jobs/ call: a lake side's engine, one bootstrap, engine stopped."""
+    side = Lakeside(config)
     try:
-        report = bootstrap(job, parallel=parallel, resume=resume)
+        into = CopyInto(config, side.writer, side.history)
+        report = bootstrap(into, parallel=parallel, resume=resume, start_engine_early=side.start_engine_early)
         from pg2delta.metastore import register_written
 
-        register_written(config, job.lake, job.started_engine)  # [lake] database: the tables in the session's catalog
+        register_written(config, side.lake, side.started_engine)  # [lake] database: the tables in the session's catalog
         return report
     finally:
-        job.close()
+        side.close()
 
 
 __all__ = ["BootstrapReport", "bootstrap", "run_bootstrap"]
