@@ -30,6 +30,7 @@ snapshot, after the bound: their pending changes are then already in the copy).
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,11 +47,12 @@ from pg2delta.apply.targets import (
     recorded_filenodes,
     rewritten_partitions,
 )
+from pg2delta.config import Config
 from pg2delta.copy.copier import tables_to_copy
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.failover import lost, not_held
 from pg2delta.lake.applied_log import Applied, applied_lsns
-from pg2delta.lake.engine import Lake
+from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.types import spark_type
 from pg2delta.lsn import format_lsn
 from pg2delta.source.catalog import PgTypeCatalog
@@ -120,43 +122,43 @@ class PlanReport:
         return [r for w in self.windows for r in w.refusals]
 
 
-def plan_job(side: Lakeside, *, until_lsn: int | None = None) -> PlanReport:
-    """Plan the windows a run of ``side``'s configuration would apply now (see the module's docstring)."""
-    cfg = side.config
-    with SlotSource(cfg.source.dsn, cfg.source.slot, cfg.source.publication, connect_timeout=cfg.source.connect_timeout) as src:
+def plan_job(config: Config, lake: Lake, engine: Callable[[], Engine], *, until_lsn: int | None = None) -> PlanReport:
+    """Plan the windows a run of ``config`` would apply now (see the module's docstring), reading
+    ``lake`` and, where a table's Delta columns are needed, ``engine()`` (started on first use)."""
+    with SlotSource(config.source.dsn, config.source.slot, config.source.publication, connect_timeout=config.source.connect_timeout) as src:
         if src.slot_info() is None:
-            lost(side.lake, cfg)  # gone while the lake holds its changes: say so, as a run would
+            lost(lake, config)  # gone while the lake holds its changes: say so, as a run would
         start, upper = src.locked_bounds(until_lsn)
         if (info := src.slot_info()) is not None:
             not_held(src, info, start, upper)  # a read the primary would hold for its standby
-        report = PlanReport(cfg.source.slot, start, upper, start)
+        report = PlanReport(config.source.slot, start, upper, start)
         if start >= upper:
             return report  # a run would stop here too, before copying anything
-        bootstrapped, _, report.would_copy = tables_to_copy(side.lake, cfg, src)
-        applied = applied_lsns(side.lake, cfg.source.slot)
-        publication = publication_state(cfg, src.conn)
-        again, refusal = added_back_tables(cfg, src, applied, publication)
+        bootstrapped, _, report.would_copy = tables_to_copy(lake, config, src)
+        applied = applied_lsns(lake, config.source.slot)
+        publication = publication_state(config, src.conn)
+        again, refusal = added_back_tables(config, src, applied, publication)
         # A partition truncated alone: the run finds it after its first peek, before applying.
         if refusal is None:
-            _, _, refusal = rewritten_partitions(cfg, src, applied, recorded_filenodes(publication, applied), again)
+            _, _, refusal = rewritten_partitions(config, src, applied, recorded_filenodes(publication, applied), again)
         detached: dict[int, tuple[int, int]] = {}
         if refusal is None:
-            detached, refusal = detached_published(cfg, src, applied, publication)
+            detached, refusal = detached_published(config, src, applied, publication)
         report.would_copy = sorted({*report.would_copy, *again.values()})
         if refusal is not None:  # the run stops before reading anything
             stopped = WindowPlan(start, start)
             stopped.refusals.append(Refusal(None, start, str(refusal)))
             report.windows.append(stopped)
             return report
-        catalog_conn = connect(cfg.source.dsn, application_name="pg2delta catalog", connect_timeout=cfg.source.connect_timeout)
+        catalog_conn = connect(config.source.dsn, application_name="pg2delta catalog", connect_timeout=config.source.connect_timeout)
         try:
             catalog = PgTypeCatalog(catalog_conn)
             planner = TablePlanner(
-                cfg, side.lake, lambda: side.engine, TargetResolver(cfg, side.lake, catalog_conn, detached=detached),
+                config, lake, engine, TargetResolver(config, lake, catalog_conn, detached=detached),
                 catalog, catalog_conn,
                 bootstrapped=bootstrapped, planned_types={},
             )
-            _plan_windows(planner, src, report, applied, key_resolver(cfg, catalog_conn))
+            _plan_windows(planner, src, report, applied, key_resolver(config, catalog_conn))
         finally:
             catalog_conn.close()
         return report
@@ -296,7 +298,7 @@ def plan(config: Any, *, until_lsn: int | None = None) -> PlanReport:
     """Plan with the configured engine (it only reads the lake); the function the CLI calls."""
     side = Lakeside(config)
     try:
-        return plan_job(side, until_lsn=until_lsn)
+        return plan_job(config, side.lake, lambda: side.engine, until_lsn=until_lsn)
     finally:
         side.close()
 
