@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pg2delta.apply.changelog import CHANGELOG_LOG, TRUNCATE_OP, changelog_path
-from pg2delta.apply.lakeside import Lakeside
+from pg2delta.apply.lakeside import Lakeside, LakeWriter
 from pg2delta.apply.rowmeta import row_columns, soft_deletes
 from pg2delta.apply.table import TableReport, merge_changes
 from pg2delta.config import Config
@@ -355,13 +355,13 @@ def _apply(
     target_config = dataclasses.replace(config, lake_root=target_lake.root)
     # The target's engine: staging (changelog slices, MERGE sources) goes under the target lake,
     # so a backfill --into writes nothing into the lake it reads.
-    job = Lakeside(target_config, engine_factory=engine.with_lake)
+    side = Lakeside(target_config, engine_factory=engine.with_lake)
     try:
         with _progress(plans, b) as progress:
             for plan in plans:
-                _apply_one(config, engine, lake, target_lake, b, plan, into, job, run_id, report, progress)
+                _apply_one(config, engine, lake, target_lake, b, plan, into, side.writer, run_id, report, progress)
     finally:
-        job.lake.unstage_dir(run_id)  # the backfill's staging folder: its files go as they are used
+        side.lake.unstage_dir(run_id)  # the backfill's staging folder: its files go as they are used
     return report
 
 
@@ -387,7 +387,7 @@ def _apply_one(
     b: int,
     plan: _Plan,
     into: str | None,
-    job: Lakeside,
+    to: LakeWriter,
     run_id: str,
     report: BackfillReport,
     progress: Progress,
@@ -396,7 +396,7 @@ def _apply_one(
     result = TableBackfill(plan.schema, plan.table, uri, plan.start, b, plan.seed_version)
     report.tables.append(result)
     if plan.seed:
-        _seed(engine, lake, target_lake, uri, plan, job, run_id)
+        _seed(engine, lake, to, config.source.slot, uri, plan, run_id)
         result.changed = True
     # A new copy is marked as this backfill's in its log before its first write (see _plan).
     unmarked = into is not None and target_lake.delta_version(uri) is None
@@ -404,7 +404,7 @@ def _apply_one(
     cl_uri = lake.table_uri(changelog_path(plan.schema, plan.table))
     nullable_keys, soft = bool(config.table(plan.schema, plan.table).key), soft_deletes(config, plan.schema, plan.table)
     for lo, hi, columns, key in _chunks(plan, b, 1 if soft else config.window.max_changes) if plan.start < b else []:
-        rows = job.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
+        rows = to.engine.read_arrow(cl_uri, f"`{LSN_COL}` >= {lo} AND `{LSN_COL}` < {hi}")
         if rows.num_rows and columns:
             rows = rows.select([c for c in rows.column_names if c in META_NAMES or c in columns])
         tr = TableReport(plan.schema, plan.table, uri)
@@ -415,12 +415,12 @@ def _apply_one(
             changes, tr.truncates_at = _after_last_truncate(rows, whole=soft)
             tr.truncated = bool(tr.truncates_at)
             if unmarked:
-                _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+                _log(to, config.source.slot, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri))
                 unmarked = False
             merge_changes(
-                job.writer, tr, run_id, changes, list(key), [c for c in rows.column_names],
-                meta=row_columns(job.config, plan.schema, plan.table), nullable_keys=nullable_keys, lookup_version=lookup,
-                reshape=functools.partial(_widen, job.engine, uri, rows.schema),
+                to, tr, run_id, changes, list(key), [c for c in rows.column_names],
+                meta=row_columns(config, plan.schema, plan.table), nullable_keys=nullable_keys, lookup_version=lookup,
+                reshape=functools.partial(_widen, to.engine, uri, rows.schema),
             )
             fault_point("backfill_after_merge")
             tr.delta_version = target_lake.delta_version(uri)
@@ -430,7 +430,7 @@ def _apply_one(
             tr.delta_version = target_lake.delta_version(uri)
         _add_chunk(result, tr)
         if tr.delta_version is not None and (into or tr.delta_version != before):
-            _log(job, run_id, plan, lo, hi, tr, target_lake)
+            _log(to, config.source.slot, run_id, plan, lo, hi, tr)
             lookup = tr.delta_version
         progress.advance(hi - lo, rows=progress.rows + rows.num_rows)
     result.delta_version = target_lake.delta_version(uri)
@@ -441,13 +441,14 @@ def _apply_one(
     )
 
 
-def _seed(engine: Engine, lake: Lake, target_lake: Lake, uri: str, plan: _Plan, job: Lakeside, run_id: str) -> None:
-    """Start the copy at ``uri`` from the table's version ``plan.seed_version``, and log it."""
+def _seed(engine: Engine, lake: Lake, to: LakeWriter, slot: str, uri: str, plan: _Plan, run_id: str) -> None:
+    """Start the copy at ``uri`` (in ``to``'s lake) from the table's version ``plan.seed_version``
+    in ``lake`` (read by ``engine``), and log it in ``slot``'s rows of ``to``'s applied log."""
     assert plan.seed_version is not None
     # Created by the copy's lake's engine: with the table's configured partitions and properties.
-    engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri, creator=job.engine)
+    engine.copy_table(lake.table_uri(plan.schema, plan.table), plan.seed_version, uri, creator=to.engine)
     log.info("seeded %s from %s.%s at version %d", uri, plan.schema, plan.table, plan.seed_version)
-    _log(job, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri), target_lake)
+    _log(to, slot, run_id, plan, plan.start, plan.start, TableReport(plan.schema, plan.table, uri))
 
 
 def _after_last_truncate(rows: pa.Table, *, whole: bool = False) -> tuple[pa.Table, tuple[tuple[int, int, int | None], ...]]:
@@ -492,9 +493,9 @@ def _widen(engine: Engine, uri: str, schema: pa.Schema) -> frozenset[str] | None
     return frozenset(current)
 
 
-def _log(job: Lakeside, run_id: str, plan: _Plan, lo: int, hi: int, tr: TableReport, target_lake: Lake) -> None:
-    """Record a chunk in the target lake's applied log (the seed as an empty window at its LSN)."""
-    logged = LoggedTable(plan.oid, plan.schema, plan.table, target_lake.delta_version(tr.path), tr.inserts,
+def _log(to: LakeWriter, slot: str, run_id: str, plan: _Plan, lo: int, hi: int, tr: TableReport) -> None:
+    """Record a chunk in the applied log of ``to``'s lake, the target's (the seed as an empty window at its LSN)."""
+    logged = LoggedTable(plan.oid, plan.schema, plan.table, to.lake.delta_version(tr.path), tr.inserts,
                          tr.updates, tr.deletes, tr.truncated, None, None, None, None, None)
-    row = log_row(job.config.source.slot, run_id, lo, hi, logged, kind=KIND_BACKFILL)
-    job.engine.append(target_lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
+    row = log_row(slot, run_id, lo, hi, logged, kind=KIND_BACKFILL)
+    to.engine.append(to.lake.table_uri(LOG_TABLE), pa.Table.from_pylist([row], schema=LOG_SCHEMA))
