@@ -4,11 +4,12 @@ One run:
 
 1. takes the per-slot advisory lock and checks the slot and publication;
 2. fixes its upper bound (``--until-lsn`` or the server's flush LSN at start);
-3. copies the tables a bootstrapped lake has no copy of (pg2delta.bootstrap), and stops on (or
+3. copies the tables a bootstrapped lake has no copy of (pg2delta.copy.copier), and stops on (or
    copies again) tables the lake cannot follow by changes alone (pg2delta.apply.targets);
 4. repeats, until the bound is reached, the stages of one window: **read and decode** it
    (pg2delta.window.read), map its relations to Delta tables (pg2delta.apply.targets) and **decide** each
-   table's shape (pg2delta.apply.tableplan) before anything is written; **commit** it
+   table's shape (pg2delta.apply.tableplan) before anything is written, copying again where set to
+   (pg2delta.copy.again); **commit** it
    (pg2delta.apply.commits): the changelog, the histories, then every table reduced, staged and
    merged (pg2delta.apply.stage, pg2delta.apply.table: one data commit per table and window); then
    **log** the window in the applied log (its entries: pg2delta.apply.window_log;
@@ -37,17 +38,15 @@ from pg2delta.apply.table import TableApplier, TableReport
 from pg2delta.apply.tableplan import TablePlanner
 from pg2delta.apply.targets import (
     PublicationState,
-    Target,
     TargetResolver,
     added_back_tables,
     detached_published,
     publication_state,
     recorded_filenodes,
-    rewritten_partitions,
 )
 from pg2delta.apply.window_log import WindowLog
 from pg2delta.config import Config
-from pg2delta.errors import SchemaError
+from pg2delta.copy.again import CopyAgain
 from pg2delta.failover import run_bounds
 from pg2delta.faults import fault_point
 from pg2delta.lake import applied_log
@@ -60,7 +59,6 @@ from pg2delta.metastore import register_written
 from pg2delta.progress import Progress
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.keys import KeyResolver, key_resolver
-from pg2delta.source.rewrites import filenodes_of
 from pg2delta.source.slot import SlotSource, connect
 from pg2delta.window.read import ReadWindow, read_window, run_progress
 from pg2delta.window.spill import Spiller
@@ -114,6 +112,7 @@ class _Run:
     progress_start: int
     foreign: ForeignWatch  # another writer's commits on the window's tables (pg2delta.lake.foreign_watch)
     log: WindowLog  # each window's applied-log entries; the leaves' relfilenodes as last read (pg2delta.apply.window_log)
+    again: CopyAgain  # tables copied again after a window's read (pg2delta.copy.again)
 
 
 class Job(Lakeside):
@@ -166,12 +165,13 @@ class Job(Lakeside):
                     cfg, self.writer, self.history, app_id, bootstrapped=bootstrapped, rewritten=self._rewritten,
                 )
                 commits = WindowCommits(self.writer, self.changelog, applier, planner.forms, cfg.window.parallel_tables)
+                logs = WindowLog(publication, planner.targets.detached, planner.attnums, applied,
+                                 recorded_filenodes(publication, applied))
                 run = _Run(
                     src, uuid.uuid4().hex, applied, publication, planner, commits,
                     catalog, key_resolver(cfg, catalog_conn), run_progress(start, upper), start,
-                    ForeignWatch(self.lake, cfg.source.slot, self.on_foreign),
-                    WindowLog(publication, planner.targets.detached, planner.attnums, applied,
-                              recorded_filenodes(publication, applied)),
+                    ForeignWatch(self.lake, cfg.source.slot, self.on_foreign), logs,
+                    CopyAgain(self.copies, src, applied, planner.forms, logs),
                 )
                 try:
                     self._windows(run, report)
@@ -227,45 +227,10 @@ class Job(Lakeside):
             rd = read_window(
                 run.src, self.config, start, upper, run.catalog, run.keys, spiller, (run.progress, run.progress_start)
             )
-            self._truncated_partitions(run)  # after the peek returned: see there
+            run.again.truncated_partitions()  # after the peek returned: see there
             return self._apply_window(run, rd, t0)
         finally:
             spiller.remove()
-
-    def _truncated_partitions(self, run: _Run) -> None:
-        """Stop (exit 78), or copy the root again where ``on_unfollowable = "resync"``, before
-        anything of the window is applied, when a leaf partition of a root published via itself
-        was truncated alone since the lake's last window or copy of the root (pgoutput does not
-        send that: :mod:`pg2delta.source.rewrites`).
-
-        Called after the window's peek returned, so the relfilenodes read now show every rewrite
-        committed up to the window's end (the peek reads no further than the run's bound, the
-        server's flush position before it), and they are what the window records. One that
-        differs from the map read after the previous peek, or recorded by the applied log, comes
-        from a rewrite committed after that map was read: for a map read after a peek, after the
-        bound of that run, so past the end of every window that run read; for a copy's map (read
-        in its snapshot), past the copy's LSN. Either way past the slot's position of then. Where
-        the slot has moved since, each window it moved over compared its own read, so a rewrite
-        it passed was looked at by the run that passed it (looking again finds nothing). A leaf
-        new since the map was read counts too: a TRUNCATE in the transaction that created it
-        empties it in place, keeping its relfilenode. So one decode of the slot's backlog, the only
-        extra cost, paid only when a relfilenode changed or a partition appeared, finds every
-        TRUNCATE of a leaf alone the lake has not seen.
-        """
-        again: dict[int, str] = {}
-        now, changed, refusal = rewritten_partitions(self.config, run.src, run.applied, run.log.filenodes, again)
-        if changed:
-            if refusal is not None:
-                raise refusal
-            if again:  # copied at a snapshot after the window's end: the window's changes of it are skipped
-                copied = copying.copy_at_new_snapshot(self.copies, run.src, set(again), parallel=copying.DEFAULT_PARALLEL)
-                if {c.relation_oid for c in copied} != set(again):
-                    raise SchemaError(f"cannot copy {', '.join(sorted(again.values()))} again: no longer published")
-                run.applied.update(applied_lsns(self.lake, self.config.source.slot))
-                run.planner.forms.reset()  # the copies recorded their columns' form
-                now.update({root: nodes for root in again if (nodes := filenodes_of(run.applied[root].filenodes)) is not None})
-            run.log.rewritten.update(set(changed) - set(again))
-        run.log.filenodes.update(now)
 
     def _apply_window(self, run: _Run, rd: ReadWindow, t0: float) -> WindowReport:
         """The stages after the read, in one direction: the window's Delta tables (targets), each
@@ -279,7 +244,7 @@ class Job(Lakeside):
             self.start_engine_early(work_known=True)
         plans, refused = run.planner.plan_window(ordered, run.applied, start, end, workers=self.config.window.parallel_tables)
         for tgt, refusal in refused:  # on_unfollowable = "resync": nothing written yet
-            self._resync_in_run(run, tgt, refusal)
+            run.again.refused(tgt, refusal)
         run.foreign.look({(t.schema, t.table): run.applied.get(t.owner) for t in ordered})
         committed = run.commits.commit(run.run_id, rd.tables, ordered, plans, run.applied, start, end)
         window.tables.extend(committed.tables)
@@ -311,26 +276,6 @@ class Job(Lakeside):
             run.src.advance(end)
         for t in logged:
             run.applied[t.oid] = after_window(run.applied.get(t.oid), end, t)
-
-    def _resync_in_run(self, run: _Run, tgt: Target, refusal: SchemaError) -> None:
-        """Copy ``tgt`` again at a new snapshot (``pg2delta resync``) instead of stopping on ``refusal``.
-
-        The copy's snapshot is after this window's end (it is taken now, the window ended at the
-        server's WAL when the run started), so the table's changes in this window and up to the
-        copy are skipped by the applied-LSN rule, and the run goes on with the other tables. Partitions
-        written into their root's table (``partitions = "root"``) are copied as the root, ``tgt.owner``.
-        """
-        log.warning(
-            "%s.%s cannot follow by changes alone (%s); on_unfollowable = \"resync\": copying it again",
-            tgt.schema, tgt.table, refusal,
-        )
-        copied = copying.copy_at_new_snapshot(self.copies, run.src, {tgt.owner}, parallel=copying.DEFAULT_PARALLEL)
-        if not any(c.relation_oid == tgt.owner for c in copied):  # not published any more: nothing to copy it from
-            raise refusal
-        run.applied.update(applied_lsns(self.lake, self.config.source.slot))
-        run.planner.forms.reset()  # the copy recorded its columns' form
-        if tgt.owner in run.log.filenodes and (nodes := filenodes_of(run.applied[tgt.owner].filenodes)) is not None:
-            run.log.filenodes[tgt.owner] = nodes  # the copy's, read in its snapshot
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

@@ -6,8 +6,9 @@ change (so that the next run need not decode the backlog again).
 :class:`WindowLog` is handed what the entries record besides the window's own reports: the
 publication's memberships and leaves, the leaves detached from a ``partitions = "root"`` root, the
 Delta columns' attnums the plans read, and the run's applied log as it has it. It keeps, from
-window to window, the leaves' relfilenodes as last read and the roots to log again, which the run
-tells it of (pg2delta.apply.targets.rewritten_partitions, a copy at a new snapshot).
+window to window, the leaves' relfilenodes as last read and the roots to log again, which the
+copies again tell it of (pg2delta.copy.again: pg2delta.apply.targets.rewritten_partitions, a copy
+at a new snapshot).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class WindowLog:
 
     def _rewritten_roots(self, logged: set[int], end: int) -> list[LoggedTable]:
         """Applied-log entries, without changes, of the roots whose leaves were rewritten without a
-        TRUNCATE (:attr:`rewritten`, from :meth:`pg2delta.job.Job._truncated_partitions`), or
+        TRUNCATE (:attr:`rewritten`, from :meth:`pg2delta.copy.again.CopyAgain.truncated_partitions`), or
         detached (:meth:`_detached_roots`), and that this window did not change: they record the
         relfilenodes read after its peek, which the next run compares with, and the leaves of now.
         The root stands at the window's end (it has nothing in the window) with its Delta version,
