@@ -6,15 +6,15 @@ One run:
 2. fixes its upper bound (``--until-lsn`` or the server's flush LSN at start);
 3. copies the tables a bootstrapped lake has no copy of (pg2delta.copy.copier), and stops on (or
    copies again) tables the lake cannot follow by changes alone (pg2delta.apply.targets);
-4. repeats, until the bound is reached, the stages of one window: **read and decode** it
-   (pg2delta.window.read), map its relations to Delta tables (pg2delta.apply.targets) and **decide** each
-   table's shape (pg2delta.apply.tableplan) before anything is written, copying again where set to
-   (pg2delta.copy.again); **commit** it
-   (pg2delta.apply.commits): the changelog, the histories, then every table reduced, staged and
-   merged (pg2delta.apply.stage, pg2delta.apply.table: one data commit per table and window); then
-   **log** the window in the applied log (its entries: pg2delta.apply.window_log;
-   pg2delta.lake.applied_log) and, only then, **advance** the slot to the window's end
-   (:meth:`Job._log_and_advance`, the one place that moves the slot).
+4. repeats, until the bound is reached, the stages of one window (:meth:`Job._window`): **read
+   and decode** it (pg2delta.window.read), map its relations to Delta tables (pg2delta.apply.targets)
+   and **decide** each table's shape (pg2delta.apply.tableplan) before anything is written, copying
+   again where set to (pg2delta.copy.again); **commit** it (pg2delta.apply.commits): the changelog,
+   the histories, then every table reduced, staged and merged (pg2delta.apply.stage,
+   pg2delta.apply.table: one data commit per table and window); then **log** the window in the
+   applied log (pg2delta.apply.window_log, pg2delta.lake.applied_log) and, only then, **advance**
+   the slot to the window's end (:meth:`pg2delta.apply.window_log.WindowLog.log_and_advance`, the
+   one place that moves the slot).
 
 A crash anywhere leaves the slot where it was; the next run peeks the same changes again.
 Re-applying them is harmless: MERGE of final states is idempotent, a truncate is a
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,8 +49,7 @@ from pg2delta.config import Config
 from pg2delta.copy.again import CopyAgain
 from pg2delta.failover import run_bounds
 from pg2delta.faults import fault_point
-from pg2delta.lake import applied_log
-from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, applied_lsns, window_rows
+from pg2delta.lake.applied_log import Applied, applied_lsns
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.foreign_watch import ForeignWatch, Written
 from pg2delta.lsn import format_lsn
@@ -60,7 +59,7 @@ from pg2delta.progress import Progress
 from pg2delta.source.catalog import PgTypeCatalog
 from pg2delta.source.keys import KeyResolver, key_resolver
 from pg2delta.source.slot import SlotSource, connect
-from pg2delta.window.read import ReadWindow, read_window, run_progress
+from pg2delta.window.read import read_window, run_progress
 from pg2delta.window.spill import Spiller
 
 log = logging.getLogger(__name__)
@@ -111,13 +110,14 @@ class _Run:
     progress: Progress
     progress_start: int
     foreign: ForeignWatch  # another writer's commits on the window's tables (pg2delta.lake.foreign_watch)
-    log: WindowLog  # each window's applied-log entries; the leaves' relfilenodes as last read (pg2delta.apply.window_log)
+    log: WindowLog  # each window's log and the slot's advance; the leaves' relfilenodes as last read (pg2delta.apply.window_log)
     again: CopyAgain  # tables copied again after a window's read (pg2delta.copy.again)
 
 
 class Job(Lakeside):
     """The run (:meth:`run`): wires the stages of pg2delta.window.read, .apply.targets, .apply.tableplan,
-    .apply.commits and .lake.applied_log window by window, and moves the slot (:meth:`_log_and_advance`)."""
+    .copy.again, .apply.commits and .apply.window_log window by window (:meth:`_window`); the last
+    logs each window and moves the slot."""
 
     def __init__(self, config: Config, *, engine_factory: Callable[[Lake], Engine] | None = None) -> None:
         super().__init__(config, engine_factory=engine_factory)
@@ -165,8 +165,8 @@ class Job(Lakeside):
                     cfg, self.writer, self.history, app_id, bootstrapped=bootstrapped, rewritten=self._rewritten,
                 )
                 commits = WindowCommits(self.writer, self.changelog, applier, planner.forms, cfg.window.parallel_tables)
-                logs = WindowLog(publication, planner.targets.detached, planner.attnums, applied,
-                                 recorded_filenodes(publication, applied))
+                logs = WindowLog(publication, planner.targets.detached, planner.attnums, applied, self.writer, self.changelog,
+                                 src, recorded_filenodes(publication, applied))
                 run = _Run(
                     src, uuid.uuid4().hex, applied, publication, planner, commits,
                     catalog, key_resolver(cfg, catalog_conn), run_progress(start, upper), start,
@@ -220,7 +220,12 @@ class Job(Lakeside):
         report.maintenance = maintain_due(self.config, self.lake, lambda: self.engine)
 
     def _window(self, run: _Run, start: int, upper: int) -> WindowReport:
-        """Read one window (its spill files removed at the end, whatever happens) and apply it."""
+        """One window, its stages in one direction: read and decode it (its spill files removed at
+        the end, whatever happens), copy again the roots whose leaf was truncated alone, map it to
+        its Delta tables (targets) and decide each one's shape (plan; copy again a refused one set
+        to resync), check for another writer's commits, make every commit of the window
+        (pg2delta.apply.commits), check what landed under them, then log it and advance the slot
+        (pg2delta.apply.window_log)."""
         t0 = time.monotonic()
         spiller = Spiller(self.lake, run.run_id, self.config.window.memory_budget)
         try:
@@ -228,54 +233,28 @@ class Job(Lakeside):
                 run.src, self.config, start, upper, run.catalog, run.keys, spiller, (run.progress, run.progress_start)
             )
             run.again.truncated_partitions()  # after the peek returned: see there
-            return self._apply_window(run, rd, t0)
+            start, end = rd.start, rd.end
+            window = WindowReport(start, end, rd.read.rows, rd.read.bytes, rd.transactions, spilled_rows=rd.spilled_rows)
+            fault_point("after_read")
+            ordered = sorted(run.planner.targets.group(rd.tables, run.applied), key=lambda t: (t.schema, t.table))
+            if ordered:  # Apache Spark's session starts while the window is planned, reduced and staged
+                self.start_engine_early(work_known=True)
+            plans, refused = run.planner.plan_window(ordered, run.applied, start, end, workers=self.config.window.parallel_tables)
+            for tgt, refusal in refused:  # on_unfollowable = "resync": nothing written yet
+                run.again.refused(tgt, refusal)
+            run.foreign.look({(t.schema, t.table): run.applied.get(t.owner) for t in ordered})
+            committed = run.commits.commit(run.run_id, rd.tables, ordered, plans, run.applied, start, end)
+            window.tables.extend(committed.tables)
+            run.foreign.landed(Written(r.schema, r.table, r.path, r.delta_version) for r in window.tables if not r.skipped)
+            run.log.log_and_advance(run.run_id, ordered, committed, plans, start, end)
+            window.seconds = time.monotonic() - t0
+            log.info(
+                "window %s..%s: %d rows, %d transactions, %d tables, %.2f s",
+                format_lsn(start), format_lsn(end), rd.read.rows, rd.transactions, len(window.tables), window.seconds,
+            )
+            return window
         finally:
             spiller.remove()
-
-    def _apply_window(self, run: _Run, rd: ReadWindow, t0: float) -> WindowReport:
-        """The stages after the read, in one direction: the window's Delta tables (targets), each
-        one's shape (plan), the check for another writer's commits, every commit of the window
-        (pg2delta.apply.commits), the check of what landed under them, then the log and the advance."""
-        start, end = rd.start, rd.end
-        window = WindowReport(start, end, rd.read.rows, rd.read.bytes, rd.transactions, spilled_rows=rd.spilled_rows)
-        fault_point("after_read")
-        ordered = sorted(run.planner.targets.group(rd.tables, run.applied), key=lambda t: (t.schema, t.table))
-        if ordered:  # Apache Spark's session starts while the window is planned, reduced and staged
-            self.start_engine_early(work_known=True)
-        plans, refused = run.planner.plan_window(ordered, run.applied, start, end, workers=self.config.window.parallel_tables)
-        for tgt, refusal in refused:  # on_unfollowable = "resync": nothing written yet
-            run.again.refused(tgt, refusal)
-        run.foreign.look({(t.schema, t.table): run.applied.get(t.owner) for t in ordered})
-        committed = run.commits.commit(run.run_id, rd.tables, ordered, plans, run.applied, start, end)
-        window.tables.extend(committed.tables)
-        run.foreign.landed(Written(r.schema, r.table, r.path, r.delta_version) for r in window.tables if not r.skipped)
-        logged = run.log.entries(ordered, window.tables, plans, end)
-        self._log_and_advance(run, window, committed.changelog_log, logged)
-        window.seconds = time.monotonic() - t0
-        log.info(
-            "window %s..%s: %d rows, %d transactions, %d tables, %.2f s",
-            format_lsn(start), format_lsn(end), rd.read.rows, rd.transactions, len(window.tables), window.seconds,
-        )
-        return window
-
-    def _log_and_advance(self, run: _Run, window: WindowReport, changelog_log: Any, logged: Sequence[LoggedTable]) -> None:
-        """The durable-then-advance rule, in the one place the slot moves: called once every Delta
-        commit of the window (changelog, histories, tables) has succeeded, it records them in the
-        changelog's log and the applied log, and only then advances the slot to the window's end.
-        A crash before the advance replays the window; the applied log makes that harmless."""
-        start, end = window.start_lsn, window.end_lsn
-        if changelog_log:
-            self.changelog.log(self.engine, changelog_log)
-        if logged:
-            rows = window_rows(self.config.source.slot, run.run_id, start, end, logged)
-            # No idempotent-write id (Delta 3.3 would first rebuild the log's state: three Spark jobs); a replay
-            # logs no table twice: one the log holds at the window's end is skipped (TableApplier.apply).
-            applied_log.append(self.engine, self.lake, rows)
-        fault_point("before_advance")
-        if end > start:
-            run.src.advance(end)
-        for t in logged:
-            run.applied[t.oid] = after_window(run.applied.get(t.oid), end, t)
 
 
 def run(config: Config, *, until_lsn: int | None = None, create_slot: bool | None = None) -> RunReport:

@@ -6,9 +6,9 @@ The first SIGTERM raises :class:`pg2delta.errors.Terminated` in the main thread 
 window under way is abandoned (a table's MERGE already running in another thread finishes), the
 ``finally`` blocks close the connections, release the slot's lock and remove the run's staging
 files. The slot moves only after every Delta commit of a window and its applied-log row
-(:meth:`pg2delta.job.Job._log_and_advance`), so stopping anywhere leaves it at most where the lake
-is: the next run applies the window again, which the applied log makes harmless, exactly as after
-a crash. Where the main thread sits in a call that does not return to Python in time, the process
+(:meth:`pg2delta.apply.window_log.WindowLog.log_and_advance`), so stopping anywhere leaves it at
+most where the lake is: the next run applies the window again, which the applied log makes
+harmless, exactly as after a crash. Where the main thread sits in a call that does not return to Python in time, the process
 exits with 75 anyway after :data:`GRACE_ENV` seconds (default :data:`DEFAULT_GRACE`), as a kill
 would; so does a second SIGTERM.
 """

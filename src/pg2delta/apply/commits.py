@@ -6,7 +6,7 @@ tables it creates, the changelog, the SCD2 histories, then one MERGE per table
 (:class:`~pg2delta.apply.table.TableApplier`), with a fault point between each. It is handed what
 it writes with (the lake and its engine, the changelog and the tables' applier), not the run, and
 returns what was committed (:class:`Committed`). Nothing here logs a window or moves the slot:
-pg2delta.job does, once every commit here has succeeded.
+pg2delta.apply.window_log does, once every commit here has succeeded.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
-"""The applied log's entries of a window (:class:`pg2delta.lake.applied_log.LoggedTable`), before
-the run logs them and advances the slot: one per table the window applied, and one without changes
-per root whose leaves were rewritten without a TRUNCATE or detached and that the window did not
-change (so that the next run need not decode the backlog again).
+"""A committed window logged, then the slot advanced past it: the durable-then-advance rule, in
+the one place the slot moves (:meth:`WindowLog.log_and_advance`).
+
+The window's entries in the applied log (:class:`pg2delta.lake.applied_log.LoggedTable`,
+:meth:`WindowLog.entries`): one per table the window applied, and one without changes per root
+whose leaves were rewritten without a TRUNCATE or detached and that the window did not change (so
+that the next run need not decode the backlog again).
 
 :class:`WindowLog` is handed what the entries record besides the window's own reports: the
 publication's memberships and leaves, the leaves detached from a ``partitions = "root"`` root, the
-Delta columns' attnums the plans read, and the run's applied log as it has it. It keeps, from
+Delta columns' attnums the plans read, and the run's applied log as it has it; and what it logs
+and advances with: the lake and its engine, the changelog's writer, the run's slot. It keeps, from
 window to window, the leaves' relfilenodes as last read and the roots to log again, which the
 copies again tell it of (pg2delta.copy.again: pg2delta.apply.targets.rewritten_partitions, a copy
 at a new snapshot).
@@ -17,21 +21,30 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pg2delta.apply.changelog import ChangelogWriter
+from pg2delta.apply.commits import Committed
+from pg2delta.apply.lakeside import LakeWriter
 from pg2delta.apply.schema import Plan
 from pg2delta.apply.table import TableReport
 from pg2delta.apply.targets import PublicationState, Target
-from pg2delta.lake.applied_log import Applied, LoggedTable
+from pg2delta.faults import fault_point
+from pg2delta.lake import applied_log
+from pg2delta.lake.applied_log import Applied, LoggedTable, after_window, window_rows
 from pg2delta.source.rewrites import filenodes_json
+from pg2delta.source.slot import SlotSource
 
 
 @dataclass
 class WindowLog:
-    """The applied-log entries of each window of one run (:meth:`entries`)."""
+    """The log of each window of one run (:meth:`entries`) and the slot's advance past it (:meth:`log_and_advance`)."""
 
     publication: PublicationState
     detached: Mapping[int, tuple[int, int]]  # leaf -> (its root, where its DETACH committed): TargetResolver.detached
     attnums: Mapping[int, str]  # owner OID -> the JSON of its Delta columns' attnums (TablePlanner.attnums)
-    applied: Mapping[int, Applied]  # the run's applied log, updated window by window by the run
+    applied: dict[int, Applied]  # the run's applied log, updated window by window (log_and_advance)
+    to: LakeWriter  # the lake and its engine: the applied log's appends
+    changelog: ChangelogWriter  # the changelog's log
+    src: SlotSource  # the run's slot, advanced
     # Per root published via itself, its leaves' relfilenodes as last read after a peek (or as the
     # applied log has them; None: not recorded), to notice a partition truncated alone.
     filenodes: dict[int, dict[int, int] | None] = field(default_factory=dict)
@@ -39,6 +52,29 @@ class WindowLog:
     # logged with the next window even if it has no changes of them: else every run would decode the
     # backlog again.
     rewritten: set[int] = field(default_factory=set)
+
+    def log_and_advance(
+        self, run_id: str, targets: Sequence[Target], committed: Committed, plans: Mapping[tuple[str, str], Plan | None],
+        start: int, end: int,
+    ) -> None:
+        """The durable-then-advance rule, in the one place the slot moves: called once every Delta
+        commit of the window [``start``, ``end``) (changelog, histories, tables: ``committed``, of
+        ``targets`` planned as ``plans``) has succeeded, it records them in the changelog's log and
+        the applied log, and only then advances the slot to the window's end. A crash before the
+        advance replays the window; the applied log makes that harmless."""
+        logged = self.entries(targets, committed.tables, plans, end)
+        if committed.changelog_log:
+            self.changelog.log(self.to.engine, committed.changelog_log)
+        if logged:
+            rows = window_rows(self.src.slot, run_id, start, end, logged)
+            # No idempotent-write id (Delta 3.3 would first rebuild the log's state: three Spark jobs); a replay
+            # logs no table twice: one the log holds at the window's end is skipped (TableApplier.apply).
+            applied_log.append(self.to.engine, self.to.lake, rows)
+        fault_point("before_advance")
+        if end > start:
+            self.src.advance(end)
+        for t in logged:
+            self.applied[t.oid] = after_window(self.applied.get(t.oid), end, t)
 
     def entries(
         self, targets: Sequence[Target], reports: Sequence[TableReport], plans: Mapping[tuple[str, str], Plan | None], end: int
