@@ -74,6 +74,19 @@ JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
 PG_SETTINGS = {"max_wal_size": "8GB", "checkpoint_timeout": "30min", "maintenance_work_mem": "512MB"}
 
 
+class Figures(dict[str, float]):
+    """The figures of the run, each printed as it is measured (a long run stopped late keeps those
+    measured so far); :func:`main` prints them all again at the end."""
+
+    def __setitem__(self, name: str, value: float) -> None:
+        super().__setitem__(name, value)
+        print(_figure(name, value), flush=True)
+
+
+def _figure(name: str, value: float) -> str:
+    return f"{name}={value:.3f}" if "fraction" in name else f"{name}={value:.2f}"
+
+
 def _python(spark_submit: str) -> Path:
     """The Python beside ``spark_submit`` (where pyspark and pg2delta are)."""
     return Path(spark_submit).parent / "python"
@@ -391,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     pg = ThrowawayPostgres.start(args.pg, settings=PG_SETTINGS)
     root = Path(tempfile.mkdtemp(prefix="pg2delta-bench-scale-"))
-    out: dict[str, float] = {}
+    out = Figures()
     connect: ConnectServer | None = None
     try:
         start = SparkStart("fast", Path(args.spark_cache).resolve()) if "spark" in engines else None
@@ -415,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         out[f"scale_growth_{engine}"] = out[f"run_seconds_{engine}_{sizes[-1]}"] / out[f"run_seconds_{engine}_{sizes[0]}"]
     print(json.dumps({"sizes": sizes, "engines": engines}))
     for name, value in out.items():
-        print(f"{name}={value:.3f}" if "fraction" in name else f"{name}={value:.2f}")
+        print(_figure(name, value))
     return 0
 
 
