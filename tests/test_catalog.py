@@ -40,6 +40,8 @@ print("CATALOG " + json.dumps(out, default=str))
 
 def _hive_conf(tmp_path: Path) -> dict[str, str]:
     return {
+        "spark.sql.shuffle.partitions": "2",  # small windows (test_spark_submit.SMALL_WINDOWS)
+        "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.warehouse.dir": str(tmp_path / "warehouse"),
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={tmp_path / 'metastore_db'};create=true",
