@@ -88,3 +88,56 @@ def test_a_connection_cut_where_no_layer_named_it_is_retryable(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_RETRYABLE, err
     assert err[-1].startswith("pg2delta: connection error: lost the connection to PostgreSQL: terminating connection"), err
+
+
+_GRPC_REFUSED = ('<_MultiThreadedRendezvous of RPC that terminated with: status = StatusCode.UNAVAILABLE details = "failed '
+                 'to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:47557: Failed to connect to remote host: '
+                 'Connection refused" debug_error_string = "UNAVAILABLE:failed to connect to all addresses" >')
+
+
+def _retries_exceeded() -> Exception:
+    """pyspark 4's error past its Connect client's retries: RETRIES_EXCEEDED, caused by gRPC's."""
+    try:
+        raise RuntimeError(_GRPC_REFUSED)
+    except RuntimeError as grpc_error:
+        try:
+            raise RuntimeError("[RETRIES_EXCEEDED] The maximum number of retries has been exceeded.") from grpc_error
+        except RuntimeError as exc:
+            return exc
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "said"),
+    [  # the texts pyspark 3.5.9's client gave against a Spark 3.5 Connect server killed, then restarted
+        (LakeError(f"MERGE INTO delta.`/lake/public/t` failed: {_GRPC_REFUSED}"), EXIT_RETRYABLE,
+         "lake error: lost the Spark Connect server past [engine] connect_retry_seconds of retries, or it restarted "
+         "(run again once it answers; the slot did not move past the lake): failed to connect to all addresses; last "
+         "error: UNKNOWN: ipv4:127.0.0.1:47557: Failed to connect to remote host: Connection refused"),
+        (_retries_exceeded(), EXIT_RETRYABLE, "Connection refused"),
+        (LakeError("a query failed: (java.util.concurrent.ExecutionException) org.apache.spark.SparkSQLException: "
+                   "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle 11bd6d7a is invalid. Session not found."),
+         EXIT_RETRYABLE, "Session not found"),
+        # A server that answers with a Delta failure: a human's
+        (LakeError("MERGE INTO delta.`/lake/public/t` failed: [DELTA_FAILED_TO_MERGE_FIELDS] Failed to merge fields "
+                   "'v' and 'v'"), EXIT_NEEDS_HUMAN, "lake error: MERGE INTO"),
+    ],
+)
+def test_a_spark_connect_server_lost_is_retryable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object, capsys: pytest.CaptureFixture[str],
+    failure: Exception, code: int, said: str,
+) -> None:
+    """The Spark Connect server gone past its client's retries, or restarted (its session lost),
+    exits 75 with gRPC's own words on one line; a Delta failure it answers with stays 78. The
+    client's retries add up to at most [engine] connect_retry_seconds."""
+    import pg2delta.job
+    from pg2delta.cli import main
+    from pg2delta.lake.engine_session import connect_retries
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise failure
+
+    monkeypatch.setattr(pg2delta.job, "run", fail)
+    got = main(["run", "--dsn", "host=127.0.0.1", "--slot", "s", "--publication", "p", "--lake", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert got == code and said in err[-1] and err[-1].startswith("pg2delta: "), err
+    assert [connect_retries(s) for s in (0, 5, 30, 600)] == [0, 4, 9, 123]  # waits of 50 ms x4 up to 5 s: 4.25 s, 29.25 s

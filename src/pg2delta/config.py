@@ -3,9 +3,7 @@
 Precedence, lowest first: defaults < TOML file (``--config``) < ``PG2DELTA_*`` environment
 variables < command-line flags. Secrets never belong in the file: leave the password out of
 ``dsn`` and let libpq find it (``PGPASSWORD``, ``~/.pgpass``, ``PGSERVICEFILE``), or pass the
-whole DSN in ``PG2DELTA_DSN``.
-
-See ``conf/embedded.toml`` and ``conf/spark.toml`` for documented examples.
+whole DSN in ``PG2DELTA_DSN``. See ``conf/embedded.toml`` and ``conf/spark.toml`` for documented examples.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ ENGINES = ("embedded", "spark", "connect")
 class EngineConfig:
     kind: str = "embedded"  # embedded | spark | connect
     remote: str | None = None  # sc://host:port for kind = "connect"
+    connect_retry_seconds: int = 30  # kind "connect": pyspark's client retries a server gone quiet this long, then exit 75
     app_name: str = "pg2delta"  # the Spark application name (spark.app.name) of a session pg2delta starts
     spark_conf: tuple[tuple[str, str], ...] = ()  # [engine.spark_conf]: Spark settings of the session, name = "value"
     # Set from [lake] deletion_vectors (Config.deletion_vectors), not a setting of [engine].
@@ -276,6 +275,7 @@ _ENV: dict[str, tuple[str, str, type]] = {
     "PG2DELTA_LAKE": ("lake", "root", str),
     "PG2DELTA_ENGINE": ("engine", "kind", str),
     "PG2DELTA_REMOTE": ("engine", "remote", str),
+    "PG2DELTA_CONNECT_RETRY_SECONDS": ("engine", "connect_retry_seconds", int),
     "PG2DELTA_MAX_CHANGES": ("window", "max_changes", int),
     "PG2DELTA_MAX_BYTES": ("window", "max_bytes", int),
     "PG2DELTA_MEMORY_BUDGET": ("window", "memory_budget", int),

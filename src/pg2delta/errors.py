@@ -233,6 +233,35 @@ def store_unavailable(exc: BaseException) -> bool:
     return False
 
 
+class EngineUnavailable(Pg2DeltaError):
+    """The Spark Connect server stopped answering past its client's retries (killed, restarting,
+    its host unreachable: ``[engine] connect_retry_seconds``), or restarted and lost the run's
+    session: transient, exit 75; the slot did not move past the lake."""
+
+    kind = ErrorKind.LAKE
+    retryable = True
+
+
+# What pyspark's Spark Connect client says of a server it lost: a call that found none past its
+# retries (pyspark 3.5: the gRPC error's text; 4.x: RETRIES_EXCEEDED, caused by that error), or a
+# server that no longer knows the run's session or operation (it restarted). A server that answers
+# with a failure (a Delta commit's) says none of these.
+_ENGINE_LOST = ("StatusCode.UNAVAILABLE", "[RETRIES_EXCEEDED]", "INVALID_HANDLE.SESSION_NOT_FOUND",
+                "INVALID_HANDLE.SESSION_CHANGED", "INVALID_HANDLE.OPERATION_NOT_FOUND")
+
+
+def engine_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it came from, is the Spark Connect server lost (see :data:`_ENGINE_LOST`)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if any(marker in str(cur) for marker in _ENGINE_LOST):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 class CommitConflict(Pg2DeltaError):
     """A Delta commit kept meeting other writers' commits that change no row (an ``OPTIMIZE`` or
     ``VACUUM`` of the user's own, running at the same time) past its retries: transient, exit 75;

@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -52,10 +53,12 @@ from pg2delta.errors import (
     EXIT_NEEDS_HUMAN,
     ConfigError,
     ConnectionFailed,
+    EngineUnavailable,
     Pg2DeltaError,
     StorageFull,
     StoreUnavailable,
     Terminated,
+    engine_unavailable,
     no_space_left,
     store_unavailable,
 )
@@ -196,6 +199,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _storage_full(args, exc)
         if not exc.retryable and store_unavailable(exc):
             return _store_unavailable(args, exc)
+        if not exc.retryable and engine_unavailable(exc):
+            return _engine_unavailable(args, exc)
         args.error_line = exc.one_line()
         print(exc.one_line(), file=sys.stderr)
         log.debug("details", exc_info=True)
@@ -210,6 +215,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _storage_full(args, exc)
         if store_unavailable(exc):
             return _store_unavailable(args, exc)
+        if engine_unavailable(exc):
+            return _engine_unavailable(args, exc)
         if isinstance(exc, psycopg.OperationalError):  # a connection cut where no layer named it (found by make soak)
             return _failed(args, ConnectionFailed(f"lost the connection to PostgreSQL: {' '.join(str(exc).split())[:300]}"))
         args.error_line = f"pg2delta: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
@@ -237,6 +244,16 @@ def _store_unavailable(args: argparse.Namespace, exc: BaseException) -> int:
     return _failed(args, StoreUnavailable(
         "the object store throttled or failed past its retries, or lost its answer to a commit (run again later; "
         f"the slot did not move past the lake): {' '.join(str(exc).split())[:300]}"))
+
+
+def _engine_unavailable(args: argparse.Namespace, exc: BaseException) -> int:
+    """Exit 75 for an error that comes from a Spark Connect server lost (pg2delta.errors.engine_unavailable)."""
+    text, cur = " ".join(str(exc).split()), exc.__cause__
+    while (detail := re.search(r'details = "([^"]*)"', text)) is None and cur is not None:  # gRPC's own words
+        text, cur = " ".join(str(cur).split()), cur.__cause__
+    return _failed(args, EngineUnavailable(
+        "lost the Spark Connect server past [engine] connect_retry_seconds of retries, or it restarted (run again once "
+        f"it answers; the slot did not move past the lake): {(detail.group(1) if detail else ' '.join(str(exc).split()))[:300]}"))
 
 
 def _terminated(args: argparse.Namespace, exc: BaseException) -> int:

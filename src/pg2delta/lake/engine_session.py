@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pg2delta.config import ENGINES, EngineConfig
-from pg2delta.errors import ConfigError, LakeError
+from pg2delta.errors import ConfigError, EngineUnavailable, LakeError
 from pg2delta.lake.foreign import MARK, USER_METADATA
 from pg2delta.lake.lake_files import Lake
 
@@ -42,6 +42,17 @@ EMBEDDED_FILE_BYTES = 32 << 20
 # therefore kept referenced until the process exits, so their __del__ never runs mid-run: one per
 # run, stopped, a few kilobytes each.
 _CONNECT_SESSIONS: list[Any] = []
+
+# pyspark's Spark Connect client retries a call that finds no server (gRPC UNAVAILABLE: the server
+# killed or restarting, its host unreachable) 15 times over about ten minutes, waits from 50 ms
+# growing 4 times up to 60 s (pyspark 3.5's retry_policy and 4.x's DefaultPolicy alike). On
+# pg2delta's sessions the waits stop growing at CONNECT_MAX_WAIT_MS and add up to at most
+# [engine] connect_retry_seconds; then the call's error ends the run with 75 (errors.engine_unavailable).
+CONNECT_MAX_WAIT_MS = 5000
+# A setting every session of a run on Apache Spark's Spark Connect server holds: a server that
+# restarted since serves a new, empty session under the run's session id (Spark 3.5's silently,
+# without the run's settings and views), which this tells apart before each statement.
+SESSION_MARK = "pg2delta.session"
 
 # Session settings of a classic Spark session, unless the config names them. Staged Parquet comes
 # from pyarrow, which writes dates and timestamps in the proleptic Gregorian calendar as PostgreSQL
@@ -190,6 +201,9 @@ def open_session(config: EngineConfig) -> OpenedSession:
     """Start the engine ``config`` names; :class:`ConfigError` when it is unknown or not installed."""
     # pyspark warns about the installed pandas version on import, which we never use.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark(\.|$)")
+    # pyspark 3.5's Connect client warns, in several lines, of each release of a server's results that
+    # failed (a lost server: the run's one line says so; the server drops an abandoned operation).
+    warnings.filterwarnings("ignore", message="ReleaseExecute failed", category=UserWarning)
     if config.kind not in ENGINES:
         raise ConfigError(f"unknown engine {config.kind!r}; choose one of {', '.join(ENGINES)}")
     try:
@@ -246,9 +260,9 @@ def apache_spark(spark: Any) -> bool:
 
 
 def _reachable(remote: str, timeout: float = 10.0) -> None:
-    """A retryable :class:`LakeError` unless the Spark Connect server at ``remote``
+    """:class:`EngineUnavailable` (exit 75) unless the Spark Connect server at ``remote``
     (``sc://host[:port][/;params]``, port 15002 unless named) accepts a connection within
-    ``timeout`` seconds: pyspark's client retries an unreachable server for about ten minutes."""
+    ``timeout`` seconds: at once, not after the client's retries (``connect_retry_seconds``)."""
     import socket
     from urllib.parse import urlsplit
 
@@ -262,7 +276,27 @@ def _reachable(remote: str, timeout: float = 10.0) -> None:
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as exc:
-        raise LakeError(f"cannot reach the Spark Connect server at {remote}: {exc}", retryable=True) from exc
+        raise EngineUnavailable(f"cannot reach the Spark Connect server at {remote}: {exc}") from exc
+
+
+def connect_retries(seconds: float) -> int:
+    """How many retries pyspark's Connect client makes on pg2delta's sessions: its waits (from 50 ms,
+    4 times longer each, at most :data:`CONNECT_MAX_WAIT_MS`) add up to at most ``seconds``."""
+    retries, total, wait = 0, 0, 50
+    while total + wait <= seconds * 1000:
+        retries, total, wait = retries + 1, total + wait, min(wait * 4, CONNECT_MAX_WAIT_MS)
+    return retries
+
+
+def _bound_retries(spark: Any, seconds: float) -> None:
+    """A Connect session's client retries for at most about ``seconds`` (:func:`connect_retries`)."""
+    client, retries = spark.client, connect_retries(seconds)
+    if hasattr(client, "set_retry_policies"):  # pyspark 4
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        client.set_retry_policies([DefaultPolicy(max_retries=retries, max_backoff=CONNECT_MAX_WAIT_MS)])
+    else:  # pyspark 3.5: the policy its calls and reattached executions read, a dict
+        client._retry_policy.update(max_retries=retries, max_backoff=CONNECT_MAX_WAIT_MS)
 
 
 def _open_connect(config: EngineConfig) -> OpenedSession:
@@ -281,12 +315,14 @@ def _open_connect(config: EngineConfig) -> OpenedSession:
 
     def session() -> Any:
         made = SparkSession.builder.remote(remote).create()
+        _bound_retries(made, config.connect_retry_seconds)
         _CONNECT_SESSIONS.append(made)
         opened.append(made)
         return made
 
     def stop() -> None:
         for made in opened:
+            _bound_retries(made, 0)  # closing waits for the release of the session's results: not for a lost server
             made.stop()
 
     spark = session()
@@ -294,7 +330,7 @@ def _open_connect(config: EngineConfig) -> OpenedSession:
         spark.conf.set(USER_METADATA, MARK)  # the mark of its SQL commits where the server has Delta's setting
         return OpenedSession(spark, stop=stop)
     conf = _marked_conf(config)
-    session_conf = {**_CLASSIC_SQL_CONF, **conf}
+    session_conf = {**_CLASSIC_SQL_CONF, **conf, SESSION_MARK: uuid.uuid4().hex}
     for key, value in list(session_conf.items()):
         try:
             spark.conf.set(key, value)
@@ -406,6 +442,7 @@ class EngineSession:
         if txn is None or not self.idempotent_writes:
             yield
             return
+        self._same_session()
         conf = self.spark.conf
         conf.set(TXN_APP_ID, txn.app_id)
         conf.set(TXN_VERSION, str(txn.version))
@@ -445,6 +482,7 @@ class EngineSession:
         """``df.write`` into a Delta table with ``mode``, in files of at most about
         :data:`EMBEDDED_FILE_BYTES` on the embedded engine (Apache Spark's writer flushes its row
         groups as it goes, and sizes its files by its own settings)."""
+        self._same_session()
         writer = df.write.format("delta").mode(mode).option("userMetadata", MARK)  # pg2delta.lake.foreign
         if self.embedded:
             writer = writer.option("target_file_size", str(EMBEDDED_FILE_BYTES))
@@ -502,7 +540,17 @@ class EngineSession:
     def target(uri: str) -> str:
         return "delta.`" + uri.replace("`", "``") + "`"
 
+    def _same_session(self) -> None:
+        """On Apache Spark's Spark Connect server, :class:`EngineUnavailable` unless this thread's
+        session still holds the run's :data:`SESSION_MARK`: the server restarted during the run and
+        lost the session's settings and views, so nothing more is sent."""
+        mark = self._session_conf.get(SESSION_MARK) if self.remote else None
+        if mark is not None and self.spark.conf.get(SESSION_MARK, None) != mark:
+            raise EngineUnavailable("the Spark Connect server restarted during the run and lost its session (settings, "
+                                    "views): nothing more was sent; run again (the slot did not move past the lake)")
+
     def _sql(self, statement: str, what: str) -> list[Any]:
+        self._same_session()
         try:
             return list(self.spark.sql(statement).collect())
         except Exception as exc:  # pyspark raises many unrelated types; keep the cause chain
