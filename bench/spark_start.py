@@ -137,17 +137,19 @@ class ConnectServer:
 
     @classmethod
     def start(cls, spark_submit: str | Path, start: SparkStart, log: Path, *, jars: tuple[str, ...] = (),
-              timeout: float = 300.0) -> ConnectServer:
+              timeout: float = 300.0, port: int | None = None) -> ConnectServer:
         """``spark-submit --class SparkConnectServer`` with ``start``'s settings (its JVM options:
-        ``tiered`` suits a long-lived driver), Delta's jars and ``jars``; returns once the server
-        answers (``timeout`` seconds, else RuntimeError with the log's end)."""
+        ``tiered`` suits a long-lived driver), Delta's jars and ``jars``, on ``port`` (a free one
+        unless named: a restarted server's); returns once the server answers (``timeout`` seconds,
+        else RuntimeError with the log's end)."""
         python = Path(spark_submit).parent / "python"
         env = start.env(python)
         env["PATH"] = f"{Path(spark_submit).parent}{os.pathsep}{env.get('PATH', '')}"
         found = connect_jar(spark_submit, start.cache, env)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        if port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
         argv = [str(spark_submit), "--class", CONNECT_CLASS, "--name", "pg2delta-connect",
                 *start.flags(tuple(j for j in (*jars, found) if j)),
                 "--conf", f"spark.connect.grpc.binding.port={port}", "spark-internal"]

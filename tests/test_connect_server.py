@@ -2,20 +2,26 @@
 (docs/engines/connect.md): ``pg2delta run --engine connect --remote sc://...`` in new processes.
 
 The server is started as the docs show it (``spark-submit --class ...SparkConnectServer``, Delta's
-jars and session settings, on Spark 3.5 the ``spark-connect`` jar), once; against it a first run,
-a run SIGKILLed between its tables' commits and the run after it, each a process of its own. The
-slot stays put after the kill, the lake equals PostgreSQL (read with delta-rs) after each run that
-finished, no window is logged twice, and the commits are Apache Spark's (the tables it created have
-deletion vectors, which pysail's paths never set): pg2delta told the server apart from pysail's.
-Last, a run against a port nobody listens on ends with 75 at once, the slot unmoved.
+jars and session settings, on Spark 3.5 the ``spark-connect`` jar); against it a first run, a run
+SIGKILLed between its tables' commits, then a run during which the server is SIGKILLed (the run
+stopped between its tables' commits meanwhile): 75 and one line within the client's bounded
+retries. The slot stays put after each kill; on the server restarted at the same address the next
+run applies the window once: the lake equals PostgreSQL (read with delta-rs), no window is logged
+twice, and the commits are Apache Spark's (the tables it created have deletion vectors, which
+pysail's paths never set): pg2delta told the server apart from pysail's. ``maintain`` compacts
+through it. Last, a run against a port nobody listens on ends with 75 at once. Each run is a
+process of its own.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
+import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -24,9 +30,10 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from engines import TEST_ENGINE, spark_properties
+from engines import TEST_ENGINE, child_env, spark_properties
 from lake_read import read_delta
-from pg2delta.faults import FAULT_ENV
+from pg2delta.errors import EngineUnavailable
+from pg2delta.faults import FAULT_ENV, STOP_ENV
 from pg2delta.lake.applied_log import LOG_TABLE
 from pg2delta.lake.engine import Engine, EngineConfig, Lake
 from pg2delta.lake.engine_session import apache_spark
@@ -66,6 +73,14 @@ def _spark_start() -> ModuleType:
     return module
 
 
+def _stopped(proc: subprocess.Popen[str], timeout: float = 300) -> None:
+    """Wait until ``proc`` stopped itself (SIGSTOP at a fault point: state T)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert proc.poll() is None and time.monotonic() < deadline, ("never stopped", proc.returncode)
+        time.sleep(0.2)
+
+
 @pytest.mark.e2e
 @pytest.mark.classic
 @pytest.mark.deploy  # how users run it: CI's second half
@@ -100,14 +115,46 @@ def test_runs_against_apache_spark_connect_server(pgdb: str, tmp_path: Path) -> 
             crashed = cli(*common, env={**env, FAULT_ENV: "between_tables"}, child=True)
             assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-3000:])
             assert confirmed_lsn(pgdb, slot) == before, "the slot moved although the run died between its tables"
+
+            # The next run stops between its tables' commits, the server is SIGKILLed, the run goes
+            # on: 75 and one line within the client's retries (5 s of them here), the slot unmoved.
+            proc = subprocess.Popen([sys.executable, "-m", "pg2delta.cli", *common], text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={**{k: v for k, v in os.environ.items() if not k.startswith(("PG2DELTA_", "PG"))},
+                                         **child_env(), **env, "PG2DELTA_CONNECT_RETRY_SECONDS": "5",
+                                         STOP_ENV: "between_tables"})
+            _stopped(proc)
+            held = Engine.start(EngineConfig(kind="connect", remote=server.remote, connect_retry_seconds=60), Lake(str(lake)))
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait()
+            lost_at = time.monotonic()
+            proc.send_signal(signal.SIGCONT)
+            _, err = proc.communicate(timeout=300)
+            lost = time.monotonic() - lost_at
+            print(f"server SIGKILLed mid-run: exit {proc.returncode} {lost:.1f} s after the run went on")
+            said = [line for line in err.splitlines() if line.startswith("pg2delta:")]
+            assert proc.returncode == 75 and len(said) == 1 and "lost the Spark Connect server" in said[0], (
+                proc.returncode, err[-3000:])
+            assert lost < 60, lost
+            assert confirmed_lsn(pgdb, slot) == before, "the slot moved although the server died mid-run"
+
+            # The server restarted at the same address (the tests' fast start): the next run applies
+            # the window of both failed runs again, once.
+            server = spark_start.ConnectServer.start(SPARK_SUBMIT, spark_start.SparkStart("fast", found.parent.parent),
+                                                     tmp_path / "connect-2.log", port=server.port)
             again = cli(*common, env=env, child=True)
             assert again.returncode == 0, again.stderr[-3000:]
             assert json.loads(again.stdout)["from_lsn"] == before
             assert lsn_int(confirmed_lsn(pgdb, slot) or "0/0") > lsn_int(before or "0/0")
-            assert_lake_matches(pgdb, lake, context="the run after one SIGKILLed between its tables")
+            assert_lake_matches(pgdb, lake, context="the runs after a client and then the server were killed mid-run")
             logged = [(r["relation_oid"], r["window_end"]) for r in read_delta(str(lake / LOG_TABLE)).to_pylist()
                       if r["slot"] == slot and r["kind"] == "window"]
-            assert len(logged) == len(set(logged)), "a table logged twice at a window's end after the kill"
+            assert len(logged) == len(set(logged)), "a table logged twice at a window's end after the kills"
+            # A session opened before the restart: the server now serves it empty (Spark 3.5 says
+            # nothing), and pg2delta sends nothing more on it.
+            with pytest.raises(EngineUnavailable, match="restarted during the run and lost its session"):
+                held.query("SELECT 1", "a query on a server restarted since")
+            held.stop()
 
             for spec in TABLES:  # Apache Spark's paths: the server's Delta wrote them, with deletion vectors
                 table = DeltaTable(str(lake / spec.schema / spec.name))
@@ -115,8 +162,17 @@ def test_runs_against_apache_spark_connect_server(pgdb: str, tmp_path: Path) -> 
                 engines = {str(c.get("engineInfo", "")) for c in table.history()}
                 assert any(e.startswith("Apache-Spark/") for e in engines), (spec.qualified, engines)
 
-            # A server that does not answer: retryable at once (pyspark's client alone retries for
-            # about ten minutes), the slot where it was.
+            # pg2delta maintain through the server: every table compacted, the lake unchanged.
+            maintained = cli("maintain", *common[1:], env=env, child=True)
+            assert maintained.returncode == 0, maintained.stderr[-3000:]
+            tables = json.loads(maintained.stdout)["tables"]
+            assert {t.qualified for t in TABLES} <= set(tables), tables
+            assert all(t["files_after"] <= t["files_before"] for t in tables.values()), tables
+            assert any(t["files_after"] < t["files_before"] for t in tables.values()), tables
+            assert_lake_matches(pgdb, lake, context="maintain through the Connect server")
+
+            # A server that does not answer: retryable at once, not after the client's retries, the
+            # slot where it was.
             wl.phase(5)
             at = confirmed_lsn(pgdb, slot)
             down = cli(*common, env={**env, "PG2DELTA_REMOTE": f"sc://127.0.0.1:{_free_port()}"}, child=True, timeout=120)
