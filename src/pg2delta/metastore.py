@@ -18,6 +18,7 @@ table's catalog name.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pg2delta.apply.changelog import changelog_path
@@ -65,12 +66,13 @@ def catalog_tables(config: Config, lake: Lake) -> dict[str, str]:
     return out
 
 
-def register_written(config: Config, lake: Lake, engine: Engine | None) -> list[str]:
-    """At the end of a command that wrote ``lake``: :func:`register` with ``engine``, when
-    ``[lake] database`` is set and the command started one (``engine`` None: it started none)."""
+def register_written(config: Config, lake: Lake, engine: Callable[[], Engine] | None) -> list[str]:
+    """At the end of a command that wrote ``lake``: :func:`register` with its engine (``engine()``,
+    asked for only then), when ``[lake] database`` is set and the command started one (``engine``
+    None: it started none)."""
     if not config.database or engine is None:
         return []
-    return register(engine, config, lake)
+    return register(engine(), config, lake)
 
 
 def _identifier(dotted: str) -> str:

@@ -81,9 +81,10 @@ class Lakeside:
         return self._engine is not None or self._starting is not None
 
     @property
-    def started_engine(self) -> Engine | None:
-        """The engine, if this operation started one (waiting for a start under way), else None."""
-        return self.engine if self.engine_started else None
+    def started_engine(self) -> Callable[[], Engine] | None:
+        """What gives the engine (waiting for a start under way, only when called), if this
+        operation started one; else None."""
+        return (lambda: self.engine) if self.engine_started else None
 
     def start_engine_early(self, *, work_known: bool = False) -> None:
         """Start the engine in a background thread now, for a run that will need it: it then starts
