@@ -74,7 +74,7 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
         return cls(
             opened.spark, lake, stop=opened.stop, classic=opened.classic, embedded=opened.embedded,
             session_conf=opened.session_conf, deletion_vectors=config.deletion_vectors,
-            remote=opened.remote, new_session=opened.new_session,
+            remote=opened.remote, new_session=opened.new_session, lost=opened.lost,
         )
 
     def new_table_writer(self, writer: Any, df: Any, uri: str) -> Any:
@@ -101,7 +101,7 @@ class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):
         engine = Engine(
             self._main, lake, classic=self.classic, embedded=self.embedded, session_conf=self._session_conf,
             deletion_vectors=self.deletion_vectors if deletion_vectors is None else deletion_vectors,
-            remote=self.remote, new_session=self._new_session,
+            remote=self.remote, new_session=self._new_session, lost=self._lost,
         )
         engine.features_of = self.features_of
         return engine

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pg2delta.config import ENGINES, EngineConfig
-from pg2delta.errors import ConfigError, EngineUnavailable, LakeError
+from pg2delta.errors import ConfigError, EngineUnavailable, LakeError, engine_unavailable
 from pg2delta.lake.foreign import MARK, USER_METADATA
 from pg2delta.lake.lake_files import Lake
 
@@ -195,6 +195,7 @@ class OpenedSession:
     session_conf: dict[str, str] = field(default_factory=dict)
     remote: bool = False  # Apache Spark's driver is a Spark Connect server: no SparkContext here
     new_session: Callable[[], Any] | None = None
+    lost: Callable[[], None] | None = None  # a Spark Connect server lost: its sessions' calls no longer retry
 
 
 def open_session(config: EngineConfig) -> OpenedSession:
@@ -320,15 +321,19 @@ def _open_connect(config: EngineConfig) -> OpenedSession:
         opened.append(made)
         return made
 
-    def stop() -> None:
+    def lost() -> None:  # the cleanup after a call that found the server lost (views dropped, ...) fails at once
         for made in opened:
-            _bound_retries(made, 0)  # closing waits for the release of the session's results: not for a lost server
+            _bound_retries(made, 0)
+
+    def stop() -> None:
+        lost()  # closing waits for the release of the session's results: not for a lost server
+        for made in opened:
             made.stop()
 
     spark = session()
     if not apache_spark(spark):
         spark.conf.set(USER_METADATA, MARK)  # the mark of its SQL commits where the server has Delta's setting
-        return OpenedSession(spark, stop=stop)
+        return OpenedSession(spark, stop=stop, lost=lost)
     conf = _marked_conf(config)
     session_conf = {**_CLASSIC_SQL_CONF, **conf, SESSION_MARK: uuid.uuid4().hex}
     for key, value in list(session_conf.items()):
@@ -338,7 +343,8 @@ def _open_connect(config: EngineConfig) -> OpenedSession:
             del session_conf[key]
             log.warning("[engine.spark_conf] %s is the Spark Connect server's to set, not a session's: ignored (%s)",
                         key, " ".join(str(exc).split())[:200])
-    return OpenedSession(spark, stop=stop, classic=True, session_conf=session_conf, remote=True, new_session=session)
+    return OpenedSession(spark, stop=stop, classic=True, session_conf=session_conf, remote=True, new_session=session,
+                         lost=lost)
 
 
 def _open_classic(config: EngineConfig) -> OpenedSession:
@@ -390,8 +396,10 @@ class EngineSession:
         deletion_vectors: bool = True,
         remote: bool = False,
         new_session: Callable[[], Any] | None = None,
+        lost: Callable[[], None] | None = None,
     ) -> None:
         self._main = spark
+        self._lost = lost
         self.remote = remote
         self._new_session = new_session
         self.lake = lake
@@ -545,15 +553,28 @@ class EngineSession:
         session still holds the run's :data:`SESSION_MARK`: the server restarted during the run and
         lost the session's settings and views, so nothing more is sent."""
         mark = self._session_conf.get(SESSION_MARK) if self.remote else None
-        if mark is not None and self.spark.conf.get(SESSION_MARK, None) != mark:
+        try:
+            found = None if mark is None else self.spark.conf.get(SESSION_MARK, None)
+        except Exception as exc:
+            self._gone(exc)
+            raise
+        if found != mark:
+            self._gone(None)
             raise EngineUnavailable("the Spark Connect server restarted during the run and lost its session (settings, "
                                     "views): nothing more was sent; run again (the slot did not move past the lake)")
+
+    def _gone(self, exc: BaseException | None) -> None:
+        """After ``exc`` (None: a session lost), when it says the Spark Connect server is lost, the
+        calls that follow (the failed window's cleanup) no longer wait out the client's retries."""
+        if self._lost is not None and (exc is None or engine_unavailable(exc)):
+            self._lost()
 
     def _sql(self, statement: str, what: str) -> list[Any]:
         self._same_session()
         try:
             return list(self.spark.sql(statement).collect())
         except Exception as exc:  # pyspark raises many unrelated types; keep the cause chain
+            self._gone(exc)
             raise LakeError(f"{what} failed: {' '.join(str(exc).split())[:500]}") from exc
 
     def query(self, statement: str, what: str) -> list[Any]:
