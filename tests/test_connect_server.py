@@ -8,8 +8,7 @@ stopped between its tables' commits meanwhile): 75 and one line within the clien
 retries. The slot stays put after each kill; on the server restarted at the same address the next
 run applies the window once: the lake equals PostgreSQL (read with delta-rs), no window is logged
 twice, and the commits are Apache Spark's (the tables it created have deletion vectors, which
-pysail's paths never set): pg2delta told the server apart from pysail's. ``maintain`` compacts
-through it. Last, a run against a port nobody listens on ends with 75 at once. Each run is a
+pysail's paths never set): pg2delta told the server apart from pysail's. Last, a run against a port nobody listens on ends with 75 at once. Each run is a
 process of its own.
 """
 
@@ -161,15 +160,6 @@ def test_runs_against_apache_spark_connect_server(pgdb: str, tmp_path: Path) -> 
                 assert table.metadata().configuration.get("delta.enableDeletionVectors") == "true", spec.qualified
                 engines = {str(c.get("engineInfo", "")) for c in table.history()}
                 assert any(e.startswith("Apache-Spark/") for e in engines), (spec.qualified, engines)
-
-            # pg2delta maintain through the server: every table compacted, the lake unchanged.
-            maintained = cli("maintain", *common[1:], env=env, child=True)
-            assert maintained.returncode == 0, maintained.stderr[-3000:]
-            tables = json.loads(maintained.stdout)["tables"]
-            assert {t.qualified for t in TABLES} <= set(tables), tables
-            assert all(t["files_after"] <= t["files_before"] for t in tables.values()), tables
-            assert any(t["files_after"] < t["files_before"] for t in tables.values()), tables
-            assert_lake_matches(pgdb, lake, context="maintain through the Connect server")
 
             # A server that does not answer: retryable at once, not after the client's retries, the
             # slot where it was.
