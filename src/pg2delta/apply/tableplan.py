@@ -212,7 +212,9 @@ class TablePlanner:
             record.update({n: k for n, k in before.items() if n in lake_columns and n not in now})
         shapes = [b.relation.column_names for b in tgt.parts[0].batches]
         if any(n in lake_columns and n not in record for names in shapes for n in names):
-            record.update(_unnumbered(shapes, lake_columns, record, now, catalog.dropped_attnums(tgt.owner)))
+            # A number an earlier window gave a column the lake has since dropped is that column's.
+            seen = applied.seen_attnums if applied is not None else frozenset()
+            record.update(_unnumbered(shapes, lake_columns, record, now, catalog.dropped_attnums(tgt.owner) - seen))
         self.attnums[tgt.owner] = json.dumps(record, sort_keys=True)
         if not before:
             return

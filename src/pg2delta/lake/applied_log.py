@@ -81,6 +81,7 @@ class Applied:
     partitions: str | None = None  # a partitioned table's leaf partitions as last logged
     attnums: dict[str, int] | None = None  # its columns' attnums as last logged
     filenodes: str | None = None  # a root's leaves' relfilenodes as last logged (JSON; None: not logged)
+    seen_attnums: frozenset[int] = frozenset()  # every attnum its logged windows numbered, columns dropped since too
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,7 @@ def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
     leaves: dict[int, tuple[int, str]] = {}
     attnums: dict[int, tuple[int, str]] = {}
     filenodes: dict[int, tuple[int, str]] = {}
+    seen: dict[int, set[int]] = {}
     for r in rows:
         if r.get("slot") != slot or r.get("relation_oid") is None:
             continue
@@ -156,6 +158,8 @@ def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
         # The newest row's, null included (a backfill's rows, or rows of older pg2delta versions,
         # carry none): numbers from before a row that did not record them judge nothing.
         nums = r.get("attnums")
+        if nums:
+            seen.setdefault(oid, set()).update(int(v) for v in json.loads(nums).values())
         if oid not in attnums or end > attnums[oid][0] or (end == attnums[oid][0] and nums):
             attnums[oid] = (end, str(nums) if nums else "")
     for oid, (_, key_columns) in keys.items():
@@ -169,6 +173,8 @@ def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
     for oid, (_, nums) in attnums.items():
         if nums:
             out[oid] = dataclasses.replace(out[oid], attnums={str(k): int(v) for k, v in json.loads(nums).items()})
+    for oid, numbers in seen.items():
+        out[oid] = dataclasses.replace(out[oid], seen_attnums=frozenset(numbers))
     return out
 
 
@@ -227,6 +233,8 @@ def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
         partitions=t.partitions or (before.partitions if before else None),
         attnums=json.loads(t.attnums) if t.attnums else (before.attnums if before else None),
         filenodes=t.filenodes or (before.filenodes if before else None),
+        seen_attnums=(before.seen_attnums if before else frozenset())
+        | frozenset(int(v) for v in (json.loads(t.attnums).values() if t.attnums else ())),
     )
 
 
