@@ -163,7 +163,7 @@ class ShapeWriter:
     def _loop(self) -> None:
         rng = random.Random(self.seed)
         started = time.monotonic()
-        once = [(0.3, self._history_default), (0.6, self._widen_abalance)]
+        once = [(0.3, self._history_default), (0.6, self._widen_abalance), (0.8, lambda c: self._a_truncate(c, rng))]
         next_shape = started + rng.uniform(2, 6) * self.every / 12
         conn: psycopg.Connection[Any] | None = None
         while not self._stop.is_set():
@@ -264,6 +264,16 @@ class ShapeWriter:
                 self._rows(conn, rng)  # rows after the truncate, same transaction
         else:
             conn.execute("TRUNCATE pgbench_history")
+
+    def _a_truncate(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
+        """A truncate of soak.items (rows after it, same transaction) when the random draws gave none
+        yet: a soak whose workload ends early (a fast machine) still has one."""
+        if self.done["truncate_items"] + self.done["truncate_history"]:
+            return
+        self.done["truncate_items"] += 1
+        with conn.transaction():
+            conn.execute("TRUNCATE soak.items")
+            self._rows(conn, rng)
 
     def _history_default(self, conn: psycopg.Connection[Any]) -> None:
         """A column with a default on a table with rows: older rows hold it as PostgreSQL reads them."""
