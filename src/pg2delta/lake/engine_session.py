@@ -363,6 +363,9 @@ def _open_classic(config: EngineConfig) -> OpenedSession:
             builder = configure_spark_with_delta_pip(builder)
         except ImportError:
             pass
+    # A process that inherited pyspark's Spark Connect mode (set by a Connect session in its parent)
+    # would take the classic builder for a Connect one and fail without a URL.
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     spark = builder.getOrCreate()
     s3a_retry_defaults(spark.sparkContext._jsc.hadoopConfiguration())
     session_conf = {k: v for k, v in _CLASSIC_SQL_CONF.items() if k not in conf}
