@@ -148,9 +148,9 @@ class DeltaMaintenance(EngineSession):
             table = self._delta_rs(uri)
             table.create_checkpoint()
             table.cleanup_metadata()
-            # Readers find it by listing the log; with the hint pysail could not read the versions
-            # before it (pg2delta.lake.lake_files.Lake.drop_checkpoint_hint).
-            self.lake.drop_checkpoint_hint(uri)
+            # The hint it leaves (_last_checkpoint) stays: without it every later load of the table
+            # lists and replays more of the log (bench-year). A time travel below it that fails
+            # drops it first (DeltaReads._read_version); the engine's next checkpoint writes it again.
             return True
         except Exception as exc:
             raise LakeError(f"cannot write a checkpoint of {uri}: {' '.join(str(exc).split())[:500]}") from exc
