@@ -145,13 +145,8 @@ class Lake:
 
     def delta_version(self, uri: str) -> int | None:
         """The latest commit version of the Delta table at ``uri``, or None if there is none."""
-        log_dir = f"{self.fs_path(uri)}/_delta_log"
-        try:
-            infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
-        except (OSError, pa.ArrowException) as exc:
-            raise LakeError(f"cannot list {log_dir}: {exc}") from exc
-        versions = [int(m.group(1)) for i in infos if (m := re.fullmatch(r"(\d{20})\.json", i.base_name))]
-        return max(versions) if versions else None
+        commits, _ = _log_listing(self.fs, f"{self.fs_path(uri)}/_delta_log")
+        return max(commits) if commits else None
 
     def drop_checkpoint_hint(self, uri: str) -> bool:
         """Remove the Delta table's ``_delta_log/_last_checkpoint``; True when there was one.
@@ -212,11 +207,7 @@ class Lake:
         before it)."""
         local = self.fs_path(uri)
         log_dir = f"{local}/_delta_log"
-        try:
-            infos = self.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
-        except (OSError, pa.ArrowException) as exc:
-            raise LakeError(f"cannot list {log_dir}: {exc}") from exc
-        commits, parts = _log_files(infos)
+        commits, parts = _log_listing(self.fs, log_dir)
         if not commits:
             return None
         latest = max(commits)
@@ -337,6 +328,67 @@ class Lake:
             log.warning("could not remove staging file %s", uri)
 
 
+# JSON commits looked for by name at once past the checkpoint ``_last_checkpoint`` names (the
+# engines write one every 10 commits).
+_TAIL_PROBE = 12
+
+
+def _log_listing(
+    fs: pafs.FileSystem, log_dir: str, *, tail: bool = True
+) -> tuple[set[int], dict[tuple[int, int], set[str]]]:
+    """A Delta log's JSON commit versions and classic checkpoints, as :func:`_log_files` gives them:
+    with ``tail``, where ``_last_checkpoint`` names a classic checkpoint that is there, only that
+    checkpoint and the commits from its version on, looked for by name (:func:`_log_tail`); else
+    from a listing of the whole log. A listing grows with every commit the log keeps (30 days of
+    five-minute runs: 8,640 commits, with their checksums 17,000 files, 18 requests to an object
+    store), and a window asks for a table's version and files about ten times."""
+    if tail and (found := _log_tail(fs, log_dir)) is not None:
+        return found
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
+    except (OSError, pa.ArrowException) as exc:
+        raise LakeError(f"cannot list {log_dir}: {exc}") from exc
+    return _log_files(infos)
+
+
+def _log_tail(fs: pafs.FileSystem, log_dir: str) -> tuple[set[int], dict[tuple[int, int], set[str]]] | None:
+    """The newest checkpoint and the commits from its version on, found from ``_last_checkpoint``
+    by name rather than by a listing; None where that hint is missing, unreadable, names a V2
+    checkpoint, or names a checkpoint that is not there (then the caller lists the log). Commits
+    follow each other without a gap (each is written only if absent, after the one before), so
+    the first missing one ends the log."""
+    try:
+        with fs.open_input_stream(f"{log_dir}/_last_checkpoint") as f:
+            hint = json.loads(f.read())
+        version, parts = int(hint["version"]), int(hint.get("parts") or 0)
+    except FileNotFoundError:
+        return None
+    except (OSError, pa.ArrowException, ValueError, KeyError, TypeError):
+        log.debug("unreadable %s/_last_checkpoint: listing the log", log_dir)
+        return None
+    if "v2Checkpoint" in hint or version < 0 or parts < 0:
+        return None
+    if parts:
+        names = [f"{log_dir}/{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)]
+    else:
+        names = [f"{log_dir}/{version:020d}.checkpoint.parquet"]
+    commits = {version}  # the table is at least at its checkpoint's version (whose commit clean-up may remove)
+    checks = names
+    try:
+        while True:
+            batch = range(max(commits) + 1, max(commits) + 1 + _TAIL_PROBE)
+            infos = fs.get_file_info([*checks, *(f"{log_dir}/{v:020d}.json" for v in batch)])
+            if any(i.type == pafs.FileType.NotFound for i in infos[: len(checks)]):
+                return None
+            for v, info in zip(batch, infos[len(checks) :], strict=True):
+                if info.type == pafs.FileType.NotFound:
+                    return commits, {(version, max(parts, 1)): set(names)}
+                commits.add(v)
+            checks = []
+    except (OSError, pa.ArrowException) as exc:
+        raise LakeError(f"cannot read the Delta log {log_dir}: {exc}") from exc
+
+
 def _log_files(infos: Sequence[pafs.FileInfo]) -> tuple[set[int], dict[tuple[int, int], set[str]]]:
     """A ``_delta_log`` listing's JSON commit versions, and its classic checkpoints' files by
     (version, parts): single-file and multi-part checkpoints alike."""
@@ -358,11 +410,9 @@ def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
     metadata, else the newest complete classic checkpoint up to it. None where the log cannot
     tell this way (a JSON commit cleaned up with no checkpoint past it; no table)."""
     log_dir = f"{lake.fs_path(uri)}/_delta_log"
-    try:
-        infos = lake.fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
-    except (OSError, pa.ArrowException) as exc:
-        raise LakeError(f"cannot list {log_dir}: {exc}") from exc
-    commits, parts = _log_files(infos)
+    commits, parts = _log_listing(lake.fs, log_dir)
+    if commits and version is not None and version < min(commits):  # older than the tail: the whole log
+        commits, parts = _log_listing(lake.fs, log_dir, tail=False)
     if not commits:
         return None
     version = max(commits) if version is None else version

@@ -1,0 +1,123 @@
+"""A Delta table's latest version and files from the tail of its log (``_last_checkpoint``, then
+the commits after it by name) equal what a listing of the whole log gives, in every shape of log
+pg2delta meets: delta-rs's and the engines' checkpoints, a hint gone or stale, the checkpoint's own
+commit cleaned up, more commits past the hint than one probe, multi-part checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from pg2delta.lake import lake_files
+from pg2delta.lake.lake_files import Lake, schema_at
+
+
+def _table(path: Path, commits: int, checkpoint_at: int | None) -> str:
+    uri = str(path)
+    for i in range(commits):
+        write_deltalake(uri, pa.table({"id": [i], "v": [f"row {i}"]}), mode="append")
+        if i == checkpoint_at:
+            DeltaTable(uri).create_checkpoint()
+    return uri
+
+
+def _by_listing(lake: Lake, uri: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int | None, object]:
+    with monkeypatch.context() as m:
+        m.setattr(lake_files, "_log_tail", lambda fs, log_dir: None)
+        return lake.delta_version(uri), lake.files_now(uri)
+
+
+class _Spy:
+    """``lake.fs`` that counts the paths each lookup by name asks for, and fails on a listing."""
+
+    def __init__(self, fs: pafs.FileSystem) -> None:
+        self.fs, self.asked = fs, list[int]()
+
+    def get_file_info(self, what: object) -> object:
+        assert not isinstance(what, pafs.FileSelector), "the log was listed"
+        self.asked.append(len(what) if isinstance(what, list) else 1)
+        return self.fs.get_file_info(what)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.fs, name)
+
+
+@pytest.mark.parametrize("commits,checkpoint_at", [(3, 1), (40, 2), (15, 14)], ids=["few-after", "past-one-probe", "at-head"])
+def test_the_tail_equals_the_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, commits: int, checkpoint_at: int) -> None:
+    uri = _table(tmp_path / "t", commits, checkpoint_at)
+    lake = Lake(str(tmp_path))
+    expected = _by_listing(lake, uri, monkeypatch)
+    assert expected[0] == commits - 1
+    assert json.loads((tmp_path / "t" / "_delta_log" / "_last_checkpoint").read_text())["version"] == checkpoint_at
+    fs = pafs.LocalFileSystem()
+    tail = lake_files._log_tail(fs, f"{uri}/_delta_log")
+    assert tail is not None and max(tail[0]) == commits - 1 and list(tail[1]) == [(checkpoint_at, 1)]
+    assert (lake.delta_version(uri), lake.files_now(uri)) == expected
+    assert schema_at(lake, uri) == schema_at(lake, uri, commits - 1)
+    # An older version than the checkpoint's: the whole log is read for it.
+    assert schema_at(lake, uri, 0) is not None
+
+
+def test_no_listing_where_the_hint_names_a_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = _table(tmp_path / "t", 30, 24)
+    lake = Lake(str(tmp_path))
+    expected = _by_listing(lake, uri, monkeypatch)
+    spy = _Spy(lake.fs)
+    lake.fs = spy  # type: ignore[assignment]
+    assert lake.delta_version(uri) == 29
+    assert lake.files_now(uri) == expected[1]
+    # The checkpoint and one probe of the commits after it, in one request each time.
+    assert spy.asked == [1 + lake_files._TAIL_PROBE, 1 + lake_files._TAIL_PROBE], spy.asked
+
+
+def test_a_missing_stale_or_odd_hint_falls_back_to_the_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = _table(tmp_path / "t", 25, 9)
+    log_dir = tmp_path / "t" / "_delta_log"
+    lake = Lake(str(tmp_path))
+    expected = _by_listing(lake, uri, monkeypatch)
+    hint = log_dir / "_last_checkpoint"
+    text = hint.read_text()
+    for content in (None, "not json", '{"version": 9, "v2Checkpoint": {}}', '{"version": 9, "parts": 3}', '{"size": 1}'):
+        if content is None:
+            hint.unlink()
+        else:
+            hint.write_text(content)
+        assert lake_files._log_tail(pafs.LocalFileSystem(), str(log_dir)) is None, content
+        assert (lake.delta_version(uri), lake.files_now(uri)) == expected, content
+    # A hint older than a newer checkpoint it does not name: the commits after it are replayed.
+    hint.write_text(text)
+    DeltaTable(uri).create_checkpoint()
+    hint.write_text(text)
+    assert (lake.delta_version(uri), lake.files_now(uri)) == expected
+
+
+def test_the_checkpoints_own_commit_cleaned_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = _table(tmp_path / "t", 6, 5)
+    (tmp_path / "t" / "_delta_log" / f"{5:020d}.json").unlink()
+    lake = Lake(str(tmp_path))
+    assert lake.delta_version(uri) == 5
+    version, files = lake.files_now(uri) or (None, {})
+    assert version == 5 and len(files) == 6
+    assert schema_at(lake, uri) is not None
+
+
+def test_a_multi_part_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apache Spark writes a large table's checkpoint in parts, and says how many in the hint."""
+    uri = _table(tmp_path / "t", 8, 4)
+    log_dir = tmp_path / "t" / "_delta_log"
+    lake = Lake(str(tmp_path))
+    expected = _by_listing(lake, uri, monkeypatch)
+    single = log_dir / f"{4:020d}.checkpoint.parquet"
+    # The same checkpoint as one part of one, named as a multi-part checkpoint is.
+    shutil.move(single, log_dir / f"{4:020d}.checkpoint.{1:010d}.{1:010d}.parquet")
+    hint = json.loads((log_dir / "_last_checkpoint").read_text())
+    (log_dir / "_last_checkpoint").write_text(json.dumps({**hint, "parts": 1}))
+    tail = lake_files._log_tail(pafs.LocalFileSystem(), str(log_dir))
+    assert tail is not None and list(tail[1]) == [(4, 1)]
+    assert (lake.delta_version(uri), lake.files_now(uri)) == expected
