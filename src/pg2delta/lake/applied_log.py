@@ -227,14 +227,14 @@ def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
     would read back): the window's key, membership, partitions, attnums and relfilenodes, else the
     ones before."""
     key = t.key if t.key is not None else (before.key if before is not None else None)
+    nums: dict[str, int] | None = json.loads(t.attnums) if t.attnums else None
     return Applied(
         end, t.delta_version, t.schema, t.table, key,
         publication=t.publication or (before.publication if before else None),
         partitions=t.partitions or (before.partitions if before else None),
-        attnums=json.loads(t.attnums) if t.attnums else (before.attnums if before else None),
+        attnums=nums if nums is not None else (before.attnums if before else None),
         filenodes=t.filenodes or (before.filenodes if before else None),
-        seen_attnums=(before.seen_attnums if before else frozenset())
-        | frozenset(int(v) for v in (json.loads(t.attnums).values() if t.attnums else ())),
+        seen_attnums=(before.seen_attnums if before else frozenset()) | {int(v) for v in (nums or {}).values()},
     )
 
 
