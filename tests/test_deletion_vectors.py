@@ -85,12 +85,12 @@ def _key_ranges(table: Path) -> dict[str, tuple[int, int]]:
 def _assert_only_touched(
     table: Path, before: dict[str, tuple[int, int]], keys: set[int], *, untouched: bool = True
 ) -> dict[str, Any]:
-    """The newest commit rewrote no file: the files holding a key of ``keys`` got a deletion vector
-    (removed and added again under the same path), the others (``untouched``: there are some) are
-    not in the commit, and the new data files hold only the rows of the window. Returns the
-    commit's metrics."""
+    """The newest commit (the window's overwrite of its keys, else its ``MERGE``) rewrote no file:
+    the files holding a key of ``keys`` got a deletion vector (removed and added again under the
+    same path), the others (``untouched``: there are some) are not in the commit, and the new data
+    files hold only the rows of the window. Returns the commit's metrics."""
     info, adds, removes = _last_commit(table)
-    assert info["operation"] == "MERGE", info["operation"]
+    assert info["operation"] in ("WRITE", "MERGE"), info["operation"]
     touched = {p for p, (lo, hi) in before.items() if any(lo <= k <= hi for k in keys)}
     assert touched and (touched != set(before) or not untouched), "the test needs touched and untouched files"
     removed = {r["path"] for r in removes}
@@ -101,8 +101,17 @@ def _assert_only_touched(
     new = [a for a in adds if a["path"] not in before]
     assert sum(json.loads(a["stats"])["numRecords"] for a in new) <= len(keys)
     metrics: dict[str, Any] = info["operationMetrics"]
-    assert int(metrics["numTargetBytesRemoved"]) == 0 and int(metrics["numTargetRowsCopied"]) == 0, metrics
+    if info["operation"] == "MERGE":
+        assert int(metrics["numTargetBytesRemoved"]) == 0 and int(metrics["numTargetRowsCopied"]) == 0, metrics
+        assert int(metrics["numTargetDeletionVectorsAdded"]) >= 1, metrics  # one per touched file
+    else:  # an overwrite of the window's keys: replaceWhere names them
+        assert info["operationParameters"]["mode"] == "Overwrite" and " IN (" in info["operationParameters"]["predicate"]
+        assert int(metrics["numRemovedBytes"]) == 0, metrics
     return metrics
+
+
+def _operation(table: Path) -> str:
+    return str(_last_commit(table)[0]["operation"])
 
 
 @pytest.fixture
@@ -131,9 +140,20 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
     updated, deleted = {10, 2 * ROWS + 7}, {20}
     _change(pgdb, f"UPDATE dvt SET v = 'new', n = -n WHERE id IN ({', '.join(map(str, updated))})", "DELETE FROM dvt WHERE id = 20")
     run(cfg)
-    metrics = _assert_only_touched(table, before, updated | deleted)
-    assert int(metrics["numTargetDeletionVectorsAdded"]) >= 1, metrics  # one per touched file
+    _assert_only_touched(table, before, updated | deleted)
+    assert _operation(table) == "WRITE"  # a few keys: an overwrite of them (engine_commits.REPLACE_KEYS_MAX)
     assert_lake_matches(pgdb, lake, [DVT], context="after a scattered update")
+
+    # The same as a MERGE (a window of more keys than the overwrite takes): deletion vectors too.
+    before = _key_ranges(table)
+    keys_max = engine_commits.REPLACE_KEYS_MAX
+    monkeypatch.setattr(engine_commits, "REPLACE_KEYS_MAX", 1)
+    _change(pgdb, f"UPDATE dvt SET v = 'merged', n = n + 1 WHERE id IN (12, {2 * ROWS + 8})", "DELETE FROM dvt WHERE id = 21")
+    run(cfg)
+    _assert_only_touched(table, before, {12, 2 * ROWS + 8, 21})
+    assert _operation(table) == "MERGE"
+    monkeypatch.setattr(engine_commits, "REPLACE_KEYS_MAX", keys_max)
+    assert_lake_matches(pgdb, lake, [DVT], context="after a scattered MERGE")
 
     # Keys of the last transaction's file only: the MERGE's ON clause bounds the table's keys to the
     # window's range (Delta's data skipping then leaves the other files out of its scan); the
@@ -145,7 +165,8 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
     _assert_only_touched(table, before, last)
     assert_lake_matches(pgdb, lake, [DVT], context="after an update of the newest keys")
 
-    # By default a table as small as this one has its touched files rewritten, without vectors:
+    # By default a table as small as this one has its touched files rewritten, without vectors
+    # (the overwrite's replaceWhere, as a MERGE would):
     # the file of the first transaction's keys goes, a file without vectors holds its rows anew.
     monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", default)
     before = _key_ranges(table)
@@ -153,10 +174,10 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
     run(cfg)
     info, adds, removes = _last_commit(table)
     removed, touched = {r["path"] for r in removes}, {p for p, (lo, hi) in before.items() if lo <= 11 <= hi}
-    assert info["operation"] == "MERGE" and removed and removed <= touched, (removed, touched)
-    assert int(info["operationMetrics"]["numTargetBytesRemoved"]) > 0, info["operationMetrics"]
+    assert info["operation"] == "WRITE" and removed and removed <= touched, (removed, touched)
+    assert int(info["operationMetrics"]["numRemovedBytes"]) > 0, info["operationMetrics"]
     assert not any(a.get("deletionVector") for a in adds) and not {a["path"] for a in adds} & set(before)
-    assert_lake_matches(pgdb, lake, [DVT], context="a small table's MERGE rewriting its touched file")
+    assert_lake_matches(pgdb, lake, [DVT], context="a small table's commit rewriting its touched file")
 
 
 def test_a_table_created_without_deletion_vectors_keeps_working_and_maintain_turns_them_on(
@@ -174,7 +195,7 @@ def test_a_table_created_without_deletion_vectors_keeps_working_and_maintain_tur
     run(cfg)  # the table keeps its protocol: no deletion vectors until maintenance
     assert not has_deletion_vectors(table)
     info, adds, _ = _last_commit(table)
-    assert info["operation"] == "MERGE" and not any(a.get("deletionVector") for a in adds)
+    assert info["operation"] == "WRITE" and not any(a.get("deletionVector") for a in adds)
     assert_lake_matches(pgdb, lake, [DVT], context="a table without deletion vectors")
 
     report = maintain(cfg)

@@ -1,11 +1,13 @@
-"""A window's final rows committed on the embedded engine as a rewrite of their key range, not a
-MERGE (pg2delta.lake.engine_commits): the same table as the MERGE gives, one commit, the files
-outside the range untouched; and through the job, with a crash after the commit and its replay.
+"""A window's final rows committed on the embedded engine as a rewrite of their key range, and on
+Apache Spark as an overwrite of their keys, not a MERGE (pg2delta.lake.engine_commits): the same
+table as the MERGE gives, one commit, the files without a key of the window untouched; and through
+the job, with a crash after the commit and its replay.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import signal
@@ -19,6 +21,7 @@ import pytest
 from deltalake import DeltaTable
 
 from engines import SharedEngine
+from lake_read import read_delta
 from pg2delta.apply.merge import merge_statement
 from pg2delta.config import load
 from pg2delta.faults import FAULT_ENV
@@ -103,9 +106,12 @@ CASES = {
 }
 
 
-def _committed(tmp_path: Path, shared: SharedEngine, case: dict[str, Any], name: str) -> tuple[list[dict[str, Any]], DeltaTable, set[str]]:
-    """The case's table (in ``files`` appends), the source committed as a MergeRows; the rows after,
-    the table, and the files before the commit."""
+def _committed(
+    tmp_path: Path, shared: SharedEngine, case: dict[str, Any], name: str, *, vectors: bool = False
+) -> tuple[list[dict[str, Any]], DeltaTable, set[str]]:
+    """The case's table (in ``files`` appends; ``vectors``: then with deletion vectors, Apache
+    Spark), the source committed as a MergeRows (with its keys, where it has one key column of
+    integers or strings); the rows after, the table, and the files before the commit."""
     lake = Lake(str(tmp_path / name))
     uri = lake.table_uri("public", "t")
     engine = shared.start(EngineConfig(), lake)
@@ -113,6 +119,8 @@ def _committed(tmp_path: Path, shared: SharedEngine, case: dict[str, Any], name:
     step = -(-table.num_rows // case["files"])
     for at in range(0, table.num_rows, step):
         engine.append(uri, table.slice(at, step))
+    if vectors:
+        engine.spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
     before = set(DeltaTable(uri).file_uris())
     staged = lake.stage(source, "source")
     columns = tuple(table.column_names)
@@ -121,11 +129,12 @@ def _committed(tmp_path: Path, shared: SharedEngine, case: dict[str, Any], name:
         lambda t, v: MergeRows(
             merge_statement(t, v, key, columns, truncate=case["truncate"], nullable_keys=case["nullable"]),
             tuple(key), columns, case["truncate"], case["nullable"],
+            keys=engine_commits.replaced_keys(source.column(key[0])) if len(key) == 1 else None,
         ),
         rows=source.num_rows,
     )
     dt = DeltaTable(uri)
-    rows = dt.to_pyarrow_table().to_pylist()
+    rows = read_delta(uri).to_pylist()
     return sorted(rows, key=lambda r: repr(sorted(r.items()))), dt, before
 
 
@@ -155,6 +164,127 @@ def test_rewrite_equals_merge(
     if name == "int key":
         kept = before & set(table.file_uris())
         assert len(kept) == 3, (before, table.file_uris())  # the second file alone was rewritten
+
+
+# The cases Apache Spark commits as an overwrite of their keys: one key column of integers or
+# strings, not matched null-safely, no truncate.
+KEYED = {"int key", "int key, new rows past the end", "string key"}
+
+
+@pytest.mark.classic
+@pytest.mark.parametrize(
+    ("name", "vectors"),
+    # Both ways for the cases the overwrite takes; once for the others, which stay MERGEs.
+    [(n, v) for n in CASES for v in ((False, True) if n in KEYED else (False,))],
+    ids=lambda x: ("deletion-vectors" if x else "rewrite") if isinstance(x, bool) else x,
+)
+def test_key_overwrite_equals_merge(
+    name: str, vectors: bool, tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Apache Spark, each case committed by a MERGE and by an overwrite of the source's keys
+    (replaceWhere), deletion vectors written or the touched files rewritten: the same rows, in one
+    commit each; the overwrite leaves the files without a key of the window out of its commit."""
+    if not shared_engine.start(EngineConfig(), Lake(str(tmp_path))).classic:
+        pytest.skip("the overwrite of the window's keys is Apache Spark's")
+    case = dict(CASES[name])
+    types = dict(zip(case["table"].column_names, case["table"].schema.types, strict=True))
+    source = case["source"]  # a column of NULLs alone typed as the table's (Apache Spark reads no Parquet of type null)
+    case["source"] = source.cast(pa.schema([pa.field(f.name, types[f.name]) if pa.types.is_null(f.type) else f for f in source.schema]))
+    monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", -1 if vectors else 1 << 40)
+    monkeypatch.setattr(engine_commits, "REPLACE_KEYS_MAX", 0)
+    merged, merge_table, _ = _committed(tmp_path, shared_engine, case, "merge", vectors=vectors)
+    monkeypatch.setattr(engine_commits, "REPLACE_KEYS_MAX", 5_000)
+    replaced, table, _ = _committed(tmp_path, shared_engine, case, "replace", vectors=vectors)
+    assert _nan_safe(replaced) == _nan_safe(merged)
+    assert table.version() == merge_table.version() == case["files"] + vectors  # one commit, after the appends
+    assert [h["operation"] for h in merge_table.history(1)] == ["MERGE"]
+    last = table.history(1)[0]
+    assert last["operation"] == ("WRITE" if name in KEYED else "MERGE"), last
+    if name in KEYED:
+        assert last["operationParameters"]["mode"] == "Overwrite" and " IN (" in last["operationParameters"]["predicate"]
+    if name == "int key":
+        actions = [json.loads(line) for line in (Path(table.table_uri.removeprefix("file://")) / "_delta_log"
+                                                  / f"{table.version():020d}.json").read_text().splitlines() if line]
+        removed = {a["remove"]["path"] for a in actions if "remove" in a}
+        assert len(removed) == 1, actions  # the second file alone holds the window's keys
+        readded = [a["add"] for a in actions if "add" in a and a["add"]["path"] in removed]
+        # With vectors the file comes back with one; without, its other rows are in a new file.
+        assert (len(readded) == 1 and bool(readded[0].get("deletionVector"))) if vectors else not readded, actions
+
+
+@pytest.mark.classic
+@pytest.mark.parametrize("seed", range(2))  # an integer key, a string one
+def test_key_overwrite_equals_merge_on_random_windows(
+    seed: int, tmp_path: Path, shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Apache Spark, random tables in files of key ranges and random windows of updates, deletes
+    and inserts, a string key or an integer one, with deletion vectors: the overwrite of the
+    window's keys gives the MERGE's rows, and its commit touches only files whose statistics' range
+    holds a key of the window."""
+    if not shared_engine.start(EngineConfig(), Lake(str(tmp_path))).classic:
+        pytest.skip("the overwrite of the window's keys is Apache Spark's")
+    rng = random.Random(seed)
+    text = seed % 2 == 1
+    ids = sorted(rng.sample(range(0, 3000), 200))
+    files = [ids[i:i + 50] for i in range(0, 200, 50)]
+    keys = set(rng.sample(ids, rng.randint(1, 15)))
+    new = set(rng.sample(range(-50, 3100), 5)) - set(ids)
+    ops = {k: rng.choice("UD") for k in keys} | {k: "I" for k in new}
+
+    def key(k: int) -> Any:
+        return f"k{k:05d}'\\" if text else k
+
+    kind = S if text else I64
+    source = pa.table({"id": pa.array([key(k) for k in sorted(ops)], kind), "v": [f"s{k}" for k in sorted(ops)],
+                       OP: [ops[k] for k in sorted(ops)]})
+    monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", -1)
+    results, commits = [], []
+    for mode, most in (("merge", 0), ("replace", 5_000)):
+        monkeypatch.setattr(engine_commits, "REPLACE_KEYS_MAX", most)
+        lake = Lake(str(tmp_path / mode))
+        uri = lake.table_uri("public", "t")
+        engine = shared_engine.start(EngineConfig(), lake)
+        for f in files:
+            engine.append(uri, pa.table({"id": pa.array([key(i) for i in f], kind), "v": [f"t{i}" for i in f]}))
+        engine.spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
+        before = {a["path"]: (a["min.id"], a["max.id"]) for a in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()}
+        engine.merge(
+            uri, lake.stage(source, "source"),
+            lambda t, v: MergeRows(merge_statement(t, v, ["id"], ("id", "v"), truncate=False), ("id",), ("id", "v"),
+                                   False, False, keys=engine_commits.replaced_keys(source.column("id"))),
+            rows=source.num_rows,
+        )
+        table = DeltaTable(uri)
+        results.append(sorted(read_delta(uri).to_pylist(), key=lambda r: str(r["id"])))
+        commits.append(table.history(1)[0]["operation"])
+        after = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
+        gone = {p for p in before if p not in after or p in _removed(table)}
+        holding = {p for p, (lo, hi) in before.items() if any(lo <= key(k) <= hi for k in ops)}
+        assert gone <= holding, (mode, seed, sorted(before.values()), sorted(ops))
+    assert commits == ["MERGE", "WRITE"], commits
+    assert results[0] == results[1], f"seed {seed}"
+
+
+def _removed(table: DeltaTable) -> set[str]:
+    """The paths the table's newest commit removed (a file given a deletion vector is removed and added again)."""
+    path = Path(table.table_uri.removeprefix("file://")) / "_delta_log" / f"{table.version():020d}.json"
+    return {json.loads(line)["remove"]["path"] for line in path.read_text().splitlines() if '"remove"' in line}
+
+
+def test_in_keys_and_replaced_keys() -> None:
+    """The overwrite's condition names each key once, bounded by the smallest and the largest (a
+    string's quote and backslash escaped); keys are given for integers and strings alone, none
+    NULL, at most REPLACE_KEYS_MAX."""
+    assert engine_commits.in_keys("`id`", (3, 1, 3)) == "`id` IS NOT NULL AND `id` >= 1 AND `id` <= 3 AND `id` IN (1, 3)"
+    assert engine_commits.in_keys("`s`", ("b", "it's", "a\\b")) == (
+        "`s` IS NOT NULL AND `s` >= 'a\\\\b' AND `s` <= 'it\\'s' AND `s` IN ('a\\\\b', 'b', 'it\\'s')")
+    assert engine_commits.replaced_keys(pa.chunked_array([pa.array([1, 2], I32)])) == (1, 2)
+    assert engine_commits.replaced_keys(pa.chunked_array([pa.array(["x"], S)])) == ("x",)
+    assert engine_commits.replaced_keys(pa.chunked_array([pa.array([1.5], F64)])) is None
+    assert engine_commits.replaced_keys(pa.chunked_array([pa.array([1, None], I64)])) is None
+    assert engine_commits.replaced_keys(pa.chunked_array([pa.array([], I64)])) is None
+    many = pa.chunked_array([pa.array(range(engine_commits.REPLACE_KEYS_MAX + 1), I64)])
+    assert engine_commits.replaced_keys(many) is None
 
 
 def test_key_ranges() -> None:

@@ -50,7 +50,7 @@ from pg2delta.decode.events import DELETED_COL
 from pg2delta.errors import DataError, SchemaError
 from pg2delta.faults import fault_point
 from pg2delta.lake.applied_log import Applied
-from pg2delta.lake.engine import AppendRows, Engine, MergeRows, Txn
+from pg2delta.lake.engine import AppendRows, Engine, MergeRows, Txn, replaced_keys
 from pg2delta.lake.sql import quote
 from pg2delta.memory import release_memory
 
@@ -126,18 +126,18 @@ def merge_changes(
     source = fill_lookups(to.engine, uri, reduced, key_names, lookup_version, nullable_keys=nullable_keys, optional=optional)
     report.inserts, report.updates, report.deletes = reduced.inserts, reduced.updates, reduced.deletes
     report.rows_merged, key_range = source.num_rows, integer_range(source.column(key_names[0]))
+    keys = replaced_keys(source.column(key_names[0])) if len(key_names) == 1 else None
     new, inserts_only = _commit_kind(to, report, lookup_version, nullable_keys=nullable_keys, soft=soft, txn=txn)
     existing = reshape() if reshape is not None else None  # after _commit_kind: reshape's commits move the version
     source, data_columns = _staged_rows(source, data_columns, key_names, soft=soft)
     staged = to.lake.stage(source, f"{run_id}/{schema}.{name}.{uuid.uuid4().hex[:8]}")
-    # The rows are in the staged file now: the driver's reduced copies go back to the system before
-    # the engine's MERGE, which takes about as much again in this process on the embedded engine
-    # (bench/README.md, "A bulk UPDATE into a populated table").
+    # Staged now: the driver's reduced copies go back to the system before the engine's MERGE, which takes
+    # about as much again in this process on the embedded engine (bench/README.md, "A bulk UPDATE ...").
     del source, reduced, reducing
     release_memory()
     try:
         _commit_rows(to, report, staged, key_names, data_columns, existing, reshaped, nullable_keys=nullable_keys, txn=txn,
-                     key_range=key_range, new=new, inserts_only=inserts_only)
+                     key_range=key_range, new=new, inserts_only=inserts_only, keys=keys)
     finally:
         to.lake.unstage(staged)
 
@@ -160,10 +160,11 @@ def _commit_rows(
     to: LakeWriter, report: TableReport, staged: str, key_names: list[str], data_columns: list[str],
     existing: frozenset[str] | None, reshaped: Callable[[], None] | None, *, nullable_keys: bool, txn: Txn | None,
     key_range: tuple[int, int] | None = None, new: bool = False, inserts_only: bool = False,
+    keys: tuple[int, ...] | tuple[str, ...] | None = None,
 ) -> None:
     """Commit the staged final rows of :func:`merge_changes`: an append into a ``new`` table (which
     the append creates, in one commit), else a MERGE (the engine's to commit as it costs it least,
-    ``inserts_only`` as :func:`_commit_kind` says)."""
+    ``inserts_only`` as :func:`_commit_kind` says, ``keys``: the rows' keys, one per row, or None)."""
     uri = report.path
     if not new:
         to.engine.ensure_table(uri, staged, data_columns, existing)
@@ -173,7 +174,7 @@ def _commit_rows(
         uri, staged,
         lambda target, view: _statement(
             target, view, key_names, data_columns, new, report.truncated, nullable_keys, key_range,
-            soft=report.soft(data_columns, key_names), inserts_only=inserts_only,
+            soft=report.soft(data_columns, key_names), inserts_only=inserts_only, keys=keys,
         ),
         txn=txn, rows=report.rows_merged,
     )
@@ -285,13 +286,14 @@ def _merge_staged(
 def _statement(
     target: str, view: str, key_names: Sequence[str], data_columns: Sequence[str], append: bool, truncate: bool,
     nullable_keys: bool, key_range: tuple[int, int] | None = None, *, soft: SoftDeletes | None = None,
-    inserts_only: bool = False,
+    inserts_only: bool = False, keys: tuple[int, ...] | tuple[str, ...] | None = None,
 ) -> AppendRows | MergeRows:
     """The commit of a window's final rows: a MERGE, or into a table this window created (no row
     to match, nothing a truncate could remove) an append of the rows that are not deletes. A
     replay after a crash finds the table there and merges the same rows again. ``key_range``: the
     source's first key column's smallest and largest value, when known (an integer key);
-    ``inserts_only``: see :func:`_commit_kind`."""
+    ``inserts_only``: see :func:`_commit_kind`; ``keys``: the source's keys (one key column), when
+    known (:attr:`pg2delta.lake.engine_session.MergeRows.keys`)."""
     if append:
         if soft is not None:
             return AppendRows(tuple(data_columns), soft.landed(), soft.source(view, data_columns))
@@ -299,6 +301,7 @@ def _statement(
     merge = MergeRows(
         merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys, soft=soft),
         tuple(key_names), tuple(data_columns), truncate, nullable_keys, inserts_only=inserts_only,
+        keys=None if soft is not None else keys,
     )
     if key_range is None or truncate or nullable_keys:
         return merge

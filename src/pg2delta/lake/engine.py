@@ -44,6 +44,7 @@ from typing import Any
 
 from pg2delta.config import ENGINES, EngineConfig
 from pg2delta.delta_features import DeltaFeatures
+from pg2delta.lake.engine_commits import replaced_keys
 from pg2delta.lake.engine_features import creating
 from pg2delta.lake.engine_maintain import DeltaMaintenance
 from pg2delta.lake.engine_session import (
@@ -58,7 +59,7 @@ from pg2delta.lake.engine_staged import StagedReduce
 from pg2delta.lake.engine_writes import DeltaWrites, create_empty, creating_table
 from pg2delta.lake.lake_files import Lake
 
-__all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "AppendRows", "Engine", "EngineConfig", "Lake", "MergeRows", "Txn"]
+__all__ = ["ENGINES", "TXN_APP_ID", "TXN_VERSION", "AppendRows", "Engine", "EngineConfig", "Lake", "MergeRows", "Txn", "replaced_keys"]
 
 
 class Engine(DeltaWrites, StagedReduce, DeltaMaintenance):

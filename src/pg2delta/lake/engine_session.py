@@ -141,7 +141,9 @@ class MergeRows:
     ``inserts_only``: every row is an insert that no row of the table can match, and a replay
     cannot land them twice (the caller's word, see :func:`pg2delta.apply.table._commit_kind`): the
     engine may append them without reading the table's state, under no idempotent-write id
-    (:meth:`pg2delta.lake.engine_commits.Commits._commit_merge`)."""
+    (:meth:`pg2delta.lake.engine_commits.Commits._commit_merge`). ``keys``: the source's keys, one
+    per row, where one key column of integers or strings holds at most a few thousand, with which
+    Apache Spark commits the rows as an overwrite of those keys (``Commits._replace_keys``)."""
 
     statement: str
     key_names: tuple[str, ...]
@@ -150,6 +152,7 @@ class MergeRows:
     nullable_keys: bool
     bounded: str | None = None
     inserts_only: bool = False
+    keys: tuple[int, ...] | tuple[str, ...] | None = None
 
 
 def _delta_jars_named(conf: dict[str, str]) -> bool:

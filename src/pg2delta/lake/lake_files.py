@@ -406,9 +406,17 @@ def _log_files(infos: Sequence[pafs.FileInfo]) -> tuple[set[int], dict[tuple[int
 
 def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
     """The schema (Spark's StructType JSON) of ``lake``'s Delta table at ``uri`` as of ``version``
-    (default: the latest), from its log alone: the newest JSON commit up to it that changed the
-    metadata, else the newest complete classic checkpoint up to it. None where the log cannot
-    tell this way (a JSON commit cleaned up with no checkpoint past it; no table)."""
+    (default: the latest), from its log alone (see :func:`metadata_at`)."""
+    meta = metadata_at(lake, uri, version)
+    return None if meta is None else str(meta["schemaString"])
+
+
+def metadata_at(lake: Lake, uri: str, version: int | None = None) -> dict[str, Any] | None:
+    """The ``metaData`` action (its ``schemaString``, ``configuration``, ``partitionColumns``) of
+    ``lake``'s Delta table at ``uri`` as of ``version`` (default: the latest), from its log alone:
+    the newest JSON commit up to it that changed the metadata, else the newest complete classic
+    checkpoint up to it. None where the log cannot tell this way (a JSON commit cleaned up with no
+    checkpoint past it; no table)."""
     log_dir = f"{lake.fs_path(uri)}/_delta_log"
     commits, parts = _log_listing(lake.fs, log_dir)
     if commits and version is not None and version < min(commits):  # older than the tail: the whole log
@@ -427,7 +435,7 @@ def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
             for line in lines:
                 action = json.loads(line) if line.strip() else {}
                 if "metaData" in action:
-                    return str(action["metaData"]["schemaString"])
+                    return dict(action["metaData"])
         if floor < 0:
             return None
         for name in sorted(parts[(floor, complete[floor])]):
@@ -435,7 +443,9 @@ def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
                 table = pq.read_table(f, columns=["metaData"])
             for meta in table.column("metaData").to_pylist():
                 if meta is not None and meta.get("schemaString"):
-                    return str(meta["schemaString"])
+                    # A checkpoint's configuration is a map: pyarrow gives its pairs as a list.
+                    conf = meta.get("configuration")
+                    return {**meta, "configuration": dict(conf) if conf is not None else {}}
     except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
         raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
     return None
