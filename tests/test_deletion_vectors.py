@@ -165,6 +165,17 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
     _assert_only_touched(table, before, last)
     assert_lake_matches(pgdb, lake, [DVT], context="after an update of the newest keys")
 
+    # A table above the size limit writes vectors window after window: the files the last window
+    # gave vectors still count (files_now used to drop a file removed and added again in one
+    # commit, so every second MERGE took the table for a small one and rewrote it whole).
+    size = sum(DeltaTable(str(table)).get_add_actions(flatten=True).column("size_bytes").to_pylist())
+    monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", size // 2)
+    for n, keys in enumerate(({13, 3 * ROWS + 3}, {14, 3 * ROWS + 4})):
+        before = _key_ranges(table)
+        _change(pgdb, f"UPDATE dvt SET n = {n} WHERE id IN ({', '.join(map(str, keys))})")
+        run(cfg)
+        _assert_only_touched(table, before, keys)
+
     # By default a table as small as this one has its touched files rewritten, without vectors
     # (the overwrite's replaceWhere, as a MERGE would):
     # the file of the first transaction's keys goes, a file without vectors holds its rows anew.

@@ -121,3 +121,20 @@ def test_a_multi_part_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     tail = lake_files._log_tail(pafs.LocalFileSystem(), str(log_dir))
     assert tail is not None and list(tail[1]) == [(4, 1)]
     assert (lake.delta_version(uri), lake.files_now(uri)) == expected
+
+
+def test_a_file_removed_and_added_again_in_one_commit_stays(tmp_path: Path) -> None:
+    """A commit that gives a file a deletion vector removes it and adds it again under its path;
+    Apache Spark writes the add first. The file is still the table's (before, files_now dropped it,
+    and the next MERGE took a 98 MB table for a small one and rewrote every file)."""
+    uri = _table(tmp_path / "t", 2, None)
+    log = tmp_path / "t" / "_delta_log"
+    first = next(json.loads(line)["add"] for line in (log / f"{0:020d}.json").read_text().splitlines() if '"add"' in line)
+    vector = {"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^", "offset": 1, "sizeInBytes": 36, "cardinality": 1}
+    again = {**first, "deletionVector": vector, "dataChange": True}
+    removed = {"path": first["path"], "deletionTimestamp": 1, "dataChange": True, "size": first["size"]}
+    actions = [{"commitInfo": {"operation": "DELETE"}}, {"add": again}, {"remove": removed}]
+    (log / f"{2:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+    found = Lake(str(tmp_path)).files_now(uri)
+    assert found is not None and found[0] == 2
+    assert first["path"] in found[1] and len(found[1]) == 2, found

@@ -184,14 +184,15 @@ class Lake:
                     lines = f.read().decode().splitlines()
             except (OSError, pa.ArrowException) as exc:
                 raise LakeError(f"cannot read version {version} of {uri}: commit {v} is gone ({exc})") from exc
-            for line in lines:
-                action = json.loads(line) if line.strip() else {}
+            actions = [json.loads(line) for line in lines if line.strip()]
+            for action in actions:  # a commit's removes before its adds (see files_now)
+                if "remove" in action:
+                    files.pop(unquote(action["remove"]["path"]), None)
+            for action in actions:
                 if "add" in action:
                     if action["add"].get("deletionVector"):
                         raise LakeError(f"cannot read version {version} of {uri} from its files: it has deletion vectors")
                     files[unquote(action["add"]["path"])] = None
-                elif "remove" in action:
-                    files.pop(unquote(action["remove"]["path"]), None)
                 elif "metaData" in action:
                     conf = action["metaData"].get("configuration") or {}
                     if conf.get("delta.columnMapping.mode", "none") != "none":
@@ -225,13 +226,15 @@ class Lake:
                             files[unquote(add["path"])] = int(add.get("size") or 0)
             for v in range(start + 1, latest + 1):
                 with self.fs.open_input_stream(f"{log_dir}/{v:020d}.json") as f:
-                    lines = f.read().decode().splitlines()
-                for line in lines:
-                    action = json.loads(line) if line.strip() else {}
+                    actions = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+                # A file given a deletion vector is removed and added again under its path in one
+                # commit (Apache Spark writes the add first): the removes of a commit go first.
+                for action in actions:
+                    if "remove" in action:
+                        files.pop(unquote(action["remove"]["path"]), None)
+                for action in actions:
                     if "add" in action:
                         files[unquote(action["add"]["path"])] = int(action["add"].get("size") or 0)
-                    elif "remove" in action:
-                        files.pop(unquote(action["remove"]["path"]), None)
         except (OSError, pa.ArrowException, KeyError, StopIteration) as exc:
             raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
         return latest, files
