@@ -391,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="make install-spark's folder of Delta's jars, settings and class-data archive")
     ap.add_argument("--pg", type=int, default=15)
     args = ap.parse_args(argv)
+    # Absolute: the Connect server's set-up runs spark-submit from another folder (make passes a relative path).
+    args.spark_submit = str(Path(args.spark_submit).absolute())
     top = int(os.environ.get("PG2DELTA_BENCH_SCALE_MAX_ROWS", SIZES[-1]))
     sizes = [n for n in SIZES if n <= top] or [top]
     engines = args.engines.split(",")
