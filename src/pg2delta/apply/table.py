@@ -300,8 +300,7 @@ def _statement(
         return AppendRows(tuple(data_columns), f"{quote(OP_COL)} <> 'D'")
     merge = MergeRows(
         merge_statement(target, view, key_names, data_columns, truncate=truncate, nullable_keys=nullable_keys, soft=soft),
-        tuple(key_names), tuple(data_columns), truncate, nullable_keys, inserts_only=inserts_only,
-        keys=None if soft is not None else keys,
+        tuple(key_names), tuple(data_columns), truncate, nullable_keys, inserts_only=inserts_only, keys=keys,
     )
     if key_range is None or truncate or nullable_keys:
         return merge

@@ -272,6 +272,12 @@ class RangeRewrites(DeltaReads):
 class Commits(RangeRewrites):
     """How the engine commits a statement builder's result (:meth:`_commit`)."""
 
+    def with_txn(self, writer: Any, txn: Txn | None) -> Any:
+        """``writer`` (a DataFrame writer into Delta) with ``txn`` as Delta's idempotent-write options."""
+        if txn is None or not self.idempotent_writes:
+            return writer
+        return writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
+
     def _commit(self, uri: str, view: str, statement: str | AppendRows | MergeRows, what: str, txn: Txn | None,
                 *, rows: int | None = None) -> None:
         """Commit ``statement`` (Spark SQL, an :class:`AppendRows` or a :class:`MergeRows` of the
@@ -302,9 +308,7 @@ class Commits(RangeRewrites):
             writer = self.delta_writer(rows_df, "append")
             if self.lake.delta_version(uri) is None:  # the append creates the table: one commit
                 writer = self.new_table_writer(writer, rows_df, uri)
-            if txn is not None and self.idempotent_writes:
-                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
-            writer.save(uri)
+            self.with_txn(writer, txn).save(uri)
         except Exception as exc:
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
@@ -363,20 +367,11 @@ class Commits(RangeRewrites):
             return False
         rows = _typed(self.spark.sql(f"SELECT * FROM {view} WHERE {quote(OP_COL)} <> 'D'"), fields)
         writer = self.delta_writer(rows, "overwrite").option("replaceWhere", in_keys(quote(merge.key_names[0]), keys))
-        if txn is not None and self.idempotent_writes:
-            writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
-        conf = self.spark.conf
-        own_check = conf.get(REPLACE_WHERE_CHECK, None) is None
-        if own_check:
-            conf.set(REPLACE_WHERE_CHECK, "false")
         try:
-            with self._rewrite_if_small(uri, DELETE_VECTORS):
-                writer.save(uri)
+            with self._unless_set(REPLACE_WHERE_CHECK, "false"), self._rewrite_if_small(uri, DELETE_VECTORS):
+                self.with_txn(writer, txn).save(uri)
         except Exception as exc:
             raise LakeError(f"overwrite of {len(keys)} keys of {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
-        finally:
-            if own_check:
-                conf.unset(REPLACE_WHERE_CHECK)
         log.info("%s: %d keys committed as an overwrite of those keys", uri, len(keys))
         return True
 
@@ -391,11 +386,21 @@ class Commits(RangeRewrites):
         which cost more than rewriting a small table's files (bench/README.md). The table keeps
         the feature; a ``MERGE`` into it once it is larger writes vectors again. A session that
         sets ``setting`` itself (``[engine]``'s Spark settings) decides alone."""
-        conf = self.spark.conf
-        if not self.deletion_vectors or conf.get(setting, None) is not None or not self._small(uri):
+        if not self.deletion_vectors or self.spark.conf.get(setting, None) is not None or not self._small(uri):
             yield
             return
-        conf.set(setting, "false")
+        with self._unless_set(setting, "false"):
+            yield
+
+    @contextmanager
+    def _unless_set(self, setting: str, value: str) -> Iterator[None]:
+        """The session's ``setting`` is ``value`` in this block, unless the session sets it itself
+        (``[engine]``'s Spark settings), which then decides."""
+        conf = self.spark.conf
+        if conf.get(setting, None) is not None:
+            yield
+            return
+        conf.set(setting, value)
         try:
             yield
         finally:

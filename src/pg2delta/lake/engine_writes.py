@@ -469,9 +469,7 @@ class DeltaWrites(Commits, TableStats):
             writer = self.delta_writer(df, "append").option("mergeSchema", "true")
             if not exists:
                 writer = creating_table(writer, df.schema)
-            if txn is not None and self.idempotent_writes:
-                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", str(txn.version))
-            writer.save(uri)
+            self.with_txn(writer, txn).save(uri)
         except Exception as exc:
             raise LakeError(f"cannot append to {uri}: {' '.join(str(exc).split())[:500]}") from exc
 

@@ -184,12 +184,10 @@ class Lake:
                     lines = f.read().decode().splitlines()
             except (OSError, pa.ArrowException) as exc:
                 raise LakeError(f"cannot read version {version} of {uri}: commit {v} is gone ({exc})") from exc
-            actions = [json.loads(line) for line in lines if line.strip()]
-            for action in actions:  # a commit's removes before its adds (see files_now)
+            for action in _replay_order(lines):
                 if "remove" in action:
                     files.pop(unquote(action["remove"]["path"]), None)
-            for action in actions:
-                if "add" in action:
+                elif "add" in action:
                     if action["add"].get("deletionVector"):
                         raise LakeError(f"cannot read version {version} of {uri} from its files: it has deletion vectors")
                     files[unquote(action["add"]["path"])] = None
@@ -226,14 +224,11 @@ class Lake:
                             files[unquote(add["path"])] = int(add.get("size") or 0)
             for v in range(start + 1, latest + 1):
                 with self.fs.open_input_stream(f"{log_dir}/{v:020d}.json") as f:
-                    actions = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
-                # A file given a deletion vector is removed and added again under its path in one
-                # commit (Apache Spark writes the add first): the removes of a commit go first.
-                for action in actions:
+                    lines = f.read().decode().splitlines()
+                for action in _replay_order(lines):
                     if "remove" in action:
                         files.pop(unquote(action["remove"]["path"]), None)
-                for action in actions:
-                    if "add" in action:
+                    elif "add" in action:
                         files[unquote(action["add"]["path"])] = int(action["add"].get("size") or 0)
         except (OSError, pa.ArrowException, KeyError, StopIteration) as exc:
             raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
@@ -405,6 +400,13 @@ def _log_files(infos: Sequence[pafs.FileInfo]) -> tuple[set[int], dict[tuple[int
         elif m := re.fullmatch(r"(\d{20})\.checkpoint\.\d{10}\.(\d{10})\.parquet", info.base_name):
             parts[(int(m.group(1)), int(m.group(2)))].add(info.path)
     return commits, parts
+
+
+def _replay_order(lines: Sequence[str]) -> list[dict[str, Any]]:
+    """One JSON commit's actions, its removes first: a file given a deletion vector is removed and
+    added again under its path in one commit (Apache Spark writes the add first), and is the table's."""
+    actions = [json.loads(line) for line in lines if line.strip()]
+    return [a for a in actions if "remove" in a] + [a for a in actions if "remove" not in a]
 
 
 def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
