@@ -58,7 +58,7 @@ def cli(dsn: str, lake: Path, *args: str) -> dict:
 
 def read_all(path: str, version: int | None = None) -> pa.Table:
     dt = DeltaTable(path, version=version) if version is not None else DeltaTable(path)
-    return dt.to_pyarrow_table()
+    return pa.table(dt.scan().read_all())
 
 
 def best_read(path: str, repeat: int) -> tuple[float, pa.Table]:

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 from bench_decode import INSERT, PUB, SETUP, SLOT, TABLE, UPDATE, Window, make_window
 
 from pg2delta.source.throwaway import ThrowawayPostgres
@@ -94,7 +95,7 @@ def delta_column(lake: Path, column: str) -> list[object]:
     from deltalake import DeltaTable
 
     schema, name = TABLE.split(".")
-    return DeltaTable(str(lake / schema / name)).to_pyarrow_table(columns=[column]).column(column).to_pylist()
+    return pa.table(DeltaTable(str(lake / schema / name)).scan(columns=[column]).read_all()).column(column).to_pylist()
 
 
 def updated_rows(lake: Path) -> tuple[int, int]:

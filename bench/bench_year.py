@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from pg2delta.source.throwaway import ThrowawayPostgres
@@ -121,7 +122,7 @@ def year(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file
                       flush=True)
         pg_rows = conn.execute(f"SELECT count(*), sum(value), sum(id) FROM bench.{table}").fetchone()
     assert pg_rows is not None
-    got = DeltaTable(str(lake / "bench" / table)).to_pyarrow_table()
+    got = pa.table(DeltaTable(str(lake / "bench" / table)).scan().read_all())
     lake_rows = (got.num_rows, float(sum(got.column("value").to_pylist())), int(sum(got.column("id").to_pylist())))
     if lake_rows != (pg_rows[0], float(pg_rows[1]), int(pg_rows[2])):
         raise SystemExit(f"{engine.name}: the lake {lake_rows} differs from PostgreSQL {tuple(pg_rows)}")

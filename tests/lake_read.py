@@ -63,6 +63,12 @@ def read_delta(
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
+def data_commits(path: str | Path) -> int:
+    """How many commits of the Delta table at ``path`` are not a change of its properties alone (the
+    embedded engine turns deletion vectors on for a bootstrap's adopted copy in a commit of its own)."""
+    return sum(1 for h in DeltaTable(str(path)).history() if h.get("operation") != "SET TBLPROPERTIES")
+
+
 def has_deletion_vectors(path: str | Path) -> bool:
     """Whether the Delta table at ``path`` uses deletion vectors (its protocol's reader feature)."""
     return "deletionVectors" in (DeltaTable(str(path)).protocol().reader_features or [])

@@ -45,7 +45,7 @@ SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 
 def test_a_pysail_connect_server_gets_the_embedded_engines_statements(tmp_path: Path) -> None:
     """pysail's Spark Connect server at ``remote``: told apart from Apache Spark's, it gets the
-    embedded engine's paths (no deletion vectors, one shared session), as before."""
+    embedded engine's paths (one shared session; deletion vectors, as the embedded engine)."""
     pysail = pytest.importorskip("pysail.spark")
     server = pysail.SparkConnectServer("127.0.0.1", 0)
     server.start(background=True)
@@ -54,7 +54,7 @@ def test_a_pysail_connect_server_gets_the_embedded_engines_statements(tmp_path: 
         engine = Engine.start(config, Lake(str(tmp_path / "lake")))
         try:
             assert not apache_spark(engine.spark)
-            assert (engine.classic, engine.remote, engine.embedded, engine.deletion_vectors) == (False, False, False, False)
+            assert (engine.classic, engine.remote, engine.embedded, engine.deletion_vectors) == (False, False, False, True)
             assert engine.query("SELECT 1 AS one", "a query")[0][0] == 1
         finally:
             engine.stop()

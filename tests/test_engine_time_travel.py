@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from lake_read import read_delta
+from pg2delta.errors import LakeError
 from pg2delta.lake.engine import Engine, EngineConfig, Lake
 
 pytestmark = pytest.mark.e2e
@@ -84,3 +85,31 @@ def test_old_versions_keep_nan_in_float_columns(tmp_path: Path, monkeypatch: pyt
         engine.stop()
     # Read from its files, the compacted file was copied without statistics; the copies go at stop.
     assert not list((tmp_path / "_pg2delta").glob("**/*.parquet"))
+
+
+def test_versions_with_deletion_vectors_read_back_as_delta_rs_reads_them(tmp_path: Path) -> None:
+    """The tables the embedded engine creates have deletion vectors, which its DELETE and MERGE
+    write: every version, below the newest checkpoint too (the hint dropped), reads back with the
+    rows its vectors removed left out, as delta-rs reads it. Read from its files alone (where even
+    that fails), a version with vectors is refused rather than read with those rows."""
+    lake = Lake(str(tmp_path))
+    engine = Engine.start(EngineConfig(), lake)
+    uri = lake.table_uri("s", "t")
+    try:
+        rows = engine.spark.range(100).selectExpr("id", "concat('v', id) AS v")
+        engine.new_table_writer(engine.delta_writer(rows, "append"), rows, uri).save(uri)  # as a window creates a table
+        for i in range(12):
+            engine.query(f"DELETE FROM {engine.target(uri)} WHERE id = {i * 7}", "a delete")
+        log = "".join(p.read_text() for p in sorted((tmp_path / "s" / "t" / "_delta_log").glob("*.json")))
+        assert '"deletionVector":{' in log, "the deletes wrote deletion vectors"
+        latest = lake.delta_version(uri)
+        assert latest is not None and (tmp_path / "s" / "t" / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+        keys = [(i,) for i in range(100)]
+        for version in range(latest + 1):
+            want = sorted((r["id"], r["v"]) for r in read_delta(str(tmp_path / "s" / "t"), version=version).to_pylist())
+            got = sorted((r["id"], r["v"]) for r in engine.read_rows(uri, ["id"], keys, ["v"], version=version))
+            assert got == want and len(got) == 100 - min(version, 12), f"version {version}"
+        with pytest.raises(LakeError, match="deletion vectors"):
+            lake.snapshot_at(uri, latest)
+    finally:
+        engine.stop()

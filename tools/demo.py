@@ -22,6 +22,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from pg2delta.source.throwaway import ThrowawayPostgres, available_versions
@@ -97,7 +98,7 @@ def main() -> int:
                 schema, table = name.split(".")
                 row = conn.execute(f"SELECT count(*) FROM {name}").fetchone()
                 pg_count = int(row[0]) if row else -1
-                delta = DeltaTable(str(LAKE / schema / table)).to_pyarrow_table()
+                delta = pa.table(DeltaTable(str(LAKE / schema / table)).scan().read_all())
                 ok &= pg_count == delta.num_rows
                 print(f"{name:<28} {pg_count:>14} {delta.num_rows:>14}{'' if pg_count == delta.num_rows else '  MISMATCH'}")
                 if table == "orders":
@@ -110,7 +111,7 @@ def main() -> int:
                     has_tier = "tier" in delta.column_names
                     ok &= has_tier
                     print(f"{'  column customers.tier':<28} {'yes':>14} {'yes' if has_tier else 'no':>14}")
-            changelog = DeltaTable(str(LAKE / "_pg2delta" / "changelog" / "public" / "orders")).to_pyarrow_table()
+            changelog = pa.table(DeltaTable(str(LAKE / "_pg2delta" / "changelog" / "public" / "orders")).scan().read_all())
             print(f"{'  changelog of orders':<28} {'':>14} {changelog.num_rows:>14} changes")
     print("\ndemo: the lake matches PostgreSQL" if ok else "\ndemo: MISMATCH", f"(Delta tables under {LAKE}/, config {CONFIG})")
     return 0 if ok else 1

@@ -220,7 +220,7 @@ class Config:
     # database, named by [lake] table_name; "" registers nothing (pg2delta.lake.metastore).
     database: str = ""
     table_name: str = DEFAULT_TABLE_NAME
-    # The tables pg2delta creates on Apache Spark use Delta's deletion vectors, and `pg2delta
+    # The tables pg2delta creates (on both engines) use Delta's deletion vectors, and `pg2delta
     # maintain` turns them on for those it finds without: a MERGE then marks the rows it replaces
     # instead of rewriting each file it touches. Readers must support them (the Deletion vectors
     # page names those that do not). The engine takes it as EngineConfig.deletion_vectors.
@@ -493,7 +493,7 @@ def hash_key(key_env: str, key_file: str, env: Mapping[str, str]) -> bytes:
 
 def _lake_settings(lake: dict[str, Any]) -> tuple[str, bool, str, bool]:
     """[lake]: the root, the changelog default, the history default and whether the tables created
-    on Apache Spark use deletion vectors (:attr:`EngineConfig.deletion_vectors`; the storage
+    use deletion vectors (:attr:`EngineConfig.deletion_vectors`, both engines; the storage
     settings are :func:`_storage_section`'s)."""
     known = {"root", "changelog", "history", "deletion_vectors", "metadata", "deletes", *_STORAGE_KEYS}
     if set(lake) - known:

@@ -1,4 +1,4 @@
-"""Table maintenance through the engine: compaction, vacuum, checkpoints, deletion vectors turned on.
+"""Table maintenance through the engine: compaction, vacuum, checkpoints.
 
 The one place where the engines differ most: Apache Spark with delta-spark has Delta's
 ``OPTIMIZE`` and ``VACUUM`` and writes checkpoints itself; pysail has none of these, so they
@@ -57,20 +57,6 @@ DELETION_VECTORS = "delta.enableDeletionVectors"
 
 class DeltaMaintenance(EngineSession):
     """Compaction, vacuum and checkpoints of a Delta table, on whichever engine runs."""
-
-    def enable_deletion_vectors(self, uri: str) -> bool:
-        """Make the existing table use deletion vectors (:data:`DELETION_VECTORS`, one commit that
-        upgrades its protocol: readers without the feature can no longer read it) where this engine
-        creates tables with them (:attr:`deletion_vectors`: Apache Spark, unless the config says
-        otherwise). True when it changed."""
-        if not self.deletion_vectors:
-            return False
-        rows = self._sql(f"SHOW TBLPROPERTIES {self.target(uri)}", f"SHOW TBLPROPERTIES {uri}")
-        if {str(r[0]): str(r[1]) for r in rows}.get(DELETION_VECTORS) == "true":
-            return False
-        self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')", f"ALTER TABLE {uri}")
-        log.info("%s uses deletion vectors from now on", uri)
-        return True
 
     def compact(self, uri: str, *, target_size: int = 0, key: str | None = None) -> None:
         """Rewrite the table's small files into large ones, in one commit that changes no row

@@ -53,10 +53,11 @@ class DeltaReads(EngineSession):
         except Exception as exc:
             if version is None:
                 raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
-            # pysail 0.7.2 cannot time-travel below its latest checkpoint: the log has the schema.
+            # pysail 0.7.2 cannot time-travel below its latest checkpoint: the log has the schema
+            # (its metadata alone: the version's files may have deletion vectors).
             from pyspark.sql.types import StructType
 
-            _, text = self.lake.snapshot_at(uri, version)
+            text = schema_at(self.lake, uri, version)
             if text is None:
                 raise LakeError(f"cannot read the schema of {uri} at version {version}: no metadata") from exc
             schema = StructType.fromJson(json.loads(text))

@@ -412,8 +412,9 @@ class EngineSession:
         self._stop = stop
         self.classic = classic
         self.embedded = embedded
-        # Tables this engine creates use deletion vectors (EngineConfig.deletion_vectors; Apache Spark only).
-        self.deletion_vectors = deletion_vectors and classic
+        # Tables this engine creates use deletion vectors (EngineConfig.deletion_vectors), pysail's
+        # too: it takes the property as an option of the creating writer (docs/concepts/deletion-vectors.md).
+        self.deletion_vectors = deletion_vectors
         self._session_conf = dict(session_conf or {})
         self._owner = threading.get_ident()
         self._local = threading.local()

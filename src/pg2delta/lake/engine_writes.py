@@ -27,7 +27,8 @@ from pg2delta.lake.engine_features import TableFeatures, creating, quote_text
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_session import Txn
 from pg2delta.lake.foreign import TRUNCATE_PREDICATE
-from pg2delta.lake.sql import quote
+from pg2delta.lake.lake_files import metadata_at
+from pg2delta.lake.sql import quote, sql_string
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -113,6 +114,34 @@ def creating_table(writer: Any, schema: Any, *, deletion_vectors: bool = False, 
 
 class TableStats(TableFeatures):
     """Which columns an existing table keeps Delta statistics of (:func:`stats_properties`)."""
+
+    def enable_deletion_vectors(self, uri: str) -> bool:
+        """Make the existing table use deletion vectors (:data:`DELETION_VECTORS`, one commit that
+        upgrades its protocol: readers without the feature can no longer read it) where this engine
+        creates tables with them (:attr:`deletion_vectors`, unless the config says otherwise).
+        True when it changed.
+
+        pysail 0.7.2 alters a table's properties by a name in its catalog only (not
+        ``delta.`path```): the table is named for the statement and the name dropped after (its
+        files stay). delta-rs 1.6 is not used: its protocol upgrade adds the ``variantType`` reader
+        feature, which Delta 3.3 refuses to read."""
+        if not self.deletion_vectors:
+            return False
+        meta = metadata_at(self.lake, uri)
+        if meta is not None and str((meta.get("configuration") or {}).get(DELETION_VECTORS, "false")).lower() == "true":
+            return False
+        alter = f"ALTER TABLE {{}} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')"
+        if self.classic:
+            self._sql(alter.format(self.target(uri)), f"ALTER TABLE {uri}")
+        else:
+            name = f"pg2delta_dv_{uuid.uuid4().hex[:12]}"
+            self._sql(f"CREATE TABLE {name} USING delta LOCATION {sql_string(uri)}", f"naming {uri}")
+            try:
+                self._sql(alter.format(name), f"ALTER TABLE {uri}")
+            finally:
+                self._sql(f"DROP TABLE IF EXISTS {name}", f"dropping the name of {uri}")
+        log.info("%s uses deletion vectors from now on", uri)
+        return True
 
     def keep_stats_of(self, uri: str, schema: Any = None, exclude: Collection[str] = ()) -> bool:
         """Make the existing table keep statistics of the columns :func:`stats_properties` names for
@@ -433,6 +462,13 @@ class DeltaWrites(Commits, TableStats):
         except Exception as exc:
             raise LakeError(f"cannot commit the copy of {uri}: {' '.join(str(exc).split())[:500]}") from exc
         log.info("committed the copy's %d file(s) as version 0 of %s", len(files), uri)
+        if self.deletion_vectors:
+            # delta-rs's conversion cannot turn them on (its protocol upgrade adds a reader feature
+            # Delta 3.3 refuses): a commit of their own, as maintain makes for an older table.
+            try:
+                self.enable_deletion_vectors(uri)
+            except LakeError as exc:
+                log.warning("%s: deletion vectors not turned on (%s); pg2delta maintain turns them on", uri, exc)
         return True
 
     def delete_all(self, uri: str, *, txn: Txn | None = None) -> None:
