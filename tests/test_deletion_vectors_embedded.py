@@ -221,3 +221,23 @@ def test_maintain_turns_deletion_vectors_on_for_an_older_table(pgdb: str, tmp_pa
     assert_lake_matches(pgdb, lake, [DVT], context="after maintain turned vectors on and a window")
     # The version before vectors reads as it was: delta-rs time travel.
     assert read_delta(table, version).num_rows == 3 * ROWS
+
+
+def test_a_window_in_few_files_rewrites_them(pgdb: str, tmp_path: Path, vectors_always: None) -> None:
+    """A window whose keys are in files holding at most an eighth of the table's rows
+    (engine_commits.VECTOR_MERGE_FROM_FRACTION) rewrites those files, without vectors: pysail's
+    ``MERGE`` would read the whole table."""
+    slot, pub = published_table(pgdb, CREATE, "dvt", *_inserts(10))
+    lake = tmp_path / "lake"
+    cfg = _config(pgdb, slot, pub, lake)
+    run(cfg)
+    table = lake / "public" / "dvt"
+    before = _key_ranges(table)
+    assert len(before) >= 10, before
+    _change(pgdb, f"UPDATE dvt SET v = 'recent' WHERE id IN ({10 * ROWS - 3}, {10 * ROWS - 1})")
+    run(cfg)
+    info, adds, removes = _last_commit(table)
+    touched = {p for p, (lo, hi) in before.items() if lo <= 10 * ROWS - 1 <= hi}
+    assert info["operation"] == "WRITE", info["operation"]
+    assert {r["path"] for r in removes} == touched and not any(a.get("deletionVector") for a in adds)
+    assert_lake_matches(pgdb, lake, [DVT], context="a window in one file of ten")

@@ -70,6 +70,12 @@ EMBEDDED_REWRITE_ROWS = 1
 # 0.40 s, 100,000 keys 0.84 s, 300,000 keys 1.19 s; the MERGE collects the window twice, every
 # column, without spilling (about 0.6 GB per million rows of a 10-column table).
 EMBEDDED_VECTOR_MERGE_ROWS = 200_000
+# The share of a table's rows in the files that hold a window's keys up to which the embedded engine
+# rewrites those files rather than merging with deletion vectors: pysail's MERGE reads the whole
+# table. Measured with make bench-scale (new processes): 1,000 updates to the newest 1 % of
+# 20,000,000 rows (1 file of 64) 2.8 s as the rewrite, 6.7 s as the MERGE; 1,200 scattered keys
+# (every file) 15.9 s against 6.4 s.
+VECTOR_MERGE_FROM_FRACTION = 0.125
 
 # Spark types whose minimum and maximum bound a key range in replaceWhere; other keys' tables are
 # rewritten whole (still one commit). Not floats (NaN sorts above every number and Parquet
@@ -134,8 +140,9 @@ class RangeRewrites(DeltaReads):
     def _rewrite_range(self, uri: str, view: str, merge: MergeRows, what: str) -> bool:
         """``merge`` committed as an overwrite of the source's key range (see the module's docstring);
         False, having done nothing, when it must stay a ``MERGE``: fewer than
-        :data:`EMBEDDED_REWRITE_ROWS` rows, or a table with columns the source does not set (a
-        ``MERGE`` keeps their values in the rows it updates).
+        :data:`EMBEDDED_REWRITE_ROWS` rows, a table with columns the source does not set (a
+        ``MERGE`` keeps their values in the rows it updates), or where the ``MERGE`` writing
+        deletion vectors costs less (:meth:`_merges_with_vectors`).
 
         Which side of the join pysail collects follows its estimates (a range filter on the table
         makes it guess the table's side smaller, every column of it): past
@@ -160,7 +167,10 @@ class RangeRewrites(DeltaReads):
                 return False
             # The source in the table's types (a key compared or hashed in another type differs).
             cast = self._view(views, _typed(source, fields, *([] if OP_COL in fields else [OP_COL])))
-            where, in_range = self._replaced(uri, first, cast, got) if ranged else (None, None)
+            where, in_range, total = self._replaced(uri, first, cast, got) if ranged else (None, None, None)
+            if not merge.inserts_only and self._merges_with_vectors(uri, got["n"], in_range, total):
+                log.info("%s: %d rows merged, deletion vectors on the files they touch", uri, got["n"])
+                return False
             table = self.spark.read.format("delta").load(uri)
             if where is not None:
                 table = table.where(where)
@@ -186,6 +196,41 @@ class RangeRewrites(DeltaReads):
             uri, got["n"], where or "the whole table", in_range, buckets,
         )
         return True
+
+    def _merges_with_vectors(self, uri: str, rows: int, in_range: int | None, total: int | None) -> bool:
+        """Whether the embedded engine commits a window of ``rows`` rows into the table at ``uri``
+        as pysail's ``MERGE``, which writes a deletion vector on each file that holds a key of the
+        window and the new rows in a new file, rather than rewriting the files that hold its keys
+        (:meth:`_rewrite_range`), which hold ``in_range`` of the table's ``total`` rows (None: the
+        log does not say, or the rewrite would be of the whole table): a table with deletion
+        vectors (its log's properties) holding more than :data:`VECTORS_FROM_BYTES` (a small
+        table's rewrite is cheaper and leaves no vectors to read), a window of at most
+        :data:`EMBEDDED_VECTOR_MERGE_ROWS` rows (the ``MERGE`` collects the window, every column,
+        without spilling), whose files hold more than :data:`VECTOR_MERGE_FROM_FRACTION` of the
+        table's rows (pysail's ``MERGE`` reads the whole table whatever it touches; rewriting a few
+        files costs less). Not for inserts alone (the caller): the rewrite's key ranges of new keys
+        hold no file, so it writes their rows and reads nothing, where the ``MERGE`` joins them
+        with the whole table (2,000,000 rows: 2.0-2.5 s against 1.5-1.8 s, make bench-scale)."""
+        if rows > EMBEDDED_VECTOR_MERGE_ROWS or not self.deletion_vectors:
+            return False
+        if in_range is not None and total and in_range <= total * VECTOR_MERGE_FROM_FRACTION:
+            return False
+        try:
+            meta = metadata_at(self.lake, uri)
+        except LakeError:
+            return False
+        if meta is None or str((meta.get("configuration") or {}).get(DELETION_VECTORS, "false")).lower() != "true":
+            return False
+        return not self._small(uri)
+
+    def _small(self, uri: str) -> bool:
+        """Whether the Delta table at ``uri`` holds at most :data:`VECTORS_FROM_BYTES` of data
+        files, by its log (False where the log cannot tell without the engine)."""
+        try:
+            found = self.lake.files_now(uri)
+        except LakeError:
+            return False
+        return found is not None and sum(found[1].values()) <= VECTORS_FROM_BYTES
 
     def _new_rows(
         self, merge: MergeRows, fields: dict[str, Any], views: tuple[str, str], n: int, in_range: int, work: str
@@ -215,15 +260,15 @@ class RangeRewrites(DeltaReads):
             return buckets, self.spark.table(ranged_rows).limit(0)
         return buckets, _typed(self.spark.read.parquet(*parts), fields)
 
-    def _replaced(self, uri: str, first: str, source: str, got: dict[str, Any]) -> tuple[str, int | None]:
-        """The condition of the rewrite's ``replaceWhere``, and the rows of the table it meets when
-        the log says: the key ranges of the files that hold a key of the window, and of its keys no
+    def _replaced(self, uri: str, first: str, source: str, got: dict[str, Any]) -> tuple[str, int | None, int | None]:
+        """The condition of the rewrite's ``replaceWhere``, the rows of the table it meets and the
+        table's rows, when the log says: the key ranges of the files that hold a key of the window, and of its keys no
         file holds (:func:`key_ranges`), from the Delta log's statistics of the first key column
         ``first``; the window's range (``got``: its ``lo`` and ``hi``) when the log has no
         statistics of it, or the window has more than :data:`KEY_LIST_ROWS` rows (its keys are read
         into this process)."""
         k = quote(first)
-        whole = _range(k, got["lo"], got["hi"]), None
+        whole = _range(k, got["lo"], got["hi"]), None, None
         if got["n"] > KEY_LIST_ROWS:
             return whole
         files = pa.table(self._delta_rs(uri).get_add_actions(flatten=True))
@@ -247,8 +292,9 @@ class RangeRewrites(DeltaReads):
         for a, b in ranges:
             meets |= (lo <= b) & (hi >= a)
         counts = files.column("num_records").to_numpy(zero_copy_only=False)
-        rows = int(np.sum(counts[meets])) if files.num_rows == all_files else None
-        return _ranges(k, ranges), rows
+        if files.num_rows != all_files:
+            return _ranges(k, ranges), None, None
+        return _ranges(k, ranges), int(np.sum(counts[meets])), int(np.sum(counts))
 
     def _view(self, views: list[str], df: Any) -> str:
         name = f"pg2delta_rewrite_{uuid.uuid4().hex[:12]}"
@@ -325,9 +371,9 @@ class Commits(RangeRewrites):
             raise LakeError(f"append to {uri} failed: {' '.join(str(exc).split())[:500]}") from exc
 
     def _commit_merge(self, uri: str, view: str, merge: MergeRows, what: str, txn: Txn | None, *, rows: int | None) -> None:
-        """``merge`` committed as it costs the engine least: the embedded engine merges it with
-        deletion vectors (:meth:`_merges_with_vectors`) or rewrites its key range
-        (:meth:`_rewrite_range`) where it can; Apache Spark's ``MERGE`` is bounded by the source's
+        """``merge`` committed as it costs the engine least: the embedded engine rewrites its key
+        range (:meth:`_rewrite_range`) where that costs less than a ``MERGE`` writing deletion
+        vectors (:meth:`_merges_with_vectors`); Apache Spark's ``MERGE`` is bounded by the source's
         key range (Delta prunes the files it reads by the ``ON`` clause's conditions on the table)
         and rewrites a small table's files (:meth:`_rewrite_if_small`).
 
@@ -342,34 +388,12 @@ class Commits(RangeRewrites):
             self._append(uri, view, AppendRows(merge.columns, f"{quote(OP_COL)} <> 'D'"), None)
             log.info("%s: inserts alone, committed as a blind append", uri)
             return
-        if self.embedded and self._merges_with_vectors(uri, rows):
-            self._sql(merge.statement, what)
-            log.info("%s: %d rows merged, deletion vectors on the files they touch", uri, rows or 0)
-            return
         if self.embedded and (rows is None or rows >= EMBEDDED_REWRITE_ROWS) and self._rewrite_range(uri, view, merge, what):
             return
         if self.classic and self._replace_keys(uri, view, merge, txn):
             return
         with self._txn(txn), self._rewrite_if_small(uri):
             self._sql(merge.bounded if self.classic and merge.bounded else merge.statement, what)
-
-    def _merges_with_vectors(self, uri: str, rows: int | None) -> bool:
-        """Whether the embedded engine commits a window of ``rows`` rows into the table at ``uri``
-        as pysail's ``MERGE``, which writes a deletion vector on each file that holds a key of the
-        window and the new rows in a new file, rather than rewriting the files that hold its keys
-        (:meth:`_rewrite_range`): a table with deletion vectors (its log's properties) holding more
-        than :data:`VECTORS_FROM_BYTES` (a small table's rewrite is cheaper and leaves no vectors
-        to read), and a window of at most :data:`EMBEDDED_VECTOR_MERGE_ROWS` rows (the ``MERGE``
-        collects the window, every column, without spilling)."""
-        if rows is None or rows > EMBEDDED_VECTOR_MERGE_ROWS or not self.deletion_vectors:
-            return False
-        try:
-            meta = metadata_at(self.lake, uri)
-        except LakeError:
-            return False
-        if meta is None or str((meta.get("configuration") or {}).get(DELETION_VECTORS, "false")).lower() != "true":
-            return False
-        return not self._small(uri)
 
     def _replace_keys(self, uri: str, view: str, merge: MergeRows, txn: Txn | None) -> bool:
         """``merge`` committed on Apache Spark as one overwrite with ``replaceWhere`` of the
@@ -440,15 +464,6 @@ class Commits(RangeRewrites):
             yield
         finally:
             conf.unset(setting)
-
-    def _small(self, uri: str) -> bool:
-        """Whether the Delta table at ``uri`` holds at most :data:`VECTORS_FROM_BYTES` of data
-        files, by its log (False where the log cannot tell without the engine)."""
-        try:
-            found = self.lake.files_now(uri)
-        except LakeError:
-            return False
-        return found is not None and sum(found[1].values()) <= VECTORS_FROM_BYTES
 
     def update(self, uri: str, statement_for: Callable[[str], str], *, txn: Txn | None = None) -> None:
         """The ``UPDATE`` ``statement_for(target)`` of the Delta table at ``uri``, in one commit."""
