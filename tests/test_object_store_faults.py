@@ -236,7 +236,7 @@ def test_the_copies_commits_and_verify_over_other_writers_commits(
         assert_s3_lake_matches(pgdb, s3_server, s3_lake, "a bootstrap whose copy's commit lost its answer")
 
         wl.phase(40)
-        first = DeltaTable(acct, storage_options=s3_server.storage_options).to_pyarrow_table(columns=["id"])["id"][0]
+        first = read_delta(acct, columns=["id"], storage_options=s3_server.storage_options)["id"][0]
         deleted = at_acct_commit(other_writer(lambda t: t.delete(f"id = {first.as_py()}")))
         verified = cli("verify", "--config", config, "--json")
         proxy.policy = passthrough
