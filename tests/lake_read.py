@@ -13,7 +13,9 @@ values taken from the table's add actions.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -68,6 +70,20 @@ def data_commits(path: str | Path) -> int:
     embedded engine turns deletion vectors on for a bootstrap's adopted copy in a commit of its own)."""
     return sum(1 for h in DeltaTable(str(path)).history() if h.get("operation") != "SET TBLPROPERTIES")
 
+
+
+def last_commit(table: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The newest commit of the local Delta table at ``table``: its commitInfo, adds and removes."""
+    newest = sorted((table / "_delta_log").glob("*.json"))[-1]
+    actions = [json.loads(line) for line in newest.read_text().splitlines() if line.strip()]
+    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+    return info, [a["add"] for a in actions if "add" in a], [a["remove"] for a in actions if "remove" in a]
+
+
+def key_ranges(table: Path, key: str = "id") -> dict[str, tuple[int, int]]:
+    """The live data files of the Delta table at ``table`` and the range of ``key`` their statistics give."""
+    rows = pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).to_pylist()
+    return {str(r["path"]): (int(r[f"min.{key}"]), int(r[f"max.{key}"])) for r in rows}
 
 def has_deletion_vectors(path: str | Path) -> bool:
     """Whether the Delta table at ``path`` uses deletion vectors (its protocol's reader feature)."""

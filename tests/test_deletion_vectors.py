@@ -8,25 +8,22 @@ PostgreSQL.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from deltalake import DeltaTable
 
 from conftest import newest_server_only
 from engines import TEST_ENGINE
-from lake_read import has_deletion_vectors
-from pg2delta.config import Config, load
+from lake_read import has_deletion_vectors, key_ranges, last_commit
 from pg2delta.job import run
 from pg2delta.lake import engine_commits
 from pg2delta.lake.engine_writes import DELETION_VECTORS
 from pg2delta.maintain import maintain
 from pg2delta.source.throwaway import ThrowawayPostgres
-from workload import TableSpec, assert_lake_matches, published_table
+from workload import TableSpec, assert_lake_matches, one_transaction, published_table, vectors_config
 
 pytestmark = [
     pytest.mark.e2e,
@@ -53,35 +50,6 @@ def _source(dsn: str, transactions: int) -> tuple[str, str]:
     return published_table(dsn, "CREATE TABLE dvt (id integer PRIMARY KEY, v text, n bigint)", "dvt", *inserts)
 
 
-def _config(dsn: str, slot: str, pub: str, lake: Path, *, deletion_vectors: bool = True) -> Config:
-    cfg = load(None, env={}, dsn=dsn, slot=slot, publication=pub, lake=str(lake), max_changes=ROWS)
-    engine = dataclasses.replace(cfg.engine, deletion_vectors=deletion_vectors)
-    return dataclasses.replace(cfg, engine=engine, deletion_vectors=deletion_vectors)
-
-
-def _change(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn) as conn:  # one transaction: one window
-        for statement in statements:
-            conn.execute(statement)
-
-
-def _last_commit(table: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The newest commit of the table's log: its commitInfo, adds and removes."""
-    newest = sorted((table / "_delta_log").glob("*.json"))[-1]
-    actions = [json.loads(line) for line in newest.read_text().splitlines() if line.strip()]
-    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
-    return info, [a["add"] for a in actions if "add" in a], [a["remove"] for a in actions if "remove" in a]
-
-
-def _key_ranges(table: Path) -> dict[str, tuple[int, int]]:
-    """The live data files of the table and the range of ``id`` their statistics give."""
-    actions = DeltaTable(str(table)).get_add_actions(flatten=True)
-    import pyarrow as pa
-
-    rows = pa.table(actions).to_pylist()
-    return {str(r["path"]): (int(r["min.id"]), int(r["max.id"])) for r in rows}
-
-
 def _assert_only_touched(
     table: Path, before: dict[str, tuple[int, int]], keys: set[int], *, untouched: bool = True
 ) -> dict[str, Any]:
@@ -89,7 +57,7 @@ def _assert_only_touched(
     the files holding a key of ``keys`` got a deletion vector (removed and added again under the
     same path), the others (``untouched``: there are some) are not in the commit, and the new data
     files hold only the rows of the window. Returns the commit's metrics."""
-    info, adds, removes = _last_commit(table)
+    info, adds, removes = last_commit(table)
     assert info["operation"] in ("WRITE", "MERGE"), info["operation"]
     touched = {p for p, (lo, hi) in before.items() if any(lo <= k <= hi for k in keys)}
     assert touched and (touched != set(before) or not untouched), "the test needs touched and untouched files"
@@ -111,7 +79,7 @@ def _assert_only_touched(
 
 
 def _operation(table: Path) -> str:
-    return str(_last_commit(table)[0]["operation"])
+    return str(last_commit(table)[0]["operation"])
 
 
 @pytest.fixture
@@ -126,29 +94,29 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
 ) -> None:
     slot, pub = _source(pgdb, 4)
     lake = tmp_path / "lake"
-    cfg = _config(pgdb, slot, pub, lake)
+    cfg = vectors_config(pgdb, slot, pub, lake, max_changes=ROWS)
     default = engine_commits.VECTORS_FROM_BYTES
     monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", -1)
     run(cfg)
     table = lake / "public" / "dvt"
     assert has_deletion_vectors(table)
     assert DeltaTable(str(table)).metadata().configuration[DELETION_VECTORS] == "true"
-    before = _key_ranges(table)
+    before = key_ranges(table)
     assert len(before) >= 4, before
 
     # Keys in the first and third transactions' files; the second's and the fourth's are not touched.
     updated, deleted = {10, 2 * ROWS + 7}, {20}
-    _change(pgdb, f"UPDATE dvt SET v = 'new', n = -n WHERE id IN ({', '.join(map(str, updated))})", "DELETE FROM dvt WHERE id = 20")
+    one_transaction(pgdb, f"UPDATE dvt SET v = 'new', n = -n WHERE id IN ({', '.join(map(str, updated))})", "DELETE FROM dvt WHERE id = 20")
     run(cfg)
     _assert_only_touched(table, before, updated | deleted)
     assert _operation(table) == "WRITE"  # a few keys: an overwrite of them (engine_commits.REPLACE_KEYS_MAX)
     assert_lake_matches(pgdb, lake, [DVT], context="after a scattered update")
 
     # The same as a MERGE (a window of more keys than the overwrite takes): deletion vectors too.
-    before = _key_ranges(table)
+    before = key_ranges(table)
     keys_max = engine_commits.REPLACE_KEYS_MAX
     monkeypatch.setattr(engine_commits, "REPLACE_KEYS_MAX", 1)
-    _change(pgdb, f"UPDATE dvt SET v = 'merged', n = n + 1 WHERE id IN (12, {2 * ROWS + 8})", "DELETE FROM dvt WHERE id = 21")
+    one_transaction(pgdb, f"UPDATE dvt SET v = 'merged', n = n + 1 WHERE id IN (12, {2 * ROWS + 8})", "DELETE FROM dvt WHERE id = 21")
     run(cfg)
     _assert_only_touched(table, before, {12, 2 * ROWS + 8, 21})
     assert _operation(table) == "MERGE"
@@ -158,9 +126,9 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
     # Keys of the last transaction's file only: the MERGE's ON clause bounds the table's keys to the
     # window's range (Delta's data skipping then leaves the other files out of its scan); the
     # commit touches that file alone.
-    before = _key_ranges(table)
+    before = key_ranges(table)
     last = {4 * ROWS - 5, 4 * ROWS - 1}
-    _change(pgdb, f"UPDATE dvt SET n = 0 WHERE id IN ({', '.join(map(str, last))})")
+    one_transaction(pgdb, f"UPDATE dvt SET n = 0 WHERE id IN ({', '.join(map(str, last))})")
     run(cfg)
     _assert_only_touched(table, before, last)
     assert_lake_matches(pgdb, lake, [DVT], context="after an update of the newest keys")
@@ -171,8 +139,8 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
     size = sum(DeltaTable(str(table)).get_add_actions(flatten=True).column("size_bytes").to_pylist())
     monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", size // 2)
     for n, keys in enumerate(({13, 3 * ROWS + 3}, {14, 3 * ROWS + 4})):
-        before = _key_ranges(table)
-        _change(pgdb, f"UPDATE dvt SET n = {n} WHERE id IN ({', '.join(map(str, keys))})")
+        before = key_ranges(table)
+        one_transaction(pgdb, f"UPDATE dvt SET n = {n} WHERE id IN ({', '.join(map(str, keys))})")
         run(cfg)
         _assert_only_touched(table, before, keys)
 
@@ -180,10 +148,10 @@ def test_a_scattered_update_writes_deletion_vectors_and_rewrites_no_file(
     # (the overwrite's replaceWhere, as a MERGE would):
     # the file of the first transaction's keys goes, a file without vectors holds its rows anew.
     monkeypatch.setattr(engine_commits, "VECTORS_FROM_BYTES", default)
-    before = _key_ranges(table)
-    _change(pgdb, "UPDATE dvt SET v = 'small' WHERE id = 11")
+    before = key_ranges(table)
+    one_transaction(pgdb, "UPDATE dvt SET v = 'small' WHERE id = 11")
     run(cfg)
-    info, adds, removes = _last_commit(table)
+    info, adds, removes = last_commit(table)
     removed, touched = {r["path"] for r in removes}, {p for p, (lo, hi) in before.items() if lo <= 11 <= hi}
     assert info["operation"] == "WRITE" and removed and removed <= touched, (removed, touched)
     assert int(info["operationMetrics"]["numRemovedBytes"]) > 0, info["operationMetrics"]
@@ -197,15 +165,15 @@ def test_a_table_created_without_deletion_vectors_keeps_working_and_maintain_tur
     slot, pub = _source(pgdb, 2)
     lake = tmp_path / "lake"
     table = lake / "public" / "dvt"
-    run(_config(pgdb, slot, pub, lake, deletion_vectors=False))  # as earlier versions created tables
+    run(vectors_config(pgdb, slot, pub, lake, deletion_vectors=False, max_changes=ROWS))  # as earlier versions created tables
     assert not has_deletion_vectors(table)
     assert DELETION_VECTORS not in DeltaTable(str(table)).metadata().configuration
 
-    cfg = _config(pgdb, slot, pub, lake)
-    _change(pgdb, "UPDATE dvt SET n = n + 1 WHERE id IN (3, 500)", "DELETE FROM dvt WHERE id = 7")
+    cfg = vectors_config(pgdb, slot, pub, lake, max_changes=ROWS)
+    one_transaction(pgdb, "UPDATE dvt SET n = n + 1 WHERE id IN (3, 500)", "DELETE FROM dvt WHERE id = 7")
     run(cfg)  # the table keeps its protocol: no deletion vectors until maintenance
     assert not has_deletion_vectors(table)
-    info, adds, _ = _last_commit(table)
+    info, adds, _ = last_commit(table)
     assert info["operation"] == "WRITE" and not any(a.get("deletionVector") for a in adds)
     assert_lake_matches(pgdb, lake, [DVT], context="a table without deletion vectors")
 
@@ -215,12 +183,12 @@ def test_a_table_created_without_deletion_vectors_keeps_working_and_maintain_tur
     assert not any(t.deletion_vectors_enabled for t in report.tables if t.name.startswith("_pg2delta"))
     assert has_deletion_vectors(table)
     assert_lake_matches(pgdb, lake, [DVT], context="after maintain")
-    before = _key_ranges(table)
-    _change(pgdb, "UPDATE dvt SET v = 'x' WHERE id IN (2, 9)")
+    before = key_ranges(table)
+    one_transaction(pgdb, "UPDATE dvt SET v = 'x' WHERE id IN (2, 9)")
     run(cfg)
     _assert_only_touched(table, before, {2, 9}, untouched=False)  # maintain compacted the table into one file
     assert_lake_matches(pgdb, lake, [DVT], context="after maintain and a run")
     assert [t.deletion_vectors_enabled for t in maintain(cfg).tables if t.name == DVT.qualified] == [False]
 
-    off = _config(pgdb, slot, pub, lake, deletion_vectors=False)
+    off = vectors_config(pgdb, slot, pub, lake, deletion_vectors=False, max_changes=ROWS)
     assert [t.deletion_vectors_enabled for t in maintain(off).tables if t.name == DVT.qualified] == [False]

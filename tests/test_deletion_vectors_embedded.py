@@ -9,10 +9,8 @@ scattered window touches (pg2delta.lake.engine_commits.Commits._merges_with_vect
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -20,15 +18,14 @@ from deltalake import DeltaTable
 
 from conftest import newest_server_only
 from engines import TEST_ENGINE
-from lake_read import has_deletion_vectors, read_delta
+from lake_read import has_deletion_vectors, key_ranges, last_commit, read_delta
 from pg2delta.bootstrap import run_bootstrap
-from pg2delta.config import Config, load
 from pg2delta.job import run
 from pg2delta.lake import engine_commits
 from pg2delta.lake.engine_writes import DELETION_VECTORS
 from pg2delta.maintain import maintain
 from pg2delta.source.throwaway import ThrowawayPostgres
-from workload import TableSpec, assert_lake_matches, published_table
+from workload import TableSpec, assert_lake_matches, one_transaction, published_table, vectors_config
 
 pytestmark = [
     pytest.mark.e2e,
@@ -60,38 +57,11 @@ def _inserts(transactions: int) -> list[str]:
     ]
 
 
-def _config(dsn: str, slot: str, pub: str, lake: Path, *, deletion_vectors: bool = True) -> Config:
-    cfg = load(None, env={}, dsn=dsn, slot=slot, publication=pub, lake=str(lake), max_changes=ROWS)
-    engine = dataclasses.replace(cfg.engine, deletion_vectors=deletion_vectors)
-    return dataclasses.replace(cfg, engine=engine, deletion_vectors=deletion_vectors)
-
-
-def _change(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn) as conn:  # one transaction: one window
-        for statement in statements:
-            conn.execute(statement)
-
-
-def _last_commit(table: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    newest = sorted((table / "_delta_log").glob("*.json"))[-1]
-    actions = [json.loads(line) for line in newest.read_text().splitlines() if line.strip()]
-    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
-    return info, [a["add"] for a in actions if "add" in a], [a["remove"] for a in actions if "remove" in a]
-
-
-def _key_ranges(table: Path) -> dict[str, tuple[int, int]]:
-    """The live data files of the table and the range of ``id`` their statistics give."""
-    import pyarrow as pa
-
-    rows = pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).to_pylist()
-    return {str(r["path"]): (int(r["min.id"]), int(r["max.id"])) for r in rows}
-
-
 def _assert_vectors_only(table: Path, before: dict[str, tuple[int, int]], keys: set[int]) -> None:
     """The newest commit is a ``MERGE`` that rewrote no file: the files holding a key of ``keys``
     are removed and added again under their own path with a deletion vector, the other files of
     ``before`` are not in the commit, and the new files hold only the window's rows."""
-    info, adds, removes = _last_commit(table)
+    info, adds, removes = last_commit(table)
     assert info["operation"] == "MERGE", info["operation"]
     touched = {p for p, (lo, hi) in before.items() if any(lo <= k <= hi for k in keys)}
     assert touched and touched != set(before), "the test needs touched and untouched files"
@@ -117,42 +87,42 @@ def test_a_scattered_window_writes_deletion_vectors_and_rewrites_no_file(
 ) -> None:
     slot, pub = published_table(pgdb, CREATE, "dvt", *_inserts(4))
     lake = tmp_path / "lake"
-    cfg = _config(pgdb, slot, pub, lake)
+    cfg = vectors_config(pgdb, slot, pub, lake, max_changes=ROWS)
     run(cfg)
     table = lake / "public" / "dvt"
     assert has_deletion_vectors(table)
     _protocol_is_clean(table)
-    before = _key_ranges(table)
+    before = key_ranges(table)
     assert len(before) >= 4, before
 
     # Keys in the first and third transactions' files, an insert; the second's and the fourth's
     # files are not in the commit.
     updated, deleted = {10, 2 * ROWS + 7}, {20}
-    _change(pgdb, f"UPDATE dvt SET v = 'new', n = -n WHERE id IN ({', '.join(map(str, updated))})",
+    one_transaction(pgdb, f"UPDATE dvt SET v = 'new', n = -n WHERE id IN ({', '.join(map(str, updated))})",
             "DELETE FROM dvt WHERE id = 20", f"INSERT INTO dvt VALUES ({4 * ROWS + 1}, 'inserted', 1)")
     run(cfg)
     _assert_vectors_only(table, before, updated | deleted)
     assert_lake_matches(pgdb, lake, [DVT], context="after a scattered window")
 
     # A file with a vector takes another one: the rows both windows removed stay removed.
-    before = _key_ranges(table)
-    _change(pgdb, "UPDATE dvt SET v = 'again' WHERE id IN (11, 12)", "DELETE FROM dvt WHERE id = 10")
+    before = key_ranges(table)
+    one_transaction(pgdb, "UPDATE dvt SET v = 'again' WHERE id IN (11, 12)", "DELETE FROM dvt WHERE id = 10")
     run(cfg)
     _assert_vectors_only(table, before, {10, 11, 12})
     assert_lake_matches(pgdb, lake, [DVT], context="after a second window into the same file")
 
     # A window of more rows than the MERGE takes is a rewrite of the files that hold its keys.
     monkeypatch.setattr(engine_commits, "EMBEDDED_VECTOR_MERGE_ROWS", 1)
-    _change(pgdb, "UPDATE dvt SET n = 7 WHERE id IN (13, 14)")
+    one_transaction(pgdb, "UPDATE dvt SET n = 7 WHERE id IN (13, 14)")
     run(cfg)
-    info, adds, _ = _last_commit(table)
+    info, adds, _ = last_commit(table)
     assert info["operation"] == "WRITE" and not any(a.get("deletionVector") for a in adds), info["operation"]
     assert_lake_matches(pgdb, lake, [DVT], context="after a rewrite of a table with vectors")
 
     # Compaction (delta-rs) leaves the rows the vectors removed out; the table still matches.
     maintain(cfg)
     assert_lake_matches(pgdb, lake, [DVT], context="after maintain")
-    _change(pgdb, f"UPDATE dvt SET v = 'after' WHERE id IN (15, {3 * ROWS})")
+    one_transaction(pgdb, f"UPDATE dvt SET v = 'after' WHERE id IN (15, {3 * ROWS})")
     run(cfg)
     assert_lake_matches(pgdb, lake, [DVT], context="after maintain and a window")
 
@@ -160,14 +130,14 @@ def test_a_scattered_window_writes_deletion_vectors_and_rewrites_no_file(
 def test_a_small_table_is_rewritten_without_vectors(pgdb: str, tmp_path: Path) -> None:
     slot, pub = published_table(pgdb, CREATE, "dvt", *_inserts(2))
     lake = tmp_path / "lake"
-    cfg = _config(pgdb, slot, pub, lake)
+    cfg = vectors_config(pgdb, slot, pub, lake, max_changes=ROWS)
     run(cfg)
     table = lake / "public" / "dvt"
     _protocol_is_clean(table)
-    before = set(_key_ranges(table))
-    _change(pgdb, "UPDATE dvt SET v = 'small' WHERE id = 11")
+    before = set(key_ranges(table))
+    one_transaction(pgdb, "UPDATE dvt SET v = 'small' WHERE id = 11")
     run(cfg)
-    info, adds, removes = _last_commit(table)
+    info, adds, removes = last_commit(table)
     assert info["operation"] == "WRITE", info["operation"]
     assert not any(a.get("deletionVector") for a in adds) and {r["path"] for r in removes} <= before
     assert_lake_matches(pgdb, lake, [DVT], context="a small table's window")
@@ -177,11 +147,11 @@ def test_a_bootstrapped_table_uses_deletion_vectors(pgdb: str, tmp_path: Path, v
     """The bootstrap's copy, adopted as version 0 by delta-rs, gets deletion vectors in a commit of
     pysail's (with a protocol Apache Spark reads), keeping the statistics' settings."""
     slot, pub = published_table(pgdb, CREATE, "dvt")
-    _change(pgdb, *_inserts(3))
+    one_transaction(pgdb, *_inserts(3))
     with psycopg.connect(pgdb, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     lake = tmp_path / "lake"
-    cfg = _config(pgdb, slot, pub, lake)
+    cfg = vectors_config(pgdb, slot, pub, lake, max_changes=ROWS)
     report = run_bootstrap(cfg)
     assert [t.rows for t in report.copied] == [3 * ROWS]
     table = lake / "public" / "dvt"
@@ -190,9 +160,9 @@ def test_a_bootstrapped_table_uses_deletion_vectors(pgdb: str, tmp_path: Path, v
     assert "delta.dataSkippingStatsColumns" in configuration or "delta.dataSkippingNumIndexedCols" in configuration, configuration
     assert_lake_matches(pgdb, lake, [DVT], context="after the bootstrap")
 
-    _change(pgdb, "UPDATE dvt SET v = 'b' WHERE id IN (5, 6)", f"INSERT INTO dvt VALUES ({3 * ROWS + 1}, 'new', 0)")
+    one_transaction(pgdb, "UPDATE dvt SET v = 'b' WHERE id IN (5, 6)", f"INSERT INTO dvt VALUES ({3 * ROWS + 1}, 'new', 0)")
     run(cfg)
-    info, adds, _ = _last_commit(table)
+    info, adds, _ = last_commit(table)
     assert info["operation"] == "MERGE" and any(a.get("deletionVector") for a in adds), info["operation"]
     assert_lake_matches(pgdb, lake, [DVT], context="after the bootstrap and a window")
 
@@ -201,11 +171,11 @@ def test_maintain_turns_deletion_vectors_on_for_an_older_table(pgdb: str, tmp_pa
     slot, pub = published_table(pgdb, CREATE, "dvt", *_inserts(3))
     lake = tmp_path / "lake"
     table = lake / "public" / "dvt"
-    run(_config(pgdb, slot, pub, lake, deletion_vectors=False))  # as earlier versions created tables
+    run(vectors_config(pgdb, slot, pub, lake, deletion_vectors=False, max_changes=ROWS))  # as earlier versions created tables
     assert not has_deletion_vectors(table)
     version = DeltaTable(str(table)).version()
 
-    cfg = _config(pgdb, slot, pub, lake)
+    cfg = vectors_config(pgdb, slot, pub, lake, max_changes=ROWS)
     report = maintain(cfg)
     assert [t.deletion_vectors_enabled for t in report.tables if t.name == DVT.qualified] == [True]
     assert not any(t.deletion_vectors_enabled for t in report.tables if t.name.startswith("_pg2delta"))
@@ -214,9 +184,9 @@ def test_maintain_turns_deletion_vectors_on_for_an_older_table(pgdb: str, tmp_pa
     assert not list(Path(tmp_path).glob("**/pg2delta_dv_*")), "the name the statement used leaves nothing behind"
 
     # maintain compacted the table into one file: the window's keys are in it.
-    _change(pgdb, "UPDATE dvt SET v = 'x' WHERE id IN (2, 9)", "DELETE FROM dvt WHERE id = 3")
+    one_transaction(pgdb, "UPDATE dvt SET v = 'x' WHERE id IN (2, 9)", "DELETE FROM dvt WHERE id = 3")
     run(cfg)
-    info, adds, _ = _last_commit(table)
+    info, adds, _ = last_commit(table)
     assert info["operation"] == "MERGE" and any(a.get("deletionVector") for a in adds), info["operation"]
     assert_lake_matches(pgdb, lake, [DVT], context="after maintain turned vectors on and a window")
     # The version before vectors reads as it was: delta-rs time travel.
@@ -229,14 +199,14 @@ def test_a_window_in_few_files_rewrites_them(pgdb: str, tmp_path: Path, vectors_
     ``MERGE`` would read the whole table."""
     slot, pub = published_table(pgdb, CREATE, "dvt", *_inserts(10))
     lake = tmp_path / "lake"
-    cfg = _config(pgdb, slot, pub, lake)
+    cfg = vectors_config(pgdb, slot, pub, lake, max_changes=ROWS)
     run(cfg)
     table = lake / "public" / "dvt"
-    before = _key_ranges(table)
+    before = key_ranges(table)
     assert len(before) >= 10, before
-    _change(pgdb, f"UPDATE dvt SET v = 'recent' WHERE id IN ({10 * ROWS - 3}, {10 * ROWS - 1})")
+    one_transaction(pgdb, f"UPDATE dvt SET v = 'recent' WHERE id IN ({10 * ROWS - 3}, {10 * ROWS - 1})")
     run(cfg)
-    info, adds, removes = _last_commit(table)
+    info, adds, removes = last_commit(table)
     touched = {p for p, (lo, hi) in before.items() if lo <= 10 * ROWS - 1 <= hi}
     assert info["operation"] == "WRITE", info["operation"]
     assert {r["path"] for r in removes} == touched and not any(a.get("deletionVector") for a in adds)

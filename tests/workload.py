@@ -423,6 +423,24 @@ def published_table(dsn: str, create: str, name: str, *statements: str) -> tuple
     return slot, pub
 
 
+
+def one_transaction(dsn: str, *statements: str) -> None:
+    """``statements`` in one transaction: one window of the slot."""
+    with psycopg.connect(dsn) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def vectors_config(dsn: str, slot: str, pub: str, lake: Path, *, max_changes: int, deletion_vectors: bool = True) -> Any:
+    """The default config of a run into ``lake`` with ``[lake] deletion_vectors`` set as given."""
+    import dataclasses
+
+    from pg2delta.config import load
+
+    cfg = load(None, env={}, dsn=dsn, slot=slot, publication=pub, lake=str(lake), max_changes=max_changes)
+    engine = dataclasses.replace(cfg.engine, deletion_vectors=deletion_vectors)
+    return dataclasses.replace(cfg, engine=engine, deletion_vectors=deletion_vectors)
+
 def pg_rows(conn: psycopg.Connection[Any], spec: TableSpec) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The table's column names and rows as ``conn`` sees them (jsonb as text, as the lake holds it)."""
     cols = conn.execute(
