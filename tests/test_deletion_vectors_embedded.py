@@ -4,7 +4,7 @@ read from the Delta log, and every lake read back with delta-rs and compared wit
 The tables pg2delta creates there use deletion vectors too (``[lake] deletion_vectors``, default
 on): a window into a large table is pysail's ``MERGE``, which writes a vector on each file holding
 a key of the window and the window's rows in a new file, instead of rewriting every file a
-scattered window touches (pg2delta.lake.engine_commits.Commits._merges_with_vectors).
+scattered window touches (pg2delta.lake.engine_commits.RangeRewrites._merges_with_vectors).
 """
 
 from __future__ import annotations
@@ -125,6 +125,13 @@ def test_a_scattered_window_writes_deletion_vectors_and_rewrites_no_file(
     one_transaction(pgdb, f"UPDATE dvt SET v = 'after' WHERE id IN (15, {3 * ROWS})")
     run(cfg)
     assert_lake_matches(pgdb, lake, [DVT], context="after maintain and a window")
+
+    # A truncate is the rewrite, which writes the window's rows alone (a MERGE would mark every row).
+    one_transaction(pgdb, "TRUNCATE dvt", "INSERT INTO dvt VALUES (1, 'after the truncate', 1)")
+    run(cfg)
+    info, adds, _ = last_commit(table)
+    assert info["operation"] == "WRITE" and not any(a.get("deletionVector") for a in adds), info["operation"]
+    assert_lake_matches(pgdb, lake, [DVT], context="after a truncate")
 
 
 def test_a_small_table_is_rewritten_without_vectors(pgdb: str, tmp_path: Path) -> None:

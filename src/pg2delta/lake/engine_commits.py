@@ -14,11 +14,12 @@ files that can hold a key of the source (the Delta log's statistics of the first
 :func:`key_ranges`), less the source's keys, plus the source's rows that are not deletes. The
 other files stay as they are; the join collects the source's keys only; the rows stream through
 to the writer, in one commit as the ``MERGE`` would make; a replay after a crash writes the same
-rows again. Into a table with deletion vectors larger than a few megabytes a window of up to
-:data:`EMBEDDED_VECTOR_MERGE_ROWS` rows is pysail's ``MERGE`` instead, which writes a deletion
-vector on each file that holds a key of the window and the new rows in a new file
-(:meth:`Commits._merges_with_vectors`): scattered keys touch every file of a large table, which
-the rewrite would write again whole.
+rows again. Into a table with deletion vectors larger than a few megabytes, a window of up to
+:data:`EMBEDDED_VECTOR_MERGE_ROWS` rows whose keys are in files holding more than
+:data:`VECTOR_MERGE_FROM_FRACTION` of its rows is pysail's ``MERGE`` instead, which writes a
+deletion vector on each file that holds a key of the window and the new rows in a new file
+(:meth:`RangeRewrites._merges_with_vectors`): scattered keys touch every file of a large table,
+which the rewrite would write again whole.
 
 On Apache Spark a window of at most :data:`REPLACE_KEYS_MAX` keys is committed as one overwrite
 with ``replaceWhere`` of exactly those keys (:meth:`Commits._replace_keys`): Delta deletes the
@@ -65,7 +66,7 @@ log = logging.getLogger("pg2delta.lake.engine")
 EMBEDDED_REWRITE_ROWS = 1
 
 # Rows of a window's source up to which the embedded engine commits it into a table with deletion
-# vectors (past VECTORS_FROM_BYTES) as pysail's MERGE, which writes vectors (Commits._merges_with_vectors).
+# vectors (past VECTORS_FROM_BYTES) as pysail's MERGE, which writes vectors (RangeRewrites._merges_with_vectors).
 # Measured in one session, pysail 0.7.2, 2,000,000 rows in 16 files, scattered keys: 1,200 keys
 # 0.40 s, 100,000 keys 0.84 s, 300,000 keys 1.19 s; the MERGE collects the window twice, every
 # column, without spilling (about 0.6 GB per million rows of a 10-column table).
@@ -168,7 +169,9 @@ class RangeRewrites(DeltaReads):
             # The source in the table's types (a key compared or hashed in another type differs).
             cast = self._view(views, _typed(source, fields, *([] if OP_COL in fields else [OP_COL])))
             where, in_range, total = self._replaced(uri, first, cast, got) if ranged else (None, None, None)
-            if not merge.inserts_only and self._merges_with_vectors(uri, got["n"], in_range, total):
+            plain_keys = all(fields[c].dataType.simpleString().split("(")[0] in _HASH_TYPES for c in merge.key_names)
+            if (not merge.inserts_only and not merge.truncate and not merge.nullable_keys and plain_keys
+                    and self._merges_with_vectors(uri, got["n"], in_range, total)):
                 log.info("%s: %d rows merged, deletion vectors on the files they touch", uri, got["n"])
                 return False
             table = self.spark.read.format("delta").load(uri)
@@ -210,7 +213,10 @@ class RangeRewrites(DeltaReads):
         table's rows (pysail's ``MERGE`` reads the whole table whatever it touches; rewriting a few
         files costs less). Not for inserts alone (the caller): the rewrite's key ranges of new keys
         hold no file, so it writes their rows and reads nothing, where the ``MERGE`` joins them
-        with the whole table (2,000,000 rows: 2.0-2.5 s against 1.5-1.8 s, make bench-scale)."""
+        with the whole table (2,000,000 rows: 2.0-2.5 s against 1.5-1.8 s, make bench-scale); nor
+        for a truncate (the ``MERGE`` would mark every row of the table; the rewrite writes the
+        window's rows alone), keys matched null-safely or of floats (matched by an expression, not
+        a hash join of the columns)."""
         if rows > EMBEDDED_VECTOR_MERGE_ROWS or not self.deletion_vectors:
             return False
         if in_range is not None and total and in_range <= total * VECTOR_MERGE_FROM_FRACTION:
