@@ -52,7 +52,7 @@ from pg2delta.lake.conflicts import committing
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import AppendRows, MergeRows, Txn
-from pg2delta.lake.lake_files import metadata_at
+from pg2delta.lake.lake_files import metadata_at, property_on
 from pg2delta.lake.sql import key_equal, quote, sql_string
 from pg2delta.memory import release_memory
 
@@ -228,7 +228,7 @@ class RangeRewrites(DeltaReads):
             meta = metadata_at(self.lake, uri)
         except LakeError:
             return False
-        if meta is None or str((meta.get("configuration") or {}).get(DELETION_VECTORS, "false")).lower() != "true":
+        if not property_on(meta, DELETION_VECTORS):
             return False
         if self._small(uri):
             return False
@@ -425,7 +425,7 @@ class Commits(RangeRewrites):
             meta = metadata_at(self.lake, uri)
         except LakeError:
             return False
-        if meta is None or str((meta.get("configuration") or {}).get(CHANGE_DATA_FEED, "false")).lower() == "true":
+        if meta is None or property_on(meta, CHANGE_DATA_FEED):
             return False
         from pyspark.sql.types import StructType
 

@@ -27,7 +27,7 @@ from pg2delta.lake.engine_features import TableFeatures, creating, quote_text
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_session import Txn
 from pg2delta.lake.foreign import TRUNCATE_PREDICATE
-from pg2delta.lake.lake_files import metadata_at
+from pg2delta.lake.lake_files import metadata_at, property_on
 from pg2delta.lake.sql import quote, sql_string
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
@@ -127,8 +127,7 @@ class TableStats(TableFeatures):
         feature, which Delta 3.3 refuses to read."""
         if not self.deletion_vectors:
             return False
-        meta = metadata_at(self.lake, uri)
-        if meta is not None and str((meta.get("configuration") or {}).get(DELETION_VECTORS, "false")).lower() == "true":
+        if property_on(metadata_at(self.lake, uri), DELETION_VECTORS):
             return False
         alter = f"ALTER TABLE {{}} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')"
         if self.classic:

@@ -416,6 +416,11 @@ def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
     return None if meta is None else str(meta["schemaString"])
 
 
+def property_on(meta: dict[str, Any] | None, name: str) -> bool:
+    """Whether the ``metaData`` action ``meta`` (:func:`metadata_at`) sets the table property ``name`` to true."""
+    return meta is not None and str((meta.get("configuration") or {}).get(name, "false")).lower() == "true"
+
+
 def metadata_at(lake: Lake, uri: str, version: int | None = None) -> dict[str, Any] | None:
     """The ``metaData`` action (its ``schemaString``, ``configuration``, ``partitionColumns``) of
     ``lake``'s Delta table at ``uri`` as of ``version`` (default: the latest), from its log alone:
