@@ -154,7 +154,8 @@ class RangeRewrites(DeltaReads):
         work = f"rewrite-{uuid.uuid4().hex}"
         views: list[str] = []
         try:
-            fields = {f.name: f for f in self.spark.read.format("delta").load(uri).schema.fields}
+            schema = self.log_schema(uri) or self.spark.read.format("delta").load(uri).schema
+            fields = {f.name: f for f in schema.fields}
             source = self.spark.table(view)
             if set(fields) != set(merge.columns) or DELETED_COL in fields:
                 # Soft deletes (pg2delta.apply.merge.SoftDeletes) keep a deleted row's values: a MERGE.
@@ -171,12 +172,11 @@ class RangeRewrites(DeltaReads):
             where, in_range, total = self._replaced(uri, first, cast, got) if ranged else (None, None, None)
             if self._merges_with_vectors(uri, merge, fields, got["n"], (in_range, total)):
                 return False
-            table = self.spark.read.format("delta").load(uri)
-            if where is not None:
-                table = table.where(where)
+            # The range's rows as a subquery, not a view: pysail loads the table (lists its log,
+            # reads its checkpoint) for each statement naming it, a view's creation included.
+            ranged_rows = f"(SELECT * FROM {self.target(uri)}{'' if where is None else f' WHERE {where}'}) AS ranged"
             if in_range is None:
-                in_range = 0 if merge.truncate else int(table.count())
-            ranged_rows = self._view(views, table)
+                in_range = 0 if merge.truncate else int(self.spark.sql(f"SELECT * FROM {ranged_rows}").count())
             buckets, rows = self._new_rows(merge, fields, (cast, ranged_rows), got["n"], in_range, work)
             writer = self.delta_writer(rows, "overwrite")
             if where is not None:
@@ -248,8 +248,8 @@ class RangeRewrites(DeltaReads):
         self, merge: MergeRows, fields: dict[str, Any], views: tuple[str, str], n: int, in_range: int, work: str
     ) -> tuple[int, Any]:
         """How many hash buckets of the key the new rows of the range are computed in, and those
-        rows: of the views (the window's rows in the table's types, the table's rows of the range)
-        holding ``n`` and ``in_range`` rows; in buckets, each is staged under ``work`` first (see
+        rows: of the relations ``views`` (the view of the window's rows in the table's types, the
+        subquery of the table's rows of the range) holding ``n`` and ``in_range`` rows; in buckets, each is staged under ``work`` first (see
         :meth:`_rewrite_range`)."""
         source, ranged_rows = views
         hashable = all(fields[c].dataType.simpleString().split("(")[0] in _HASH_TYPES for c in merge.key_names)
@@ -269,7 +269,7 @@ class RangeRewrites(DeltaReads):
             if self.stage_rows(self._range_rows(merge, fields, source, ranged_rows, bucket), part):
                 parts.append(part)
         if not parts:
-            return buckets, self.spark.table(ranged_rows).limit(0)
+            return buckets, self.spark.sql(f"SELECT * FROM {ranged_rows}").limit(0)
         return buckets, _typed(self.spark.read.parquet(*parts), fields)
 
     def _replaced(self, uri: str, first: str, source: str, got: dict[str, Any]) -> tuple[str, int | None, int | None]:
@@ -315,8 +315,8 @@ class RangeRewrites(DeltaReads):
         return name
 
     def _range_rows(self, merge: MergeRows, fields: dict[str, Any], source: str, table: str, bucket: str | None) -> Any:
-        """The new rows of the range (of one hash ``bucket`` of the key): the rows of the view
-        ``table`` (the range's) less the keys of the view ``source`` (the window's rows in the
+        """The new rows of the range (of one hash ``bucket`` of the key): the rows of the relation
+        ``table`` (the range's, a subquery with its alias) less the keys of the view ``source`` (the window's rows in the
         table's types, and the op), plus its rows that are not deletes. The two are joined by name as
         DataFrames: pysail's SQL ``UNION ALL`` refuses a timestamp's time zone spelled "UTC" on one
         side and "Etc/UTC" on the other. (SQL and ``selectExpr`` only: pyspark 3.5's

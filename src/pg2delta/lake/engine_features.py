@@ -35,6 +35,7 @@ from pg2delta.delta_features import (
 )
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
+from pg2delta.lake.lake_files import metadata_at, protocol_at
 from pg2delta.lake.sql import quote
 
 log = logging.getLogger("pg2delta.lake.engine")
@@ -87,6 +88,17 @@ class TableFeatures(EngineSession):
         except Exception as exc:
             raise LakeError(f"cannot read the partition columns of {uri}: {' '.join(str(exc).split())[:500]}") from exc
 
+    def _logged_protocol(self, uri: str) -> tuple[dict[str, str], tuple[str, ...], set[str], tuple[int, int]] | None:
+        """The table's properties, partition columns, writer features and (reader, writer)
+        protocol versions, from its log alone (no delta-rs load: a listing of the log and a read
+        of its checkpoint, which grow with the log); None where the log cannot tell that way."""
+        meta, protocol = metadata_at(self.lake, uri), protocol_at(self.lake, uri)
+        if meta is None or protocol is None:
+            return None
+        have = {str(k): str(v) for k, v in (meta.get("configuration") or {}).items()}
+        versions = (int(protocol["minReaderVersion"]), int(protocol["minWriterVersion"]))
+        return have, tuple(meta.get("partitionColumns") or ()), set(protocol.get("writerFeatures") or []), versions
+
     def check_features(self, uri: str) -> None:
         """Before this engine's first write to the existing table at ``uri``: refuse a table it cannot
         write, set the properties the configuration asks for that it lacks (see the module's docstring)."""
@@ -100,6 +112,9 @@ class TableFeatures(EngineSession):
                 have, parts = {str(k): str(v) for k, v in (detail.get("properties") or {}).items()}, tuple(detail["partitionColumns"])
                 features, versions = set(detail.get("tableFeatures") or []), (detail["minReaderVersion"], detail["minWriterVersion"])
                 clustered = tuple(detail.get("clusteringColumns") or ())
+            elif (logged := self._logged_protocol(uri)) is not None:
+                have, parts, features, versions = logged
+                clustered = ()
             else:
                 dt = self._delta_rs(uri)
                 protocol, meta = dt.protocol(), dt.metadata()

@@ -39,12 +39,9 @@ class DeltaReads(EngineSession):
         the latest); None if there is no table."""
         if self.lake.delta_version(uri) is None:
             return None
-        if self.classic:  # from the Delta log: loading the table costs Apache Spark jobs
-            from pyspark.sql.types import StructType
-
-            text = schema_at(self.lake, uri, version)
-            if text is not None:
-                return {f.name: f.dataType.simpleString() for f in StructType.fromJson(json.loads(text)).fields}
+        logged = self.log_schema(uri, version)
+        if logged is not None:
+            return {f.name: f.dataType.simpleString() for f in logged.fields}
         try:
             reader = self.spark.read.format("delta")
             if version is not None:
@@ -62,6 +59,16 @@ class DeltaReads(EngineSession):
                 raise LakeError(f"cannot read the schema of {uri} at version {version}: no metadata") from exc
             schema = StructType.fromJson(json.loads(text))
         return {f.name: f.dataType.simpleString() for f in schema.fields}
+
+    def log_schema(self, uri: str, version: int | None = None) -> Any:
+        """The Delta table's schema (a Spark ``StructType``) as of ``version`` (default the latest),
+        from its log alone (:func:`pg2delta.lake.lake_files.schema_at`); None where the log cannot
+        tell that way. No engine: loading a table costs Apache Spark jobs, and pysail a listing of
+        the log and a read of its checkpoint, which grow with the log (tombstones, commits kept)."""
+        from pyspark.sql.types import StructType
+
+        text = schema_at(self.lake, uri, version)
+        return None if text is None else StructType.fromJson(json.loads(text))
 
     def has_rows(self, uri: str, *, version: int | None = None) -> bool:
         """Whether the Delta table at ``uri`` (as of ``version``) holds any row; False if there is no table."""

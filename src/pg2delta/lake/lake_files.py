@@ -427,6 +427,19 @@ def metadata_at(lake: Lake, uri: str, version: int | None = None) -> dict[str, A
     the newest JSON commit up to it that changed the metadata, else the newest complete classic
     checkpoint up to it. None where the log cannot tell this way (a JSON commit cleaned up with no
     checkpoint past it; no table)."""
+    return _action_at(lake, uri, version, "metaData")
+
+
+def protocol_at(lake: Lake, uri: str, version: int | None = None) -> dict[str, Any] | None:
+    """The ``protocol`` action (``minReaderVersion``, ``minWriterVersion``, ``readerFeatures``,
+    ``writerFeatures``) of ``lake``'s Delta table at ``uri`` as :func:`metadata_at` finds the
+    ``metaData``."""
+    return _action_at(lake, uri, version, "protocol")
+
+
+def _action_at(lake: Lake, uri: str, version: int | None, kind: str) -> dict[str, Any] | None:
+    """The newest action of ``kind`` (``metaData`` or ``protocol``, which each replace the one
+    before) of the Delta table at ``uri`` up to ``version``, as :func:`metadata_at` says."""
     log_dir = f"{lake.fs_path(uri)}/_delta_log"
     commits, parts = _log_listing(lake.fs, log_dir)
     if commits and version is not None and version < min(commits):  # older than the tail: the whole log
@@ -444,18 +457,22 @@ def metadata_at(lake: Lake, uri: str, version: int | None = None) -> dict[str, A
                 lines = f.read().decode().splitlines()
             for line in lines:
                 action = json.loads(line) if line.strip() else {}
-                if "metaData" in action:
-                    return dict(action["metaData"])
+                if kind in action:
+                    return dict(action[kind])
         if floor < 0:
             return None
         for name in sorted(parts[(floor, complete[floor])]):
             with lake.fs.open_input_file(name) as f:
-                table = pq.read_table(f, columns=["metaData"])
-            for meta in table.column("metaData").to_pylist():
-                if meta is not None and meta.get("schemaString"):
+                table = pq.read_table(f, columns=[kind])
+            for found in table.column(kind).to_pylist():
+                if found is None or (kind == "metaData" and not found.get("schemaString")):
+                    continue
+                if kind == "metaData":
                     # A checkpoint's configuration is a map: pyarrow gives its pairs as a list.
-                    conf = meta.get("configuration")
-                    return {**meta, "configuration": dict(conf) if conf is not None else {}}
+                    conf = found.get("configuration")
+                    return {**found, "configuration": dict(conf) if conf is not None else {}}
+                if found.get("minReaderVersion") is not None:
+                    return dict(found)
     except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
         raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
     return None
