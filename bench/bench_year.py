@@ -24,6 +24,13 @@ when there are fewer than 500), ``year_growth=`` (last / first; target <= 1.2),
 ``active_files=`` (the table's files at the end), ``maintenance_runs=`` and
 ``maintenance_run_seconds_max=`` (the longest run that maintained). Before printing, the lake is
 read back with delta-rs and compared with PostgreSQL (row count and sums), else exit 1.
+
+Then ``window_seconds_aged=`` and ``window_seconds_young=``, with ``year_growth_vs_young=`` (their
+ratio): ``--control`` pairs of runs after the year (default as many as the medians above take),
+one into the year's table and one into a young table of the same shape (its own slot, publication
+and lake, created then), alternated, so that both meet the machine as it is then. The first and
+last hundred runs are an hour or more apart on a shared machine whose speed drifts by as much as
+the growth measured; the pairs are not. The young table's first runs create it, as the year's did.
 """
 
 from __future__ import annotations
@@ -99,7 +106,7 @@ def scheduled_run(engine: Engine, dsn: str, table: str, lake: Path, k: int) -> t
     return seconds, report
 
 
-def year(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file: Path | None) -> Runs:
+def year(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file: Path | None, pairs: int) -> Runs:
     table = f"year_{engine.name}"
     lake = tmp / f"lake_{engine.name}"
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
@@ -127,7 +134,32 @@ def year(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file
     if lake_rows != (pg_rows[0], float(pg_rows[1]), int(pg_rows[2])):
         raise SystemExit(f"{engine.name}: the lake {lake_rows} differs from PostgreSQL {tuple(pg_rows)}")
     report_figures(engine.name, runs, len(DeltaTable(str(lake / "bench" / table)).file_uris()))
+    if pairs:
+        aged, young = control(engine, pg, tmp, rows, pairs, engine.windows)
+        a, y = statistics.median(aged), statistics.median(young)
+        print(f"{engine.name}: {pairs} pairs of runs after the year, the year's table and a young one alternated", flush=True)
+        print(f"{engine.name}_window_seconds_aged={a:.3f}")
+        print(f"{engine.name}_window_seconds_young={y:.3f}")
+        print(f"{engine.name}_year_growth_vs_young={a / y:.2f}", flush=True)
     return runs
+
+
+def control(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, pairs: int, k0: int) -> tuple[list[float], list[float]]:
+    """``pairs`` runs into the year's table alternated with as many into a young one (see the
+    module's docstring), the first at step ``k0``: their seconds, aged and young."""
+    aged, young = f"year_{engine.name}", f"young_{engine.name}"
+    lakes = {aged: tmp / f"lake_{engine.name}", young: tmp / f"lake_{engine.name}_young"}
+    out: dict[str, list[float]] = {aged: [], young: []}
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(SETUP.format(table=young))
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (young,))
+        for i in range(pairs):
+            for table in (aged, young) if i % 2 == 0 else (young, aged):
+                w = k0 + i if table == aged else i  # the young table's ids from 1, as the year's were
+                transaction(conn, table, w, rows)
+                seconds, _ = scheduled_run(engine, pg.dsn, table, lakes[table], k0 + i)
+                out[table].append(seconds)
+    return out[aged], out[young]
 
 
 def report_figures(name: str, runs: Runs, active_files: int) -> None:
@@ -171,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the spark-submit to start Spark runs with")
     ap.add_argument("--rows", type=int, default=20, help="inserts per transaction (default 20)")
     ap.add_argument("--pg", type=int, default=15, choices=(15, 18))
+    ap.add_argument("--control", type=int, default=None,
+                    help="pairs of runs after the year, its table and a young one alternated (default: as many as the medians take; 0: none)")
     ap.add_argument("--times-file", type=Path, help="also append engine,run,seconds,maintained per run to this CSV")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops its server
@@ -179,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="pg2delta-bench-year-") as tmp:
             for engine in engines(args):
-                year(engine, pg, Path(tmp), args.rows, args.times_file)
+                pairs = args.control if args.control is not None else (100 if engine.windows >= 500 else max(1, engine.windows // 5))
+                year(engine, pg, Path(tmp), args.rows, args.times_file, pairs)
     finally:
         pg.stop()
     return 0
