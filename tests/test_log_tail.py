@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from pg2delta.lake import lake_files
-from pg2delta.lake.lake_files import Lake, schema_at
+from pg2delta.lake.lake_files import Lake, metadata_at, protocol_at, schema_at
 
 
 def _table(path: Path, commits: int, checkpoint_at: int | None) -> str:
@@ -138,3 +138,28 @@ def test_a_file_removed_and_added_again_in_one_commit_stays(tmp_path: Path) -> N
     found = Lake(str(tmp_path)).files_now(uri)
     assert found is not None and found[0] == 2
     assert first["path"] in found[1] and len(found[1]) == 2, found
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["json-commits", "checkpoint"])
+def test_the_protocol_and_metadata_from_the_log_equal_delta_rs(tmp_path: Path, checkpoint: bool) -> None:
+    """What the embedded engine's check of a table's features reads (properties, partition
+    columns, writer features, protocol versions) is what delta-rs says, whether the newest
+    ``protocol`` and ``metaData`` actions are in a JSON commit or only in a checkpoint."""
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"id": [1, 2], "part": ["a", "b"]}), partition_by=["part"],
+                    configuration={"delta.enableDeletionVectors": "true", "delta.checkpointInterval": "50"})
+    for i in range(3):
+        write_deltalake(uri, pa.table({"id": [10 + i], "part": ["a"]}), mode="append")
+    dt = DeltaTable(uri)
+    if checkpoint:
+        dt.create_checkpoint()
+        for v in range(dt.version() + 1):  # the actions left in the checkpoint alone
+            (tmp_path / "t" / "_delta_log" / f"{v:020d}.json").unlink()
+    lake = Lake(str(tmp_path))
+    protocol, meta = protocol_at(lake, uri), metadata_at(lake, uri)
+    want, want_meta = dt.protocol(), dt.metadata()
+    assert protocol is not None and meta is not None
+    assert (protocol["minReaderVersion"], protocol["minWriterVersion"]) == (want.min_reader_version, want.min_writer_version)
+    assert set(protocol.get("writerFeatures") or []) == set(want.writer_features or []) and "deletionVectors" in want.writer_features
+    assert dict(meta["configuration"]) == dict(want_meta.configuration)
+    assert list(meta["partitionColumns"]) == list(want_meta.partition_columns) == ["part"]
