@@ -48,16 +48,9 @@ class DeltaReads(EngineSession):
                 reader = reader.option("versionAsOf", version)
             schema = reader.load(uri).schema
         except Exception as exc:
-            if version is None:
-                raise LakeError(f"cannot read the schema of {uri}: {' '.join(str(exc).split())[:500]}") from exc
-            # pysail 0.7.2 cannot time-travel below its latest checkpoint: the log has the schema
-            # (its metadata alone: the version's files may have deletion vectors).
-            from pyspark.sql.types import StructType
-
-            text = schema_at(self.lake, uri, version)
-            if text is None:
-                raise LakeError(f"cannot read the schema of {uri} at version {version}: no metadata") from exc
-            schema = StructType.fromJson(json.loads(text))
+            # The log could not tell (log_schema above), so neither can it here.
+            at = "" if version is None else f" at version {version}"
+            raise LakeError(f"cannot read the schema of {uri}{at}: {' '.join(str(exc).split())[:500]}") from exc
         return {f.name: f.dataType.simpleString() for f in schema.fields}
 
     def log_schema(self, uri: str, version: int | None = None) -> Any:
