@@ -39,6 +39,7 @@ from pg2delta.decode import changes as ch
 from pg2delta.decode import rowbatch
 from pg2delta.decode import typemap as tm
 from pg2delta.decode.changes import RowChunk, WindowDecoder
+from pg2delta.source import copydata
 from pg2delta.source import slot as sl
 from pg2delta.source.slot import SlotSource, WindowRead
 from pg2delta.source.throwaway import ThrowawayPostgres
@@ -173,7 +174,7 @@ def server_copy(dsn: str, upto: int | None = None) -> tuple[int, float]:
                 nbytes += len(data)
                 last = data
     # The 19-byte header may come alone or with the first row; the 2-byte trailer comes alone.
-    rows = pieces - (bytes(last) == b"\xff\xff") - (len(first) == sl._COPY_HEADER_LEN)
+    rows = pieces - (bytes(last) == b"\xff\xff") - (len(first) == copydata._COPY_HEADER_LEN)
     return rows, first_at
 
 

@@ -21,7 +21,10 @@ the archive, the client compiler alone, the serial collector, the settings as
    child process), ``Job.run()`` of each window is timed with the tables merged one after the
    other (``window.parallel_tables = 1``) and with the default (``4``); on Apache Spark once more
    with the full compiler (``4`` only); every lake is read back with delta-rs and compared with
-   PostgreSQL (row counts and sums per table), else exit 1;
+   PostgreSQL (row counts and sums per table), else exit 1. Then, in the same session, the
+   engine's floor under that window: as many Delta tables of as many rows created bare, one plain
+   ``MERGE`` of a window of the same shape into each, and one plain append of its rows into each,
+   4 tables at once (``tables50_floor_merge_seconds_<engine>``, ``..._append_...``);
 3. **fixed costs through spark-submit**, each a new process as a scheduler starts it
    (``local[2]``): a script that only starts a session and stops it (the floor,
    ``spark_session_seconds``), and ``jobs/pg2delta_run.py`` on a slot whose window holds only WAL
@@ -36,7 +39,8 @@ the archive, the client compiler alone, the serial collector, the settings as
 The last lines are ``spark_e2e_vs_server=`` (and ``_tiered``), ``spark_session_seconds=``,
 ``idle_run_seconds_spark=`` (each also ``_plain``), then ``tables50_seconds_embedded=`` and
 ``tables50_seconds_spark=`` (and ``_tiered``): the second window (tables in place), concurrent
-apply; then ``small_run_seconds_spark_s3=`` (local[2]) and ``cluster_small_run_seconds=`` (the
+apply, each with its floor and ``tables50_vs_floor_merge_<engine>=`` (the window / the bare
+``MERGE``s); then ``small_run_seconds_spark_s3=`` (local[2]) and ``cluster_small_run_seconds=`` (the
 cluster), each a new spark-submit process.
 """
 
@@ -53,7 +57,9 @@ import sys
 import tempfile
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import bench_cluster
 import psycopg
@@ -201,12 +207,52 @@ def _many_tables_one_engine(kind: str, n: int, rows: int, pg_version: int, paral
                     out[f"{phase}:{parallel}"] = seconds
                 if not _check(pg.dsn, lake, tables):
                     return None
+            if 4 in parallels:
+                out.update(_floor(engine.spark, root / f"{kind}-floor", n, rows))
         finally:
             engine.stop()
         return out
     finally:
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+# The floor's window per table, as _more_changes's in shape (updates of every 7th key, 20 inserts,
+# deletes of every 11th key): one source of rows with the change's kind.
+FLOOR_SOURCE = ("SELECT id, 'n' AS name, id * 3 AS qty, IF(id % 11 = 2, 'D', 'U') AS op FROM range(1, {rows}) "
+                "WHERE id % 7 = 1 OR id % 11 = 2 UNION ALL SELECT id, 'new', id, 'I' FROM range(100001, 100021)")
+FLOOR_MERGE = ("MERGE INTO delta.`{path}` t USING {view} s ON t.id = s.id WHEN MATCHED AND s.op = 'D' THEN DELETE "
+               "WHEN MATCHED THEN UPDATE SET t.name = s.name, t.qty = s.qty "
+               "WHEN NOT MATCHED AND s.op <> 'D' THEN INSERT (id, name, qty) VALUES (s.id, s.name, s.qty)")
+
+
+def _floor(spark: Any, root: Path, n: int, rows: int) -> dict[str, float]:
+    """The engine's own floor under the 50-table window, in the session that just ran it: ``n``
+    Delta tables of ``rows`` rows created bare (no pg2delta), then one plain ``MERGE`` of a window
+    of the same shape into each, 4 tables at once as ``parallel_tables``, then one plain append
+    of the same rows into each (what a table's window costs at the least); seconds of each."""
+    paths = [str(root / f"t{i:03d}") for i in range(n)]
+    for path in paths:
+        spark.sql(f"SELECT id, concat('row ', id) AS name, id * 2 AS qty FROM range(1, {rows + 1})").write.format(
+            "delta").save(path)
+
+    def merge(i: int) -> None:
+        view = f"floor_src_{i}"
+        spark.sql(FLOOR_SOURCE.format(rows=rows + 1)).createOrReplaceTempView(view)
+        spark.sql(FLOOR_MERGE.format(path=paths[i], view=view)).collect()
+
+    def append(i: int) -> None:
+        spark.sql(FLOOR_SOURCE.format(rows=rows + 1)).selectExpr("id", "name", "qty").write.format("delta").mode(
+            "append").save(paths[i])
+
+    out = {}
+    for name, one in (("floor_merge", merge), ("floor_append", append)):
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, range(n)))
+        out[f"{name}:4"] = time.perf_counter() - t0
+        print(f"floor: {n} bare {name.split('_')[1]}s, 4 at once: {out[f'{name}:4']:.1f} s", flush=True)
+    return out
 
 
 def _submit(start: SparkStart, script: Path, *args: str, spark_args: tuple[str, ...] = (),
@@ -356,6 +402,11 @@ def report(n: int, ratios: dict[str, float], fixed: dict[str, tuple[float, float
     if times:
         for label in ("embedded", "spark", "spark_tiered"):
             print(f"tables{n}_seconds_{label}={times[(label, 'next', 4)]:.1f}")
+            merge, append = times.get((label, "floor_merge", 4)), times.get((label, "floor_append", 4))
+            if merge is not None and append is not None:
+                print(f"tables{n}_floor_merge_seconds_{label}={merge:.1f}")
+                print(f"tables{n}_floor_append_seconds_{label}={append:.1f}")
+                print(f"tables{n}_vs_floor_merge_{label}={times[(label, 'next', 4)] / merge:.2f}")
     if small is not None:
         print(f"small_run_seconds_spark_s3={small[0]:.1f}  (local[2], 10 updates, lake on the object store)")
         print(f"cluster_small_run_seconds={small[1]:.1f}  (standalone cluster / local[2] = {small[1] / small[0]:.2f})")
