@@ -105,7 +105,11 @@ def timed_windows(pg: ThrowawayPostgres, lake: Path, first: int, count: int, row
 
 
 def canonical(table: pa.Table) -> pa.Table:
-    return table.select(["id", "device", "value", "note", "at"]).sort_by("id")
+    """The rows to compare, in key order; string views (delta-rs 1.6 reads strings so, where
+    pyarrow 26 cannot take from them) as strings."""
+    picked = table.select(["id", "device", "value", "note", "at"])
+    plain = pa.schema([pa.field(f.name, pa.string() if pa.types.is_string_view(f.type) else f.type) for f in picked.schema])
+    return picked.cast(plain).sort_by("id")
 
 
 def main(argv: list[str] | None = None) -> int:

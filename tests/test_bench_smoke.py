@@ -1,8 +1,9 @@
-"""The benchmarks still run: `make bench-decode`'s, `make bench`'s and `make bench-spark`'s
-50-table part (with the engine's floor under it) on tiny windows, embedded engine, each as the
-Makefile starts it. Nothing here is timed: the figures' values are the benchmarks' business
+"""The benchmarks still run: `make bench-decode`'s, `make bench`'s, `make bench-bootstrap`'s,
+`make bench-maintain`'s and `make bench-spark`'s 50-table part (with the engine's floor under it)
+on tiny windows, embedded engine, each as the Makefile starts it. Nothing here is timed: the figures' values are the benchmarks' business
 (bench/README.md); this only proves each one runs to its figures and its own check of the lake
-passes (a rename in src/ broke `make bench` and `make bench-spark` for days, unseen).
+passes (a rename in src/ broke `make bench` and `make bench-spark` for days, unseen, and
+pyarrow 26's string views `make bench-maintain`).
 """
 
 from __future__ import annotations
@@ -50,3 +51,14 @@ def test_bench_spark_tables_part_with_its_floor() -> None:
     seconds = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
     assert set(seconds) == {"first:4", "next:4", "floor_merge:4", "floor_append:4"}
     assert all(s > 0 for s in seconds.values())
+
+
+def test_bench_bootstrap_prints_its_ratio() -> None:
+    figures = _figures("bench/bench_bootstrap.py", "--rows", "2000", "--repeat", "1")
+    assert float(figures["bootstrap_vs_copy"]) > 0
+
+
+def test_bench_maintain_compacts_and_prints_its_speedups() -> None:
+    figures = _figures("bench/bench_maintain.py", "--windows", "10", "--probe", "2", "--repeat", "1")
+    assert int(figures["files_after"].split()[0]) < int(figures["files_before"].split()[0])
+    assert float(figures["read_speedup"]) > 0 and float(figures["window_speedup"]) > 0
