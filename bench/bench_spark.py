@@ -12,7 +12,10 @@ the archive, the client compiler alone, the serial collector, the settings as
 1. **end to end on the classic engine**: ``bench_e2e.py``'s run with ``--engine spark`` (the same
    window, the server's COPY rate measured in the same run), once started fast and once with the
    full compiler, each in a new process with a new window; figures ``spark_e2e_vs_server`` and
-   ``spark_e2e_vs_server_tiered``;
+   ``spark_e2e_vs_server_tiered``. After the first, the floor under it, in a new process started
+   the same way: a session, and the rows that run wrote read from its Parquet files into a new Delta
+   table (``spark_e2e_floor_seconds``; ``spark_e2e_floor_vs_server``: the server's COPY over it, the
+   most ``spark_e2e_vs_server`` could be were the window's read, decode and staging free);
 2. **50 tables**: a throwaway PostgreSQL with ``--tables`` small tables (default 50), each given
    ``--rows`` inserts and some updates and deletes in transactions spanning several tables (the
    first window, which creates the Delta tables), then a second window of changes to every table
@@ -50,6 +53,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import re
 import shutil
 import statistics
 import subprocess
@@ -318,19 +322,55 @@ def fixed_costs(pg_version: int, rounds: int, starts: list[SparkStart]) -> dict[
         shutil.rmtree(root, ignore_errors=True)
 
 
+# The floor under the end-to-end window on Apache Spark: a session started, and the window's final
+# rows (the Parquet files of the table the run created) written into a new Delta table: what the run
+# must do at the least once its window is read, decoded and staged.
+E2E_FLOOR = """import json, sys, time
+t0 = time.perf_counter()
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.getOrCreate()
+t1 = time.perf_counter()
+spark.read.parquet(sys.argv[1] + "/*.parquet").write.format("delta").save(sys.argv[2])
+t2 = time.perf_counter()
+spark.stop()
+print(json.dumps({"session": t1 - t0, "write": t2 - t1}))
+"""
+
+
 def end_to_end(argv: list[str], starts: list[SparkStart]) -> dict[str, float] | None:
     """``spark_e2e_vs_server`` per start: bench_e2e's run in a child process started that way (a new
-    window each; the idle and 10,000-change runs after it with the first start only)."""
+    window each; the idle and 10,000-change runs after it with the first start only). With the first
+    start, the floor under it too (:data:`E2E_FLOOR`, a new process started the same way, on the rows
+    the run wrote): ``floor_session`` and ``floor_write`` seconds, and ``server``, the server's COPY."""
     out: dict[str, float] = {}
     for i, start in enumerate(starts):
         print(f"end to end, Spark started {start.name}:", flush=True)
-        child_argv = [sys.executable, __file__, *argv, "--one-e2e", *(["--no-fixed-costs"] if i else [])]
-        child = subprocess.run(child_argv, stdout=subprocess.PIPE, text=True, env=start.env(sys.executable))
+        child_argv = [sys.executable, __file__, *argv, "--one-e2e", *(["--no-fixed-costs"] if i else ["--keep-lake"])]
+        child = subprocess.run(child_argv, capture_output=True, text=True, env=start.env(sys.executable))
         print(child.stdout, end="", flush=True)
+        print(child.stderr[-4000:], end="", file=sys.stderr, flush=True)
         ratios = [json.loads(line)["ratio"] for line in child.stdout.splitlines() if line.startswith('{"ratio"')]
         if child.returncode != 0 or not ratios:
             return None
         out[start.name] = ratios[-1]
+        kept = [line.split("lake kept at ", 1)[1].strip() for line in child.stderr.splitlines() if "lake kept at " in line]
+        if not kept:
+            continue
+        lake = Path(kept[-1])
+        try:
+            server = re.search(r"server +COPY .*\( *([0-9.]+) s\)", child.stdout)
+            tables = [p for p in (lake / "public").iterdir() if p.is_dir()] if (lake / "public").is_dir() else []
+            if server is None or len(tables) != 1:
+                continue
+            floor = subprocess.run([sys.executable, "-c", E2E_FLOOR, str(tables[0]), str(lake / "floor")],
+                                   stdout=subprocess.PIPE, text=True, env=start.env(sys.executable))
+            seconds = [json.loads(line) for line in floor.stdout.splitlines() if line.startswith("{")]
+            if floor.returncode == 0 and seconds:
+                out.update(server=float(server.group(1)), floor_session=seconds[-1]["session"], floor_write=seconds[-1]["write"])
+                print(f"floor: a session {out['floor_session']:.2f} s, the window's rows into a new Delta table "
+                      f"{out['floor_write']:.2f} s", flush=True)
+        finally:
+            shutil.rmtree(lake, ignore_errors=True)
     return out
 
 
@@ -394,6 +434,12 @@ def report(n: int, ratios: dict[str, float], fixed: dict[str, tuple[float, float
     for name, suffix in (("fast", ""), ("tiered", "_tiered")):
         if name in ratios:
             print(f"spark_e2e_vs_server{suffix}={ratios[name]:.2f}")
+    if "floor_write" in ratios:
+        floor = ratios["floor_session"] + ratios["floor_write"]
+        print(f"spark_e2e_floor_seconds={floor:.2f}  (a session {ratios['floor_session']:.2f} s + the window's rows "
+              f"written into a new Delta table {ratios['floor_write']:.2f} s)")
+        print(f"spark_e2e_floor_vs_server={ratios['server'] / floor:.2f}  (the server's COPY / that floor: the most "
+              "spark_e2e_vs_server could be)")
     for name, suffix in (("fast", ""), ("plain", "_plain")):
         if name in fixed:
             session, idle = fixed[name]
