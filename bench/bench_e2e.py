@@ -26,6 +26,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,15 +152,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_e2e_args(ap)
     args = ap.parse_args(argv)
-    ratio = measure(args)
-    if ratio is None:
+    measured = measure(args)
+    if measured is None:
         return 1
-    print(f"e2e_vs_server={ratio:.2f}")
+    print(f"e2e_vs_server={measured.ratio:.2f}")
     return 0
 
 
-def measure(args: argparse.Namespace) -> float | None:
-    """One end-to-end run as the module docstring says; the ratio, or None when the lake is wrong."""
+@dataclass(frozen=True)
+class Measured:
+    """One end-to-end run: the ratio, the server's COPY seconds, and the Delta table the run wrote
+    (still there with ``--keep-lake``)."""
+
+    ratio: float
+    server_seconds: float
+    table: Path
+
+
+def measure(args: argparse.Namespace) -> Measured | None:
+    """One end-to-end run as the module docstring says; None when the lake is wrong."""
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pg2delta").setLevel(logging.INFO)
@@ -224,7 +235,7 @@ def measure(args: argparse.Namespace) -> float | None:
             return None
         if not args.no_fixed_costs:
             fixed_costs(dsn, lake, args.engine)
-        return (n / t_job) / (n / t_server)
+        return Measured((n / t_job) / (n / t_server), t_server, lake / schema / name)
     finally:
         win.pg.stop()
         if args.keep_lake or not ok:

@@ -53,7 +53,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import re
 import shutil
 import statistics
 import subprocess
@@ -346,31 +345,25 @@ def end_to_end(argv: list[str], starts: list[SparkStart]) -> dict[str, float] | 
     for i, start in enumerate(starts):
         print(f"end to end, Spark started {start.name}:", flush=True)
         child_argv = [sys.executable, __file__, *argv, "--one-e2e", *(["--no-fixed-costs"] if i else ["--keep-lake"])]
-        child = subprocess.run(child_argv, capture_output=True, text=True, env=start.env(sys.executable))
+        child = subprocess.run(child_argv, stdout=subprocess.PIPE, text=True, env=start.env(sys.executable))
         print(child.stdout, end="", flush=True)
-        print(child.stderr[-4000:], end="", file=sys.stderr, flush=True)
-        ratios = [json.loads(line)["ratio"] for line in child.stdout.splitlines() if line.startswith('{"ratio"')]
-        if child.returncode != 0 or not ratios:
+        results = [json.loads(line) for line in child.stdout.splitlines() if line.startswith('{"ratio"')]
+        if child.returncode != 0 or not results:
             return None
-        out[start.name] = ratios[-1]
-        kept = [line.split("lake kept at ", 1)[1].strip() for line in child.stderr.splitlines() if "lake kept at " in line]
-        if not kept:
-            continue
-        lake = Path(kept[-1])
-        try:
-            server = re.search(r"server +COPY .*\( *([0-9.]+) s\)", child.stdout)
-            tables = [p for p in (lake / "public").iterdir() if p.is_dir()] if (lake / "public").is_dir() else []
-            if server is None or len(tables) != 1:
-                continue
-            floor = subprocess.run([sys.executable, "-c", E2E_FLOOR, str(tables[0]), str(lake / "floor")],
-                                   stdout=subprocess.PIPE, text=True, env=start.env(sys.executable))
-            seconds = [json.loads(line) for line in floor.stdout.splitlines() if line.startswith("{")]
-            if floor.returncode == 0 and seconds:
-                out.update(server=float(server.group(1)), floor_session=seconds[-1]["session"], floor_write=seconds[-1]["write"])
-                print(f"floor: a session {out['floor_session']:.2f} s, the window's rows into a new Delta table "
-                      f"{out['floor_write']:.2f} s", flush=True)
-        finally:
-            shutil.rmtree(lake, ignore_errors=True)
+        out[start.name] = results[-1]["ratio"]
+        if i == 0:
+            table = Path(results[-1]["table"])
+            try:
+                floor = subprocess.run([sys.executable, "-c", E2E_FLOOR, str(table), str(table.parent / "floor")],
+                                       stdout=subprocess.PIPE, text=True, env=start.env(sys.executable))
+                seconds = [json.loads(line) for line in floor.stdout.splitlines() if line.startswith("{")]
+                if floor.returncode != 0 or not seconds:
+                    return None
+            finally:
+                shutil.rmtree(table.parents[1], ignore_errors=True)  # the lake the run kept
+            out.update(server=results[-1]["server"], floor_session=seconds[-1]["session"], floor_write=seconds[-1]["write"])
+            print(f"floor: a session {out['floor_session']:.2f} s, the window's rows into a new Delta table "
+                  f"{out['floor_write']:.2f} s", flush=True)
     return out
 
 
@@ -399,10 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one))
         return 0
     if args.one_e2e:
-        ratio = measure(args)
-        if ratio is None:
+        measured = measure(args)
+        if measured is None:
             return 1
-        print(json.dumps({"ratio": ratio}))
+        print(json.dumps({"ratio": measured.ratio, "server": measured.server_seconds, "table": str(measured.table)}))
         return 0
 
     cache = Path(args.spark_cache).resolve()
