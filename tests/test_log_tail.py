@@ -14,8 +14,10 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from pg2delta.errors import LakeError
 from pg2delta.lake import lake_files
-from pg2delta.lake.lake_files import Lake, metadata_at, protocol_at, schema_at
+from pg2delta.lake.engine_commits import _delta_rs_bounds
+from pg2delta.lake.lake_files import Lake, key_bounds, metadata_at, protocol_at, schema_at
 
 
 def _table(path: Path, commits: int, checkpoint_at: int | None) -> str:
@@ -163,3 +165,39 @@ def test_the_protocol_and_metadata_from_the_log_equal_delta_rs(tmp_path: Path, c
     assert set(protocol.get("writerFeatures") or []) == set(want.writer_features or []) and "deletionVectors" in want.writer_features
     assert dict(meta["configuration"]) == dict(want_meta.configuration)
     assert list(meta["partitionColumns"]) == list(want_meta.partition_columns) == ["part"]
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["json-commits", "checkpoint"])
+def test_the_key_bounds_from_the_log_equal_delta_rs(tmp_path: Path, checkpoint: bool) -> None:
+    """The bounds of the first key column in each file and the files' rows, which the embedded
+    engine's rewrite of a window's key ranges reads from the log's tail (no delta-rs load of the
+    table), equal what delta-rs's ``get_add_actions`` gives: files replaced by an overwrite gone,
+    a file whose keys are all NULL without bounds, the table's files counted with it."""
+    uri = str(tmp_path / "t")
+    for i in range(4):
+        write_deltalake(uri, pa.table({"id": pa.array(range(10 * i, 10 * i + 10), pa.int64()), "v": [f"r{i}"] * 10}),
+                        mode="append", configuration={"delta.checkpointInterval": "100"} if i == 0 else None)
+    write_deltalake(uri, pa.table({"id": pa.array([12, 15], pa.int64()), "v": ["x", "y"]}), mode="overwrite",
+                    predicate="id >= 10 AND id <= 19")
+    if checkpoint:
+        DeltaTable(uri).create_checkpoint()
+    write_deltalake(uri, pa.table({"id": pa.array([None, None], pa.int64()), "v": ["n", "n"]}), mode="append")
+    write_deltalake(uri, pa.table({"id": pa.array([100, 105, 101], pa.int64()), "v": ["a", "b", "c"]}), mode="append")
+    got = key_bounds(Lake(str(tmp_path)), uri, "id")
+    want = _delta_rs_bounds(DeltaTable(uri), "id")
+    assert got is not None and want is not None
+    lo, hi, rows, files = got
+    assert files == want[3] == 6  # 4 appends, one replaced by the overwrite's file, the NULLs' and the last
+    assert sorted(zip(lo.tolist(), hi.tolist(), rows.tolist(), strict=True)) == sorted(
+        zip(want[0].tolist(), want[1].tolist(), want[2].tolist(), strict=True))
+    assert (12, 15, 2) in zip(lo.tolist(), hi.tolist(), rows.tolist(), strict=True) and len(lo) == 5
+
+
+def test_no_key_bounds_for_a_partition_column(tmp_path: Path) -> None:
+    """A key that is the table's partition column has no statistics: the rewrite takes the window's range."""
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}), partition_by=["id"])
+    assert key_bounds(Lake(str(tmp_path)), uri, "id") is None
+    assert _delta_rs_bounds(DeltaTable(uri), "id") is None
+    with pytest.raises(LakeError):  # no table there: the caller asks delta-rs, which says why
+        key_bounds(Lake(str(tmp_path)), str(tmp_path / "none"), "id")

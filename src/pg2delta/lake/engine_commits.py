@@ -52,7 +52,7 @@ from pg2delta.lake.conflicts import committing
 from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_reads import DeltaReads
 from pg2delta.lake.engine_session import AppendRows, MergeRows, Txn
-from pg2delta.lake.lake_files import metadata_at, property_on
+from pg2delta.lake.lake_files import key_bounds, metadata_at, property_on
 from pg2delta.lake.sql import key_equal, quote, sql_string
 from pg2delta.memory import release_memory
 
@@ -283,16 +283,13 @@ class RangeRewrites(DeltaReads):
         whole = _range(k, got["lo"], got["hi"]), None, None
         if got["n"] > KEY_LIST_ROWS:
             return whole
-        files = pa.table(self._delta_rs(uri).get_add_actions(flatten=True))
-        names = files.schema.names
-        if f"min.{first}" not in names or f"max.{first}" not in names or "num_records" not in names:
+        try:  # from the log's tail, not a delta-rs load: that lists the whole log and reads the removed files too
+            bounds = key_bounds(self.lake, uri, first)
+        except LakeError:  # a log that reading cannot follow (column mapping, a V2 checkpoint)
+            bounds = _delta_rs_bounds(self._delta_rs(uri), first)
+        if bounds is None:
             return whole
-        # A file without bounds holds NULL keys only (no range meets them), or has no statistics:
-        # then the engine reads it whatever the condition, and rewrites it if it holds a key.
-        lo, hi = files.column(f"min.{first}"), files.column(f"max.{first}")
-        all_files = files.num_rows
-        files = files.filter(pc.and_(pc.is_valid(lo), pc.is_valid(hi)))
-        lo, hi = files.column(f"min.{first}").to_numpy(), files.column(f"max.{first}").to_numpy()
+        lo, hi, counts, all_files = bounds
         distinct = self.spark.sql(f"SELECT DISTINCT {k} AS k FROM {source}")
         if hasattr(distinct, "toArrow"):  # pyspark 4; 3.5's Connect client has toPandas only
             keys = distinct.toArrow().column("k").to_numpy()
@@ -303,8 +300,7 @@ class RangeRewrites(DeltaReads):
         meets = np.zeros(len(lo), dtype=bool)
         for a, b in ranges:
             meets |= (lo <= b) & (hi >= a)
-        counts = files.column("num_records").to_numpy(zero_copy_only=False)
-        if files.num_rows != all_files:
+        if len(lo) != all_files or counts is None:
             return _ranges(k, ranges), None, None
         return _ranges(k, ranges), int(np.sum(counts[meets])), int(np.sum(counts))
 
@@ -492,6 +488,19 @@ class Commits(RangeRewrites):
         """``writer`` (of ``df``) of a commit that creates the Delta table ``uri``, with what the
         engine creates tables with (see :meth:`pg2delta.lake.engine.Engine.new_table_writer`)."""
         return writer
+
+
+def _delta_rs_bounds(table: Any, first: str) -> tuple[Any, Any, Any, int] | None:
+    """:func:`pg2delta.lake.lake_files.key_bounds` of the column ``first``, from delta-rs's ``table``."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    names = files.schema.names
+    if f"min.{first}" not in names or f"max.{first}" not in names or "num_records" not in names:
+        return None
+    all_files = files.num_rows
+    files = files.filter(pc.and_(pc.is_valid(files.column(f"min.{first}")), pc.is_valid(files.column(f"max.{first}"))))
+    counts = files.column("num_records")
+    return (files.column(f"min.{first}").to_numpy(), files.column(f"max.{first}").to_numpy(),
+            None if counts.null_count else counts.to_numpy(zero_copy_only=False), all_files)
 
 
 def _typed(df: Any, fields: dict[str, Any], *also: str) -> Any:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -204,6 +205,17 @@ class Lake:
         (single or multi-part Parquet) and the JSON commits after it. None when there is no table;
         a LakeError when the log cannot be read this way (a V2 checkpoint and no JSON commits
         before it)."""
+        return self._replayed(uri, lambda add: int(add.get("size") or 0))
+
+    def stats_now(self, uri: str) -> tuple[int, dict[str, dict[str, Any]]] | None:
+        """As :meth:`files_now`, with each data file's statistics (``numRecords``, ``minValues``,
+        ``maxValues``, ``nullCount``, by the columns' physical names) in place of its size; ``{}``
+        for a file the log gives none."""
+        return self._replayed(uri, _stats_of)
+
+    def _replayed(self, uri: str, keep: Callable[[dict[str, Any]], Any]) -> tuple[int, dict[str, Any]] | None:
+        """The latest version of the Delta table at ``uri`` and, by data file, what ``keep`` makes
+        of its ``add`` action, replayed from the log as :meth:`files_now` says."""
         local = self.fs_path(uri)
         log_dir = f"{local}/_delta_log"
         commits, parts = _log_listing(self.fs, log_dir)
@@ -212,7 +224,7 @@ class Lake:
         latest = max(commits)
         complete = [v for (v, n), names in parts.items() if len(names) == n and v <= latest]
         start = max(complete) if complete else -1
-        files: dict[str, int] = {}
+        files: dict[str, Any] = {}
         try:
             if start >= 0:
                 n = next(n for (v, n) in parts if v == start and len(parts[(v, n)]) == n)
@@ -221,7 +233,7 @@ class Lake:
                         table = pq.read_table(f, columns=["add"])
                     for add in table.column("add").to_pylist():
                         if add is not None:
-                            files[unquote(add["path"])] = int(add.get("size") or 0)
+                            files[unquote(add["path"])] = keep(add)
             for v in range(start + 1, latest + 1):
                 with self.fs.open_input_stream(f"{log_dir}/{v:020d}.json") as f:
                     lines = f.read().decode().splitlines()
@@ -229,8 +241,8 @@ class Lake:
                     if "remove" in action:
                         files.pop(unquote(action["remove"]["path"]), None)
                     elif "add" in action:
-                        files[unquote(action["add"]["path"])] = int(action["add"].get("size") or 0)
-        except (OSError, pa.ArrowException, KeyError, StopIteration) as exc:
+                        files[unquote(action["add"]["path"])] = keep(action["add"])
+        except (OSError, pa.ArrowException, KeyError, StopIteration, ValueError) as exc:
             raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
         return latest, files
 
@@ -402,6 +414,15 @@ def _log_files(infos: Sequence[pafs.FileInfo]) -> tuple[set[int], dict[tuple[int
     return commits, parts
 
 
+def _stats_of(add: dict[str, Any]) -> dict[str, Any]:
+    """An ``add`` action's statistics: its ``stats`` (JSON text), or a checkpoint's
+    ``stats_parsed`` where the writer kept them as a struct; ``{}`` without either."""
+    stats = add.get("stats")
+    if isinstance(stats, str) and stats:
+        return dict(json.loads(stats))
+    return dict(add.get("stats_parsed") or {})
+
+
 def _replay_order(lines: Sequence[str]) -> list[dict[str, Any]]:
     """One JSON commit's actions, its removes first: a file given a deletion vector is removed and
     added again under its path in one commit (Apache Spark writes the add first), and is the table's."""
@@ -414,6 +435,31 @@ def schema_at(lake: Lake, uri: str, version: int | None = None) -> str | None:
     (default: the latest), from its log alone (see :func:`metadata_at`)."""
     meta = metadata_at(lake, uri, version)
     return None if meta is None else str(meta["schemaString"])
+
+
+def key_bounds(lake: Lake, uri: str, column: str) -> tuple[Any, Any, Any, int] | None:
+    """The bounds of the integer ``column`` in each data file of ``lake``'s Delta table at ``uri``
+    whose statistics have them (two int64 arrays), those files' rows (None unless each counts
+    them), and how many data files the table has; None when no statistics bound ``column`` (a
+    partition column, or one the writer keeps none of). A file without bounds holds NULLs only, or
+    has no statistics. From the log's tail (:meth:`Lake.stats_now`), with no engine and no delta-rs
+    load of the table (that lists the whole log and reads the removed files of its checkpoint too,
+    which grow with every window); a LakeError where the log cannot tell this way: no table, a
+    V2 checkpoint, column mapping (statistics by physical names)."""
+    meta = metadata_at(lake, uri)
+    found = lake.stats_now(uri) if meta is not None else None
+    if meta is None or found is None or (meta.get("configuration") or {}).get("delta.columnMapping.mode", "none") != "none":
+        raise LakeError(f"the log of {uri} does not give its files' statistics by column name")
+    if column in (meta.get("partitionColumns") or ()):
+        return None
+    bounded = [s for s in found[1].values()
+               if (s.get("minValues") or {}).get(column) is not None and (s.get("maxValues") or {}).get(column) is not None]
+    if not bounded:
+        return None
+    rows = [s.get("numRecords") for s in bounded]
+    return (np.array([s["minValues"][column] for s in bounded], dtype=np.int64),
+            np.array([s["maxValues"][column] for s in bounded], dtype=np.int64),
+            None if any(r is None for r in rows) else np.array(rows, dtype=np.int64), len(found[1]))
 
 
 def property_on(meta: dict[str, Any] | None, name: str) -> bool:
