@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pg2delta.config import load
+from pg2delta.delta_features import interval_hours, log_retention
 from pg2delta.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,3 +127,26 @@ def test_deletion_vectors_setting(tmp_path: Path) -> None:
     assert on.deletion_vectors and on.engine.deletion_vectors
     off = load(write(tmp_path, '[source]\ndsn = "x"\n[lake]\nroot = "/l"\ndeletion_vectors = false\n'), env={})
     assert not off.deletion_vectors and not off.engine.deletion_vectors
+
+
+def test_interval_hours() -> None:
+    assert interval_hours("interval 7 days") == 168
+    assert interval_hours("INTERVAL 36 HOURS") == 36
+    assert interval_hours("interval 1 day 12 hours") == 36
+    assert interval_hours("interval 2 weeks") == 336
+    assert interval_hours("interval 30 minutes") == 0.5
+    for unreadable in (None, "interval 1 month", "interval -1 day", "7 days", "interval 1 dayz", "interval"):
+        assert interval_hours(unreadable) is None, unreadable
+
+
+def test_log_retention() -> None:
+    # Not set: as long as the files' retention, at least a day; nothing where that is Delta's 30 days.
+    assert log_retention(None, 168) == "interval 7 days"
+    assert log_retention(None, 1) == "interval 1 day"
+    assert log_retention(None, 36) == "interval 36 hours"
+    assert log_retention(None, 720) is None
+    # Set shorter than the files' retention: raised; as long or longer, or unreadable: left.
+    assert log_retention("interval 1 day", 48) == "interval 2 days"
+    assert log_retention("interval 2 days", 48) is None
+    assert log_retention("interval 30 days", 168) is None
+    assert log_retention("interval 1 month", 168) is None

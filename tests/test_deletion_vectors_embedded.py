@@ -188,7 +188,7 @@ def test_maintain_turns_deletion_vectors_on_for_an_older_table(pgdb: str, tmp_pa
     assert not any(t.deletion_vectors_enabled for t in report.tables if t.name.startswith("_pg2delta"))
     _protocol_is_clean(table)
     assert [t.deletion_vectors_enabled for t in maintain(cfg).tables if t.name == DVT.qualified] == [False]
-    assert not list(Path(tmp_path).glob("**/pg2delta_dv_*")), "the name the statement used leaves nothing behind"
+    assert not list(Path(tmp_path).glob("**/pg2delta_props_*")), "the name the statement used leaves nothing behind"
 
     # maintain compacted the table into one file: the window's keys are in it.
     one_transaction(pgdb, "UPDATE dvt SET v = 'x' WHERE id IN (2, 9)", "DELETE FROM dvt WHERE id = 3")

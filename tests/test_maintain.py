@@ -107,6 +107,11 @@ def test_maintain_compacts_and_changes_no_row(pgdb: str, tmp_path: Path) -> None
     assert len(DeltaTable(str(acct)).file_uris()) == t["files_after"]
     for name in ("_pg2delta/applied_log", f"_pg2delta/changelog/{ACCT.schema}/{ACCT.name}", EVENTS.qualified):
         assert report["tables"][name]["files_after"] < report["tables"][name]["files_before"], name
+    # Every table keeps its log as long as VACUUM keeps its files (7 days by default), not Delta's 30.
+    assert {name: t["log_retention_set"] for name, t in report["tables"].items()} == {
+        name: "interval 7 days" for name in report["tables"]
+    }
+    assert DeltaTable(str(acct)).metadata().configuration.get("delta.logRetentionDuration") == "interval 7 days"
     if TEST_ENGINE == "embedded":
         # The checkpoint maintain wrote is named by _last_checkpoint, which it leaves: without that
         # hint every later load of the table lists the whole log (bench-year).
@@ -264,3 +269,48 @@ def test_maintain_stops_statistics_of_float_columns_of_an_older_table(
         map(repr, [(1, 1.5, "a"), (2, 2.5, "b"), (3, float("nan"), "c"), (4, 4.5, "d")])
     )
     assert [t.stats_columns_set for t in maintain(cfg).tables if t.name == "public.fstats"] == [False]
+
+
+def test_maintain_keeps_the_log_as_long_as_the_files_and_cleans_it_up(pgdb: str, tmp_path: Path) -> None:
+    """``[maintain] retention = "2d"``: a table whose log retention is not set gets 2 days, one set
+    shorter by someone else is raised to 2 days (with a warning), one the configuration sets keeps
+    its own; the commits older than that are removed at the checkpoint, and no row changes."""
+    slot, pub = _source(pgdb)
+    lake = tmp_path / "lake"
+    config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, default=False)
+    config.write_text(config.read_text() + f"""[tables."{EVENTS.qualified}"]
+properties = {{ "delta.logRetentionDuration" = "interval 1 day" }}
+[maintain]
+retention = "2d"
+""")
+    _many_windows(pgdb, config, 10)
+    acct, events = lake / ACCT.schema / ACCT.name, lake / EVENTS.schema / EVENTS.name
+    DeltaTable(str(acct)).alter.set_table_properties({"delta.logRetentionDuration": "interval 1 day"})
+    first_commit = acct / "_delta_log" / f"{0:020d}.json"
+    # The engine's own checkpoint at version 10: commits before a checkpoint older than the log's
+    # retention can go (reading a younger version needs a checkpoint at or before it).
+    assert first_commit.exists() and (acct / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+    three_days_ago = time.time() - 3 * 86400
+    for entry in acct.glob("_delta_log/0*"):
+        os.utime(entry, (three_days_ago, three_days_ago))
+    before = {spec.qualified: _sorted_rows(lake, spec) for spec in (ACCT, EVENTS)}
+
+    done = cli("maintain", "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    tables = json.loads(done.stdout)["tables"]
+    assert tables[ACCT.qualified]["log_retention_set"] == "interval 2 days"
+    assert "kept its log for interval 1 day only" in done.stderr and "raised to interval 2 days" in done.stderr
+    assert tables[EVENTS.qualified]["log_retention_set"] is None
+    assert tables["_pg2delta/applied_log"]["log_retention_set"] == "interval 2 days"
+
+    def retention(table: Path) -> str | None:
+        return DeltaTable(str(table)).metadata().configuration.get("delta.logRetentionDuration")
+
+    assert (retention(acct), retention(events)) == ("interval 2 days", "interval 1 day")
+    assert retention(lake / "_pg2delta" / "applied_log") == "interval 2 days"
+    assert not first_commit.exists(), "the commits older than the log's retention go at the checkpoint"
+    assert {spec.qualified: _sorted_rows(lake, spec) for spec in (ACCT, EVENTS)} == before
+    assert_lake_matches(pgdb, lake)
+    again = cli("maintain", "--config", str(config), "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert all(t["log_retention_set"] is None for t in json.loads(again.stdout)["tables"].values())

@@ -126,8 +126,8 @@ class MaintainConfig:
     # A run starts no further table once its maintenance has taken this long.
     run_budget: str = "60s"
     # VACUUM keeps every file a Delta version younger than this needs (time travel, `pg2delta
-    # versions --at-lsn`, backfill seeds); Delta's own default is 7 days. Keep it under the log's
-    # retention (delta.logRetentionDuration, 30 days by default): docs/operations/maintenance.md.
+    # versions --at-lsn`, backfill seeds); Delta's own default is 7 days. Maintenance keeps each
+    # table's log (delta.logRetentionDuration) as long, at least a day: docs/operations/maintenance.md.
     retention: str = "7d"
     # Changelog rows committed longer ago than this are deleted ("" keeps them forever: a backfill
     # into a new copy replays the changelog from the lake's start).

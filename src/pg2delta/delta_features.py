@@ -10,6 +10,7 @@ which readers read which feature.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,12 @@ from pg2delta.errors import ConfigError
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 COLUMN_MAPPING = "delta.columnMapping.mode"
 APPEND_ONLY = "delta.appendOnly"
+# How long Delta keeps a table's commits (JSON) before a checkpoint cleans them up; Delta's default
+# is 30 days. Time travel to a version needs its commits (or a checkpoint at or after them) and
+# its files: VACUUM's retention keeps the files, this keeps the log.
+LOG_RETENTION = "delta.logRetentionDuration"
+DELTA_LOG_RETENTION_HOURS = 30 * 24
+MIN_LOG_RETENTION_HOURS = 24
 COLUMN_MAPPING_MODES = ("none", "name")
 MAX_CLUSTER_COLUMNS = 4  # Delta's limit on liquid clustering columns
 # Column mapping needs these protocol versions; Delta 3.3 refuses the mode without them.
@@ -160,6 +167,62 @@ def merged(lake: FeatureSettings, table: FeatureSettings) -> DeltaFeatures:
     return DeltaFeatures(tuple(sorted(props.items())), table.partition_by, table.cluster_by)
 
 
+# Delta's interval units ("interval 7 days", "interval 36 hours"), in hours; months and years are
+# not a fixed length, so they are not read.
+_INTERVAL_HOURS = {
+    "nanosecond": 1 / 3.6e12, "microsecond": 1 / 3.6e9, "millisecond": 1 / 3.6e6, "second": 1 / 3600, "minute": 1 / 60,
+    "hour": 1.0, "day": 24.0, "week": 168.0,
+}
+_INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
+
+
+def interval_hours(text: str | None) -> float | None:
+    """The length in hours of a Delta interval property (``"interval 7 days"``, ``"interval 1 day
+    12 hours"``); None where it cannot be read that way (months, years, a negative or other text)."""
+    if text is None:
+        return None
+    body = text.strip().lower()
+    if not body.startswith("interval"):
+        return None
+    body = body.removeprefix("interval").strip()
+    parts = _INTERVAL_PART.findall(body)
+    if not parts or _INTERVAL_PART.sub("", body).strip():
+        return None
+    hours = 0.0
+    for number, unit in parts:
+        if unit not in _INTERVAL_HOURS:
+            return None
+        hours += float(number) * _INTERVAL_HOURS[unit]
+    return hours
+
+
+def _interval(hours: int) -> str:
+    if hours % 24 == 0:
+        days = hours // 24
+        return f"interval {days} day{'' if days == 1 else 's'}"
+    return f"interval {hours} hour{'' if hours == 1 else 's'}"
+
+
+def log_retention(current: str | None, retention_hours: int) -> str | None:
+    """The ``delta.logRetentionDuration`` to set on a table whose value is ``current`` (None: not
+    set), so that its log is kept at least as long as VACUUM keeps its files (``retention_hours``,
+    ``[maintain] retention``): time travel and backfill seeds need both. None: leave it.
+
+    - Not set: Delta keeps 30 days of log, which on a table committed every five minutes is about
+      9,000 JSON commits listed by every reader; pg2delta keeps as much as the files (at least a
+      day), unless that is 30 days anyway.
+    - Set shorter than the files' retention: raised to it (else time travel inside the retention
+      fails on the log, not the files).
+    - Set as long or longer, or in units this cannot read (months): left as the user set it."""
+    want = max(retention_hours, MIN_LOG_RETENTION_HOURS)
+    if current is None:
+        return None if want == DELTA_LOG_RETENTION_HOURS else _interval(want)
+    hours = interval_hours(current)
+    if hours is None or hours >= retention_hours:
+        return None
+    return _interval(want)
+
+
 DELETE_MODES = ("hard", "soft")
 
 
@@ -202,7 +265,7 @@ def refuse_unwritable(engine: str, lake: FeatureSettings, tables: Mapping[str, F
 
 
 __all__ = [
-    "CHANGE_DATA_FEED", "COLUMN_MAPPING", "EMBEDDED_UNWRITABLE", "FEATURE_PROPERTIES", "LAKE_KEYS", "MAX_CLUSTER_COLUMNS", "NO_FEATURES",
-    "TABLE_KEYS", "DeltaFeatures", "FeatureSettings", "RowSettings", "feature_settings", "merged", "refuse_unwritable",
-    "row_settings",
+    "CHANGE_DATA_FEED", "COLUMN_MAPPING", "EMBEDDED_UNWRITABLE", "FEATURE_PROPERTIES", "LAKE_KEYS", "LOG_RETENTION",
+    "MAX_CLUSTER_COLUMNS", "NO_FEATURES", "TABLE_KEYS", "DeltaFeatures", "FeatureSettings", "RowSettings", "feature_settings",
+    "interval_hours", "log_retention", "merged", "refuse_unwritable", "row_settings",
 ]

@@ -7,11 +7,15 @@ their SCD2 histories, the applied log itself, each changelog and the changelog l
 1. deletes changelog rows committed longer ago than ``[maintain] changelog_retention`` (if set);
 2. on Apache Spark, turns deletion vectors on for the tables and their SCD2 histories (which take
    MERGEs) that do not use them yet, unless ``[lake] deletion_vectors = false``;
-3. compacts the small files into large ones, in one commit that changes no row (Delta's
+3. makes each table keep its log (``delta.logRetentionDuration``) as long as VACUUM keeps its files
+   (:meth:`pg2delta.lake.engine_features.TableFeatures.keep_log_for`): time travel needs both, and
+   Delta's 30 days of log are some 9,000 commits a reader lists on a five-minute schedule;
+4. compacts the small files into large ones, in one commit that changes no row (Delta's
    ``OPTIMIZE`` on Apache Spark, delta-rs's compaction on the other engines);
-4. removes the files no version younger than ``[maintain] retention`` needs (``VACUUM``; default
+5. removes the files no version younger than ``[maintain] retention`` needs (``VACUUM``; default
    7 days, so time travel, ``pg2delta versions --at-lsn`` and backfill seeds keep working inside it);
-5. writes a checkpoint of the log where the engine does not;
+6. writes a checkpoint of the log where the engine does not (a checkpoint is also when Delta
+   removes the commits older than the log's retention);
 
 then removes what crashed runs left in the staging area (older than an hour) and records when it
 maintained each table (``_pg2delta/maintain.json``).
@@ -76,6 +80,7 @@ class TableMaintenance:
     checkpoint: bool = False
     stats_columns_set: bool = False  # the table's statistics columns were set (an older table)
     deletion_vectors_enabled: bool = False  # the table uses deletion vectors from this run on (Apache Spark)
+    log_retention_set: str | None = None  # the delta.logRetentionDuration set on the table, if it changed
 
 
 @dataclass
@@ -234,8 +239,8 @@ def _maintain_table(
     engine: Engine, lake: Lake, table: tuple[str, str, str | None], target_size: int, retention_hours: int,
     keep_changes: int | None,
 ) -> TableMaintenance | None:
-    """Expire changelog rows (``keep_changes`` seconds, None: keep), compact (in the order of the
-    key column named, if any), vacuum and checkpoint one Delta table ((name, uri, first key
+    """Expire changelog rows (``keep_changes`` seconds, None: keep), keep the log as long as the
+    files, compact (in the order of the key column named, if any), vacuum and checkpoint one Delta table ((name, uri, first key
     column)); None when there is no table at ``uri``."""
     name, uri, key = table
     tm = TableMaintenance(name, uri)
@@ -252,6 +257,7 @@ def _maintain_table(
     tm.stats_columns_set = engine.keep_stats_of(uri)
     if not name.startswith("_pg2delta/"):  # the tables and histories take MERGEs; changelogs and logs appends
         tm.deletion_vectors_enabled = engine.enable_deletion_vectors(uri)
+    tm.log_retention_set = engine.keep_log_for(uri, retention_hours)
     engine.compact(uri, target_size=target_size, key=key)
     fault_point("maintain_after_compact")
     tm.files_removed = engine.vacuum(uri, retention_hours=retention_hours)
@@ -365,6 +371,7 @@ def report_json(report: MaintainReport) -> dict[str, Any]:
                 "files_before": t.files_before, "files_after": t.files_after, "files_removed": t.files_removed,
                 "changelog_rows_deleted": t.changelog_rows_deleted, "checkpoint": t.checkpoint,
                 "stats_columns_set": t.stats_columns_set, "deletion_vectors_enabled": t.deletion_vectors_enabled,
+                "log_retention_set": t.log_retention_set,
             }
             for t in report.tables
         },

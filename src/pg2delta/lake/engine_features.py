@@ -10,7 +10,7 @@ when the configuration asks for features, through ``DESCRIBE DETAIL``; delta-rs 
 this engine cannot write (:data:`pg2delta.delta_features.EMBEDDED_UNWRITABLE`), or
 ``delta.appendOnly``, is refused (exit 78) before anything is written; properties the
 configuration asks for and the table lacks are set in one commit (``ALTER TABLE ... SET
-TBLPROPERTIES`` on Apache Spark, delta-rs on the embedded engine); different partition columns
+TBLPROPERTIES``, on the embedded engine through a name in pysail's catalog); different partition columns
 are left as they are, with a warning: they take effect when the table is written whole again
 (``pg2delta resync``). Liquid clustering columns (Apache Spark) are set in place, one ``ALTER
 TABLE ... CLUSTER BY`` commit that rewrites no file, on a table that is not partitioned; Delta
@@ -21,6 +21,7 @@ after each overwrite (:meth:`TableFeatures.keep_clustered`).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,13 +31,16 @@ from pg2delta.delta_features import (
     COLUMN_MAPPING,
     COLUMN_MAPPING_PROTOCOL,
     EMBEDDED_UNWRITABLE,
+    LOG_RETENTION,
     NO_FEATURES,
     DeltaFeatures,
+    interval_hours,
+    log_retention,
 )
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
 from pg2delta.lake.lake_files import metadata_at, protocol_at
-from pg2delta.lake.sql import quote
+from pg2delta.lake.sql import quote, sql_string
 
 log = logging.getLogger("pg2delta.lake.engine")
 
@@ -205,16 +209,54 @@ class TableFeatures(EngineSession):
                       f"ALTER TABLE {uri} RENAME COLUMN {old} TO {new}")
             log.info("renamed column %s of %s to %s (column mapping)", old, uri, new)
 
+    def keep_log_for(self, uri: str, retention_hours: int) -> str | None:
+        """Make the existing table at ``uri`` keep its log (``delta.logRetentionDuration``) as long
+        as VACUUM keeps its files (``retention_hours``), as
+        :func:`pg2delta.delta_features.log_retention` decides, unless the configuration sets the
+        property for it; the value set (one commit), or None when nothing changed."""
+        if LOG_RETENTION in self.features(uri).props:
+            return None  # [lake] or [tables."s.t"] properties: check_features sets what they say
+        try:
+            meta = metadata_at(self.lake, uri)
+        except LakeError:  # a log pyarrow cannot list: the engine's own reading
+            meta = None
+        have = (
+            {str(k): str(v) for k, v in (meta.get("configuration") or {}).items()} if meta is not None
+            else self.table_properties(uri)
+        )
+        current = have.get(LOG_RETENTION)
+        value = log_retention(current, retention_hours)
+        if current is not None and interval_hours(current) is None:
+            log.warning("%s keeps its log for %s (%s), which pg2delta cannot compare with [maintain] retention = %d hours: "
+                        "time travel and backfill need both", uri, current, LOG_RETENTION, retention_hours)
+        if value is None:
+            return None
+        if current is not None:
+            log.warning("%s kept its log for %s only (%s), less than [maintain] retention keeps its files: raised to %s",
+                        uri, current, LOG_RETENTION, value)
+        self._set_properties(uri, {LOG_RETENTION: value})
+        return value
+
     def _set_properties(self, uri: str, props: dict[str, str]) -> None:
-        """Set ``props`` on the existing table at ``uri`` in one commit."""
+        """Set ``props`` on the existing table at ``uri`` in one commit (``ALTER TABLE ... SET
+        TBLPROPERTIES``).
+
+        pysail 0.7.2 alters a table's properties by a name in its catalog only (not
+        ``delta.`path```): on the embedded engine the table is named for the statement and the name
+        dropped after (its files stay). delta-rs 1.6 is not used: its protocol upgrade adds the
+        ``variantType`` reader feature (measured on a table with deletion vectors), which Delta 3.3
+        refuses to read."""
+        sets = ", ".join(f"{quote_text(k)} = {quote_text(v)}" for k, v in sorted(props.items()))
+        alter = f"ALTER TABLE {{}} SET TBLPROPERTIES ({sets})"
         if self.classic:
-            sets = ", ".join(f"{quote_text(k)} = {quote_text(v)}" for k, v in sorted(props.items()))
-            self._sql(f"ALTER TABLE {self.target(uri)} SET TBLPROPERTIES ({sets})", f"ALTER TABLE {uri} SET TBLPROPERTIES")
+            self._sql(alter.format(self.target(uri)), f"ALTER TABLE {uri} SET TBLPROPERTIES")
         else:
+            name = f"pg2delta_props_{uuid.uuid4().hex[:12]}"
+            self._sql(f"CREATE TABLE {name} USING delta LOCATION {sql_string(uri)}", f"naming {uri}")
             try:
-                self._delta_rs(uri).alter.set_table_properties(props, commit_properties=self._marked())
-            except Exception as exc:
-                raise LakeError(f"cannot set the properties {sorted(props)} of {uri}: {' '.join(str(exc).split())[:500]}") from exc
+                self._sql(alter.format(name), f"ALTER TABLE {uri} SET TBLPROPERTIES")
+            finally:
+                self._sql(f"DROP TABLE IF EXISTS {name}", f"dropping the name of {uri}")
         log.info("set %s on %s", ", ".join(f"{k} = {v}" for k, v in sorted(props.items())), uri)
 
 

@@ -28,7 +28,7 @@ from pg2delta.lake.engine_maintain import DELETION_VECTORS
 from pg2delta.lake.engine_session import Txn
 from pg2delta.lake.foreign import TRUNCATE_PREDICATE
 from pg2delta.lake.lake_files import metadata_at, property_on
-from pg2delta.lake.sql import quote, sql_string
+from pg2delta.lake.sql import quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -119,26 +119,12 @@ class TableStats(TableFeatures):
         """Make the existing table use deletion vectors (:data:`DELETION_VECTORS`, one commit that
         upgrades its protocol: readers without the feature can no longer read it) where this engine
         creates tables with them (:attr:`deletion_vectors`, unless the config says otherwise).
-        True when it changed.
-
-        pysail 0.7.2 alters a table's properties by a name in its catalog only (not
-        ``delta.`path```): the table is named for the statement and the name dropped after (its
-        files stay). delta-rs 1.6 is not used: its protocol upgrade adds the ``variantType`` reader
-        feature, which Delta 3.3 refuses to read."""
+        True when it changed."""
         if not self.deletion_vectors:
             return False
         if property_on(metadata_at(self.lake, uri), DELETION_VECTORS):
             return False
-        alter = f"ALTER TABLE {{}} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')"
-        if self.classic:
-            self._sql(alter.format(self.target(uri)), f"ALTER TABLE {uri}")
-        else:
-            name = f"pg2delta_dv_{uuid.uuid4().hex[:12]}"
-            self._sql(f"CREATE TABLE {name} USING delta LOCATION {sql_string(uri)}", f"naming {uri}")
-            try:
-                self._sql(alter.format(name), f"ALTER TABLE {uri}")
-            finally:
-                self._sql(f"DROP TABLE IF EXISTS {name}", f"dropping the name of {uri}")
+        self._set_properties(uri, {DELETION_VECTORS: "true"})
         log.info("%s uses deletion vectors from now on", uri)
         return True
 
