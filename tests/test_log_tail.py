@@ -142,6 +142,51 @@ def test_a_file_removed_and_added_again_in_one_commit_stays(tmp_path: Path) -> N
     assert first["path"] in found[1] and len(found[1]) == 2, found
 
 
+class _Opens:
+    """``lake.fs`` that records the data files opened (not the log's)."""
+
+    def __init__(self, fs: pafs.FileSystem) -> None:
+        self.fs, self.data = fs, list[str]()
+
+    def open_input_file(self, path: str) -> object:
+        if "/_delta_log/" not in path:
+            self.data.append(path.rsplit("/", 1)[-1])
+        return self.fs.open_input_file(path)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.fs, name)
+
+
+def test_a_table_read_again_reads_only_its_new_files(tmp_path: Path) -> None:
+    """The applied log is read several times a run: each data file once, a file set seen before not
+    at all (the same table), and what a commit, a compaction or a table made again changes is read."""
+    uri = _table(tmp_path / "t", 3, None)
+    lake = Lake(str(tmp_path))
+    spy = _Opens(lake.fs)
+    lake.fs = spy  # type: ignore[assignment]
+
+    def ids() -> list[int]:
+        return sorted(r["id"] for r in lake.delta_rows(uri))
+
+    assert ids() == [0, 1, 2] and len(spy.data) == 3
+    first = lake.read_delta(uri)
+    assert lake.read_delta(uri) is first and len(spy.data) == 3
+    lake.delta_rows(uri).clear()  # a caller's list is its own
+    assert ids() == [0, 1, 2]
+
+    write_deltalake(uri, pa.table({"id": [3], "v": ["row 3"]}), mode="append")
+    assert ids() == [0, 1, 2, 3] and len(spy.data) == 4, spy.data
+    DeltaTable(uri).optimize.compact()
+    assert ids() == [0, 1, 2, 3] and len(spy.data) == 5, spy.data  # the compacted file only
+    assert len(lake.files_now(uri)[1]) == 1  # type: ignore[index]
+
+    shutil.rmtree(tmp_path / "t")  # made again by another writer
+    write_deltalake(uri, pa.table({"id": [7, 8], "v": ["a", "b"]}))
+    assert ids() == [7, 8] and len(spy.data) == 6
+    shutil.rmtree(tmp_path / "t")
+    assert lake.read_delta(uri) is None and lake.delta_rows(uri) == []
+
+
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["json-commits", "checkpoint"])
 def test_the_protocol_and_metadata_from_the_log_equal_delta_rs(tmp_path: Path, checkpoint: bool) -> None:
     """What the embedded engine's check of a table's features reads (properties, partition

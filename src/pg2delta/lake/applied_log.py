@@ -117,9 +117,9 @@ def applied_lsns(lake: Lake, slot: str) -> dict[int, Applied]:
 def log_rows(lake: Lake) -> list[dict[str, Any]]:
     """Every row of the applied log, read from its files with pyarrow (no engine: a run reads it
     before its engine has started). The log is only appended to and compacted, never deleted
-    from, so the files its Delta log lists are its rows."""
-    table = lake.read_delta(lake.table_uri(LOG_TABLE))
-    return [] if table is None else table.to_pylist()
+    from, so the files its Delta log lists are its rows. A run asks several times (its plan, the
+    copier, the foreign-commit watch): :meth:`Lake.delta_rows` reads and converts only what changed."""
+    return lake.delta_rows(lake.table_uri(LOG_TABLE))
 
 
 def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from pg2delta.errors import LakeError
 from pg2delta.lake.engine_session import EngineSession
-from pg2delta.lake.lake_files import schema_at
+from pg2delta.lake.lake_files import schema_at, without_float_bounds
 from pg2delta.lake.sql import key_equal, quote
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
@@ -204,7 +204,7 @@ class DeltaReads(EngineSession):
             key = (uri, version)
             if key not in self._version_copies:
                 folder = f"{self._copies_folder}/{len(self._version_copies)}"
-                self._version_copies[key] = self.lake.without_float_bounds(files, folder)
+                self._version_copies[key] = without_float_bounds(self.lake, files, folder)
             files = self._version_copies[key]
         return self.spark.read.schema(schema).parquet(*files)
 

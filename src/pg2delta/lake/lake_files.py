@@ -103,6 +103,11 @@ class Lake:
         # called with a table's URI and the ForeignCommits that landed while pg2delta committed to it;
         # True: remembered, the commit is made again over them (pg2delta.lake.conflicts). Else exit 21.
         self.remember_foreign: Callable[[str, Sequence[Any]], bool] | None = None
+        # What :meth:`read_delta` read, by table URI: its data files (a Delta data file is written
+        # once and never changed) and the table made of them, so that a run reading the applied log
+        # several times reads each file once and a file set it has seen not at all.
+        self._read: dict[str, tuple[tuple[str, ...], dict[str, pa.Table], pa.Table]] = {}
+        self._rows: dict[str, tuple[pa.Table, list[dict[str, Any]]]] = {}  # by :meth:`delta_rows`
 
     def own_staging(self, slot: str) -> int:
         """Stage under the slot's own folder of the staging area from now on, and empty it first:
@@ -248,22 +253,46 @@ class Lake:
 
     def read_delta(self, uri: str) -> pa.Table | None:
         """A small, unpartitioned Delta table pg2delta wrote (its applied log), read with pyarrow from
-        the files its log lists: no engine. Columns added later are null in older files."""
+        the files its log lists: no engine. Columns added later are null in older files.
+
+        The same table object again while the log lists the same files (the log is read each
+        time); of a changed set, only the files not read before are read."""
         found = self.files_now(uri)
         if found is None:
+            self._read.pop(uri, None)
             return None
-        _, files = found
-        pieces = []
+        names = tuple(sorted(found[1]))
+        before = self._read.get(uri)
+        if before is not None and before[0] == names:
+            return before[2]
+        seen = before[1] if before is not None else {}
+        pieces: dict[str, pa.Table] = {}
         try:
-            for path in sorted(files):
+            for path in names:
+                if path in seen:
+                    pieces[path] = seen[path]
+                    continue
                 full = path if "://" in path or path.startswith("/") else f"{self.fs_path(uri)}/{path}"
                 with self.fs.open_input_file(self.fs_path(full)) as f:
-                    pieces.append(pq.read_table(f))
+                    pieces[path] = pq.read_table(f)
         except (OSError, pa.ArrowException) as exc:
             raise LakeError(f"cannot read {uri}: {exc}") from exc
-        if not pieces:
-            return pa.table({})
-        return pa.concat_tables(pieces, promote_options="permissive")
+        table = pa.concat_tables(list(pieces.values()), promote_options="permissive") if pieces else pa.table({})
+        self._read[uri] = (names, pieces, table)
+        return table
+
+    def delta_rows(self, uri: str) -> list[dict[str, Any]]:
+        """The rows of :meth:`read_delta`'s table as dicts (none when there is no table), in a new
+        list; the dicts are made once per table read and shared: callers only read them."""
+        table = self.read_delta(uri)
+        if table is None:
+            self._rows.pop(uri, None)
+            return []
+        made = self._rows.get(uri)
+        if made is None or made[0] is not table:
+            made = (table, table.to_pylist())
+            self._rows[uri] = made
+        return list(made[1])
 
     def stage(self, table: pa.Table, name: str) -> str:
         """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""
@@ -287,37 +316,6 @@ class Lake:
                 raise LakeError(f"cannot write staging file {local}: {exc}") from exc
         return self.table_uri(rel)
 
-    def without_float_bounds(self, files: Sequence[str], name: str) -> list[str]:
-        """``files`` (Parquet files' URIs), each one whose footer holds a float column's minimum and
-        maximum replaced by a copy without statistics, written under the staging folder ``name``.
-
-        Those statistics leave NaN out, and pysail 0.7.2 reading plain Parquet takes them as bounds
-        of every value (a file holding ``[NaN, 2.5]`` reads back as ``[2.5, 2.5]``). pysail's Delta
-        writes, delta-rs and pyarrow write them; pg2delta's staged files have none. Copied a row
-        group at a time.
-        """
-        out: list[str] = []
-        for i, uri in enumerate(files):
-            path = self.fs_path(uri)
-            rel = f"{self.staging_rel}/{name}/{i:06d}.parquet"
-            try:
-                with self.fs.open_input_file(path) as f:
-                    source = pq.ParquetFile(f)
-                    if not _float_bounds(source.metadata):
-                        out.append(uri)
-                        continue
-                    self.fs.create_dir(f"{self.path}/{self.staging_rel}/{name}", recursive=True)
-                    with (
-                        self.fs.open_output_stream(f"{self.path}/{rel}") as sink,
-                        pq.ParquetWriter(sink, source.schema_arrow, compression="zstd", write_statistics=False) as writer,
-                    ):
-                        for group in range(source.num_row_groups):
-                            writer.write_table(source.read_row_group(group))
-            except (OSError, pa.ArrowException) as exc:
-                raise LakeError(f"cannot copy {uri} without its float statistics: {exc}") from exc
-            out.append(self.table_uri(rel))
-        return out
-
     def staging_uri(self, name: str) -> str:
         """The URI of ``name`` (a file or directory) in the lake's staging area."""
         return self.table_uri(f"{self.staging_rel}/{name}")
@@ -336,6 +334,38 @@ class Lake:
             self.fs.delete_file(self.fs_path(uri))
         except (OSError, pa.ArrowException):
             log.warning("could not remove staging file %s", uri)
+
+
+def without_float_bounds(lake: Lake, files: Sequence[str], name: str) -> list[str]:
+    """``files`` (Parquet files' URIs), each one whose footer holds a float column's minimum and
+    maximum replaced by a copy without statistics, written under the staging folder ``name`` of ``lake``.
+
+    Those statistics leave NaN out, and pysail 0.7.2 reading plain Parquet takes them as bounds
+    of every value (a file holding ``[NaN, 2.5]`` reads back as ``[2.5, 2.5]``). pysail's Delta
+    writes, delta-rs and pyarrow write them; pg2delta's staged files have none. Copied a row
+    group at a time.
+    """
+    out: list[str] = []
+    for i, uri in enumerate(files):
+        path = lake.fs_path(uri)
+        rel = f"{lake.staging_rel}/{name}/{i:06d}.parquet"
+        try:
+            with lake.fs.open_input_file(path) as f:
+                source = pq.ParquetFile(f)
+                if not _float_bounds(source.metadata):
+                    out.append(uri)
+                    continue
+                lake.fs.create_dir(f"{lake.path}/{lake.staging_rel}/{name}", recursive=True)
+                with (
+                    lake.fs.open_output_stream(f"{lake.path}/{rel}") as sink,
+                    pq.ParquetWriter(sink, source.schema_arrow, compression="zstd", write_statistics=False) as writer,
+                ):
+                    for group in range(source.num_row_groups):
+                        writer.write_table(source.read_row_group(group))
+        except (OSError, pa.ArrowException) as exc:
+            raise LakeError(f"cannot copy {uri} without its float statistics: {exc}") from exc
+        out.append(lake.table_uri(rel))
+    return out
 
 
 # JSON commits looked for by name at once past the checkpoint ``_last_checkpoint`` names (the
