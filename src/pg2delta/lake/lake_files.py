@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -86,6 +87,16 @@ def _float_bounds(metadata: pq.FileMetaData) -> bool:
     return False
 
 
+@dataclass
+class _TableRead:
+    """A small Delta table :meth:`Lake.read_delta` read: its data files by path as the log names
+    them (in that order), the table made of them, and its rows once :meth:`Lake.delta_rows` asked."""
+
+    pieces: dict[str, pa.Table]
+    table: pa.Table
+    rows: list[dict[str, Any]] | None = None
+
+
 class Lake:
     """Files under the lake root: Delta logs and staged Parquet, through pyarrow's filesystems."""
 
@@ -104,10 +115,10 @@ class Lake:
         # True: remembered, the commit is made again over them (pg2delta.lake.conflicts). Else exit 21.
         self.remember_foreign: Callable[[str, Sequence[Any]], bool] | None = None
         # What :meth:`read_delta` read, by table URI: its data files (a Delta data file is written
-        # once and never changed) and the table made of them, so that a run reading the applied log
-        # several times reads each file once and a file set it has seen not at all.
-        self._read: dict[str, tuple[tuple[str, ...], dict[str, pa.Table], pa.Table]] = {}
-        self._rows: dict[str, tuple[pa.Table, list[dict[str, Any]]]] = {}  # by :meth:`delta_rows`
+        # once and never changed), the table made of them and its rows once asked for, so that a
+        # run reading the applied log several times reads each file once and a file set it has
+        # seen not at all.
+        self._read: dict[str, _TableRead] = {}
 
     def own_staging(self, slot: str) -> int:
         """Stage under the slot's own folder of the staging area from now on, and empty it first:
@@ -261,11 +272,11 @@ class Lake:
         if found is None:
             self._read.pop(uri, None)
             return None
-        names = tuple(sorted(found[1]))
+        names = sorted(found[1])
         before = self._read.get(uri)
-        if before is not None and before[0] == names:
-            return before[2]
-        seen = before[1] if before is not None else {}
+        if before is not None and list(before.pieces) == names:
+            return before.table
+        seen = before.pieces if before is not None else {}
         pieces: dict[str, pa.Table] = {}
         try:
             for path in names:
@@ -278,21 +289,18 @@ class Lake:
         except (OSError, pa.ArrowException) as exc:
             raise LakeError(f"cannot read {uri}: {exc}") from exc
         table = pa.concat_tables(list(pieces.values()), promote_options="permissive") if pieces else pa.table({})
-        self._read[uri] = (names, pieces, table)
+        self._read[uri] = _TableRead(pieces, table)
         return table
 
     def delta_rows(self, uri: str) -> list[dict[str, Any]]:
         """The rows of :meth:`read_delta`'s table as dicts (none when there is no table), in a new
         list; the dicts are made once per table read and shared: callers only read them."""
-        table = self.read_delta(uri)
-        if table is None:
-            self._rows.pop(uri, None)
+        if self.read_delta(uri) is None:
             return []
-        made = self._rows.get(uri)
-        if made is None or made[0] is not table:
-            made = (table, table.to_pylist())
-            self._rows[uri] = made
-        return list(made[1])
+        read = self._read[uri]
+        if read.rows is None:
+            read.rows = read.table.to_pylist()
+        return list(read.rows)
 
     def stage(self, table: pa.Table, name: str) -> str:
         """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""
