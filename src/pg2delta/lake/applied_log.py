@@ -115,11 +115,77 @@ def applied_lsns(lake: Lake, slot: str) -> dict[int, Applied]:
 
 
 def log_rows(lake: Lake) -> list[dict[str, Any]]:
-    """Every row of the applied log, read from its files with pyarrow (no engine: a run reads it
-    before its engine has started). The log is only appended to and compacted, never deleted
+    """The rows of the applied log that decide what :func:`applied_of`,
+    ``pg2delta.copy.copier.lake_state``, ``pg2delta.lake.foreign.last_logged_versions`` and
+    ``pg2delta.versions.applied_through`` make of it (:func:`deciding_rows`), in the log's order:
+    each gives the same as from every row. Read from its files with pyarrow (no engine: a run reads
+    it before its engine has started); the log is only appended to and compacted, never deleted
     from, so the files its Delta log lists are its rows. A run asks several times (its plan, the
-    copier, the foreign-commit watch): :meth:`Lake.delta_rows` reads and converts only what changed."""
-    return lake.delta_rows(lake.table_uri(LOG_TABLE))
+    copier, the foreign-commit watch): :meth:`Lake.made_of` reads and reduces only when the log's
+    files changed."""
+    return list(lake.made_of(lake.table_uri(LOG_TABLE), deciding_rows) or [])
+
+
+def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The rows of the applied log ``table`` its readers above decide by, as dicts in the table's
+    order. The log gains a row per window and table (about 105,000 a year for a table on a
+    five-minute schedule); they read the newest rows, by ``window_end``, of a group with a given
+    field set, so kept here are, all tied rows included:
+
+    - per slot and relation: the newest rows, and the newest with each of ``key_columns``,
+      ``publication``, ``partitions``, ``filenodes`` and ``attnums`` set; one row of each distinct
+      ``attnums`` (:func:`applied_of` gathers every column number a relation had);
+    - per slot and relation, and per slot alone, the newest ``bootstrap`` rows (``lake_state``);
+    - per slot and Delta table (schema, table), the newest rows with a ``delta_version``;
+    - per slot, the newest window rows and lake starts (``applied_through``)."""
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0 or "slot" not in table.column_names:
+        return []
+    t = table.append_column("_row", pa.array(range(table.num_rows), type=pa.int64()))
+
+    def has(name: str, empty: bool = False) -> Any:  # set (and not "", unless ``empty``)
+        if name not in t.column_names:
+            return pa.array([False] * t.num_rows)
+        col = t.column(name)
+        return pc.is_valid(col) if empty else pc.fill_null(pc.and_(pc.is_valid(col), pc.not_equal(col, "")), False)
+
+    slot, oid = pc.is_valid(t.column("slot")), pc.is_valid(t.column("relation_oid"))
+    kind = t.column("kind") if "kind" in t.column_names else pa.nulls(t.num_rows, pa.string())
+    boot = pc.fill_null(pc.equal(kind, KIND_BOOTSTRAP), False)
+    t = t.append_column("_schema", pc.fill_null(t.column("schema_name"), ""))
+    # Per grouping, the fields whose newest rows count: a row is kept where its window_end is the
+    # newest of its group among the rows with that field set.
+    either = pc.or_(pc.and_(oid, pc.invert(boot)), pc.and_(pc.invert(oid), boot))  # applied_through's
+    groupings: list[tuple[list[str], Any, dict[str, Any]]] = [
+        (["slot", "relation_oid"], pc.and_(slot, oid), {
+            "all": pa.array([True] * t.num_rows), "boot": boot,
+            **{c: has(c) for c in ("key_columns", "publication", "partitions", "filenodes", "attnums")},
+        }),
+        (["slot", "_schema", "table_name"], pc.and_(slot, has("table_name")), {"version": has("delta_version", empty=True)}),
+        (["slot"], slot, {"start": pc.and_(pc.invert(oid), boot), "through": either}),
+    ]
+    end = t.column("window_end")
+    keep: set[int] = set()
+    for keys, rows, fields in groupings:
+        marked = t.select([*keys, "_row"])
+        for name, mask in fields.items():
+            marked = marked.append_column(name, pc.if_else(mask, end, pa.scalar(None, end.type)))
+        marked = marked.filter(pc.and_(rows, pc.is_valid(end)))
+        if marked.num_rows == 0:
+            continue
+        newest = marked.group_by(keys).aggregate([(name, "max") for name in fields])
+        both = marked.join(newest, keys, join_type="inner")
+        hit = None
+        for name in fields:
+            this = pc.fill_null(pc.equal(both.column(name), both.column(f"{name}_max")), False)
+            hit = this if hit is None else pc.or_(hit, this)
+        keep.update(both.filter(hit).column("_row").to_pylist())
+    if "attnums" in t.column_names:
+        some = t.filter(pc.and_(pc.and_(slot, oid), has("attnums"))).select(["slot", "relation_oid", "attnums", "_row"])
+        keep.update(some.group_by(["slot", "relation_oid", "attnums"]).aggregate([("_row", "min")]).column("_row_min").to_pylist())
+    kept: list[dict[str, Any]] = table.take(pa.array(sorted(keep), type=pa.int64())).to_pylist()
+    return kept
 
 
 def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:

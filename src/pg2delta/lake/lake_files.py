@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
@@ -90,11 +90,11 @@ def _float_bounds(metadata: pq.FileMetaData) -> bool:
 @dataclass
 class _TableRead:
     """A small Delta table :meth:`Lake.read_delta` read: its data files by path as the log names
-    them (in that order), the table made of them, and its rows once :meth:`Lake.delta_rows` asked."""
+    them (in that order), the table made of them, and what :meth:`Lake.made_of` made of it."""
 
     pieces: dict[str, pa.Table]
     table: pa.Table
-    rows: list[dict[str, Any]] | None = None
+    made: dict[Callable[[pa.Table], Any], Any] = field(default_factory=dict)
 
 
 class Lake:
@@ -115,7 +115,7 @@ class Lake:
         # True: remembered, the commit is made again over them (pg2delta.lake.conflicts). Else exit 21.
         self.remember_foreign: Callable[[str, Sequence[Any]], bool] | None = None
         # What :meth:`read_delta` read, by table URI: its data files (a Delta data file is written
-        # once and never changed), the table made of them and its rows once asked for, so that a
+        # once and never changed), the table made of them and what was made of it, so that a
         # run reading the applied log several times reads each file once and a file set it has
         # seen not at all.
         self._read: dict[str, _TableRead] = {}
@@ -292,15 +292,15 @@ class Lake:
         self._read[uri] = _TableRead(pieces, table)
         return table
 
-    def delta_rows(self, uri: str) -> list[dict[str, Any]]:
-        """The rows of :meth:`read_delta`'s table as dicts (none when there is no table), in a new
-        list; the dicts are made once per table read and shared: callers only read them."""
+    def made_of(self, uri: str, make: Callable[[pa.Table], Any]) -> Any:
+        """``make`` of :meth:`read_delta`'s table (None when there is no table), made once per table
+        read: callers only read what it gives."""
         if self.read_delta(uri) is None:
-            return []
-        read = self._read[uri]
-        if read.rows is None:
-            read.rows = read.table.to_pylist()
-        return list(read.rows)
+            return None
+        made = self._read[uri].made
+        if make not in made:
+            made[make] = make(self._read[uri].table)
+        return made[make]
 
     def stage(self, table: pa.Table, name: str) -> str:
         """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""

@@ -1,0 +1,86 @@
+"""The applied log gains a row per window and table, forever (about 105,000 a year for one table
+on a five-minute schedule); a run makes dicts only of the rows its readers decide by
+(applied_log.deciding_rows), and every reader makes of them what it makes of all the rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pg2delta.copy.copier import lake_state
+from pg2delta.lake.applied_log import LOG_SCHEMA, applied_of, deciding_rows
+from pg2delta.lake.foreign import last_logged_versions
+from pg2delta.versions import applied_through
+
+NEWER = ["publication", "partitions", "attnums", "filenodes", "commit_ts"]  # added to the log later
+
+
+def _one(*choices: object) -> st.SearchStrategy[object]:
+    return st.sampled_from(choices)
+
+
+ROW = st.fixed_dictionaries({
+    "slot": _one("a", "a", "b", None), "window_end": st.integers(1, 6), "relation_oid": _one(1, 2, 3, None),
+    "schema_name": _one("s", "s", "", None), "table_name": _one("t", "u", "", None), "delta_version": _one(None, 0, 1, 2, 3),
+    "key_columns": _one(None, "", '["id"]', '["k", "id"]'), "kind": _one("window", "window", "bootstrap", "backfill", None),
+    "publication": _one(None, "", "p1", "p2"), "partitions": _one(None, "", "[5]", "[5, 6]"),
+    "attnums": _one(None, "", '{"a": 1}', '{"a": 1, "b": 2}', '{"b": 3}'), "filenodes": _one(None, "", '{"5": 50}', '{"5": 51}'),
+})
+
+
+def _readers(rows: list[dict[str, object]]) -> list[object]:
+    return [(applied_of(rows, s), lake_state(rows, s), last_logged_versions(rows, s), applied_through(rows, s)) for s in ("a", "b")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ROW, max_size=120), st.booleans())
+def test_every_reader_makes_the_same_of_the_deciding_rows(rows: list[dict[str, object]], older: bool) -> None:
+    table = pa.Table.from_pylist([{"run_id": f"r{i}", "window_start": 0, **r} for i, r in enumerate(rows)], schema=LOG_SCHEMA)
+    if older:  # a log written before the later columns
+        table = table.drop_columns(NEWER)
+    full = table.to_pylist()
+    kept = deciding_rows(table)
+    assert _readers(kept) == _readers(full)
+    assert [r["run_id"] for r in full if r in kept] == [r["run_id"] for r in kept]  # in the log's order
+
+
+def test_a_long_schedule_keeps_a_few_rows() -> None:
+    rows = [{"run_id": f"r{w}", "slot": "s", "window_start": w, "window_end": w + 1, "window_end_lsn": "0/1", "relation_oid": 7,
+             "schema_name": "bench", "table_name": "t", "delta_version": w, "inserts": 20, "updates": 2, "deletes": 0,
+             "truncated": False, "key_columns": '["id"]', "kind": "bootstrap" if w == 0 else "window", "publication": "p",
+             "attnums": '{"id": 1, "v": 2}' if w < 500 else '{"id": 1, "v": 2, "w": 3}'}
+            for w in range(2000)]
+    table = pa.Table.from_pylist(rows, schema=LOG_SCHEMA)
+    kept = deciding_rows(table)
+    assert [r["window_end"] for r in kept] == [1, 501, 2000], [r["window_end"] for r in kept]
+    assert _readers(kept) == _readers(table.to_pylist())
+    assert deciding_rows(table.slice(0, 0)) == []
+
+
+def test_a_copy_is_remembered_under_later_windows() -> None:
+    """The copy's row of a table, older than all its windows and like none of them (no attnums, as
+    older versions wrote), still decides lake_state."""
+    common = {"slot": "s", "window_start": 0, "schema_name": "bench", "table_name": "t", "inserts": 0, "updates": 0, "deletes": 0,
+              "truncated": False}
+    rows = [{**common, "run_id": "start", "window_end": 5, "relation_oid": None, "kind": "bootstrap", "table_name": None},
+            {**common, "run_id": "copy", "window_end": 5, "relation_oid": 7, "kind": "bootstrap", "delta_version": 0}]
+    rows += [{**common, "run_id": f"w{w}", "window_end": w, "relation_oid": 7, "kind": "window", "delta_version": w,
+              "key_columns": '["id"]', "publication": "p", "attnums": '{"id": 1}'} for w in range(6, 50)]
+    table = pa.Table.from_pylist(rows, schema=LOG_SCHEMA)
+    kept = deciding_rows(table)
+    assert lake_state(kept, "s") == lake_state(table.to_pylist(), "s")
+    assert lake_state(kept, "s").start_lsn == 5 and lake_state(kept, "s").copied == {7: 5} and [r["run_id"] for r in kept] == ["start", "copy", "w6", "w49"]
+
+
+def test_a_resync_after_windows_leaves_applied_through_at_the_window() -> None:
+    """applied_through reads window rows and the lake's starts, not a table's copies: a copy (a
+    resync) newer than a table's last window leaves it at that window."""
+    common = {"slot": "s", "window_start": 0, "relation_oid": 1, "schema_name": "bench", "table_name": "t", "inserts": 0,
+              "updates": 0, "deletes": 0, "truncated": False, "key_columns": '["id"]', "publication": "p", "attnums": '{"id": 1}'}
+    rows = [{**common, "run_id": "copy", "window_end": 5, "kind": "bootstrap", "delta_version": 0},
+            {**common, "run_id": "window", "window_end": 10, "kind": "window", "delta_version": 1},
+            {**common, "run_id": "resync", "window_end": 20, "kind": "bootstrap", "delta_version": 2}]
+    table = pa.Table.from_pylist(rows, schema=LOG_SCHEMA)
+    kept = deciding_rows(table)
+    assert applied_through(kept, "s") == applied_through(table.to_pylist(), "s") == 10
