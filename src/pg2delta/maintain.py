@@ -278,7 +278,8 @@ def delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
     applied = lake.read_delta(lake.table_uri(LOG_TABLE))
     names: set[tuple[str, str]] = set()
     if applied is not None and applied.num_rows:
-        names = set(zip(applied.column("schema_name").to_pylist(), applied.column("table_name").to_pylist(), strict=True))
+        named = applied.select(["schema_name", "table_name"]).group_by(["schema_name", "table_name"]).aggregate([])
+        names = set(zip(named.column("schema_name").to_pylist(), named.column("table_name").to_pylist(), strict=True))
     for schema, table in sorted(n for n in names if n[0] is not None and n[1] is not None):
         out.append((f"{schema}.{table}", lake.table_uri(schema, table), False))
         history = lake.table_uri(schema, history_table(table))
@@ -294,17 +295,25 @@ def delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
 
 
 def _first_keys(lake: Lake) -> dict[str, str]:
-    """The first column of the key each table was last merged on (the applied log), by table URI:
-    compaction keeps the table in its order."""
+    """The first column of the key each table was last merged on (the applied log's newest row
+    with a key, by ``window_end``), by table URI: compaction keeps the table in its order. Reduced
+    with Arrow first: a year of five-minute windows is some 105,000 rows a table."""
+    import pyarrow.compute as pc
+
     applied = lake.read_delta(lake.table_uri(LOG_TABLE))
-    if applied is None or "key_columns" not in applied.column_names:
+    if applied is None or "key_columns" not in applied.column_names or applied.num_rows == 0:
         return {}
+    names, key = ["schema_name", "table_name"], applied.column("key_columns")
+    keyed = pc.and_(pc.and_(pc.is_valid(applied.column(names[0])), pc.is_valid(applied.column(names[1]))),
+                    pc.and_(pc.is_valid(key), pc.invert(pc.is_in(key, pa.array(["", "[]"])))))
+    rows = applied.select([*names, "key_columns", "window_end"]).filter(keyed)
+    newest = rows.group_by(names).aggregate([("window_end", "max")])
+    rows = rows.join(newest, names).filter(pc.equal(pc.field("window_end"), pc.field("window_end_max")))
     out: dict[str, str] = {}
-    rows = zip(applied.column("schema_name").to_pylist(), applied.column("table_name").to_pylist(),
-               applied.column("key_columns").to_pylist(), strict=True)
-    for schema, table, key in rows:
-        if schema is not None and table is not None and key and json.loads(key):
-            out[lake.table_uri(schema, table)] = str(json.loads(key)[0])
+    for schema, table, cols in zip(*(rows.column(c).to_pylist() for c in (*names, "key_columns")), strict=True):
+        first = json.loads(cols)
+        if first:
+            out[lake.table_uri(schema, table)] = str(first[0])
     return out
 
 
