@@ -31,11 +31,19 @@ one into the year's table and one into a young table of the same shape (its own 
 and lake, created then), alternated, so that both meet the machine as it is then. The first and
 last hundred runs are an hour or more apart on a shared machine whose speed drifts by as much as
 the growth measured; the pairs are not. The young table's first runs create it, as the year's did.
+
+2,000 runs are a week of a five-minute schedule, and the applied log gains a row per run and table:
+a year leaves it 105,120 rows a table. So then, unless ``--year-log-rows 0``, the year's applied log
+is given older windows of its table up to ``--year-log-rows`` rows (default 105,120; one commit by
+delta-rs, window ends below the slot's first, as the weeks before would have left them), and as many
+pairs again are run: ``window_seconds_aged_year_log=``, ``window_seconds_young_year_log=`` and
+``year_log_growth_vs_young=``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import signal
@@ -50,11 +58,12 @@ from pathlib import Path
 
 import psycopg
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from pg2delta.source.throwaway import ThrowawayPostgres
 
 STEP = 300  # seconds between two scheduled runs
+YEAR_OF_RUNS = 365 * 24 * 3600 // STEP  # 105,120
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = """
 CREATE SCHEMA IF NOT EXISTS bench;
@@ -106,7 +115,9 @@ def scheduled_run(engine: Engine, dsn: str, table: str, lake: Path, k: int) -> t
     return seconds, report
 
 
-def year(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file: Path | None, pairs: int) -> Runs:
+def year(
+    engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file: Path | None, pairs: int, year_log_rows: int
+) -> Runs:
     table = f"year_{engine.name}"
     lake = tmp / f"lake_{engine.name}"
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
@@ -127,35 +138,85 @@ def year(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file
             if (k + 1) % 100 == 0:
                 print(f"{engine.name}: {k + 1} runs, {time.perf_counter() - t_start:.0f} s, last {seconds:.2f} s",
                       flush=True)
+    check_equal(engine.name, pg, lake, table)
+    report_figures(engine.name, runs, len(DeltaTable(str(lake / "bench" / table)).file_uris()))
+    if pairs:
+        compare(engine, pg, tmp, rows, pairs, engine.windows, "")
+    if pairs and year_log_rows:
+        added = seed_year_log(lake / "_pg2delta" / "applied_log", table, year_log_rows)
+        print(f"{engine.name}: {added} older windows added to the applied log, {year_log_rows} rows", flush=True)
+        compare(engine, pg, tmp, rows, pairs, engine.windows + pairs, "_year_log")
+        check_equal(engine.name, pg, lake, table)
+    if pairs:
+        check_equal(engine.name, pg, tmp / f"lake_{engine.name}_young", f"young_{engine.name}")
+    return runs
+
+
+def check_equal(name: str, pg: ThrowawayPostgres, lake: Path, table: str) -> None:
+    """Exit 1 unless the lake's table, read with delta-rs, has PostgreSQL's row count and sums."""
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
         pg_rows = conn.execute(f"SELECT count(*), sum(value), sum(id) FROM bench.{table}").fetchone()
     assert pg_rows is not None
     got = pa.table(DeltaTable(str(lake / "bench" / table)).scan().read_all())
     lake_rows = (got.num_rows, float(sum(got.column("value").to_pylist())), int(sum(got.column("id").to_pylist())))
     if lake_rows != (pg_rows[0], float(pg_rows[1]), int(pg_rows[2])):
-        raise SystemExit(f"{engine.name}: the lake {lake_rows} differs from PostgreSQL {tuple(pg_rows)}")
-    report_figures(engine.name, runs, len(DeltaTable(str(lake / "bench" / table)).file_uris()))
-    if pairs:
-        aged, young = control(engine, pg, tmp, rows, pairs, engine.windows)
-        a, y = statistics.median(aged), statistics.median(young)
-        print(f"{engine.name}: {pairs} pairs of runs after the year, the year's table and a young one alternated", flush=True)
-        print(f"{engine.name}_window_seconds_aged={a:.3f}")
-        print(f"{engine.name}_window_seconds_young={y:.3f}")
-        print(f"{engine.name}_year_growth_vs_young={a / y:.2f}", flush=True)
-    return runs
+        raise SystemExit(f"{name}: the lake {lake_rows} differs from PostgreSQL {tuple(pg_rows)}")
 
 
-def control(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, pairs: int, k0: int) -> tuple[list[float], list[float]]:
+def compare(engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, pairs: int, k0: int, suffix: str) -> None:
+    """Print the medians of :func:`control`'s pairs, and their ratio (``k0``: the year's runs, and
+    the pairs before, which the young table had too)."""
+    aged, young = control(engine, pg, tmp, rows, pairs, k0, k0 - engine.windows)
+    a, y = statistics.median(aged), statistics.median(young)
+    print(f"{engine.name}: {pairs} pairs of runs after the year, the year's table and a young one alternated", flush=True)
+    print(f"{engine.name}_window_seconds_aged{suffix}={a:.3f}")
+    print(f"{engine.name}_window_seconds_young{suffix}={y:.3f}")
+    growth = "year_growth_vs_young" if not suffix else f"{suffix[1:]}_growth_vs_young"
+    print(f"{engine.name}_{growth}={a / y:.2f}", flush=True)
+
+
+def seed_year_log(uri: Path, table: str, total: int) -> int:
+    """Append to the applied log at ``uri`` older windows of ``table`` (copies of its first window's
+    row, each ending below the slot's first window) so that it holds ``total`` rows; how many."""
+    log = DeltaTable(str(uri))
+    have = log.to_pyarrow_table()
+    mine = [r for r in have.to_pylist() if r["table_name"] == table and r.get("kind") == "window"]
+    first = min(mine, key=lambda r: r["window_start"])
+    n = int(total - have.num_rows)
+    if n <= 0:
+        return 0
+    step = first["window_start"] // (n + 1)
+    if step < 2:
+        raise SystemExit(f"the slot's first window starts at {first['window_start']}: no room for {n} older windows")
+    us = 10**6
+    stamp = first["applied_at"]
+    older = []
+    for i in range(n):
+        start, end = (i + 1) * step, (i + 2) * step - 1
+        at = stamp - dt.timedelta(seconds=(n - i) * STEP)
+        older.append({**first, "run_id": f"seeded-{i:06d}", "window_start": start, "window_end": end,
+                      "window_end_lsn": f"{end >> 32:X}/{end & 0xFFFFFFFF:X}", "delta_version": 0,
+                      "applied_at": at, "commit_ts": at - dt.timedelta(microseconds=us)})
+    write_deltalake(str(uri), pa.Table.from_pylist(older, schema=have.schema), mode="append")
+    return n
+
+
+def control(
+    engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, pairs: int, k0: int, young0: int
+) -> tuple[list[float], list[float]]:
     """``pairs`` runs into the year's table alternated with as many into a young one (see the
-    module's docstring), the first at step ``k0``: their seconds, aged and young."""
+    module's docstring; created unless it had ``young0`` runs already), the first at step ``k0``:
+    their seconds, aged and young."""
     aged, young = f"year_{engine.name}", f"young_{engine.name}"
     lakes = {aged: tmp / f"lake_{engine.name}", young: tmp / f"lake_{engine.name}_young"}
     out: dict[str, list[float]] = {aged: [], young: []}
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        conn.execute(SETUP.format(table=young))
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (young,))
+        if not young0:
+            conn.execute(SETUP.format(table=young))
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (young,))
         for i in range(pairs):
             for table in (aged, young) if i % 2 == 0 else (young, aged):
-                w = k0 + i if table == aged else i  # the young table's ids from 1, as the year's were
+                w = k0 + i if table == aged else young0 + i  # the young table's ids from 1, as the year's were
                 transaction(conn, table, w, rows)
                 seconds, _ = scheduled_run(engine, pg.dsn, table, lakes[table], k0 + i)
                 out[table].append(seconds)
@@ -205,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pg", type=int, default=15, choices=(15, 18))
     ap.add_argument("--control", type=int, default=None,
                     help="pairs of runs after the year, its table and a young one alternated (default: as many as the medians take; 0: none)")
+    ap.add_argument("--year-log-rows", type=int, default=YEAR_OF_RUNS,
+                    help="then give the year's applied log older windows up to this many rows, and run the pairs again (default 105,120; 0: not)")
     ap.add_argument("--times-file", type=Path, help="also append engine,run,seconds,maintained per run to this CSV")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops its server
@@ -214,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="pg2delta-bench-year-") as tmp:
             for engine in engines(args):
                 pairs = args.control if args.control is not None else (100 if engine.windows >= 500 else max(1, engine.windows // 5))
-                year(engine, pg, Path(tmp), args.rows, args.times_file, pairs)
+                year(engine, pg, Path(tmp), args.rows, args.times_file, pairs, args.year_log_rows)
     finally:
         pg.stop()
     return 0
