@@ -112,3 +112,40 @@ def test_maintenance_orders_a_table_by_its_newest_key(rows: list[dict[str, objec
                                          schema=LOG_SCHEMA)
             write_deltalake(lake.table_uri("_pg2delta", "applied_log"), table)
         assert _first_keys(lake) == {lake.table_uri(str(s), str(t)): k for (s, t), k in want.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(ROW, max_size=80), st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30)), max_size=80))
+def test_status_reduces_the_log_as_a_loop_over_its_rows_would(rows: list[dict[str, object]], counts: list[tuple[int, int, int]]) -> None:
+    """status._per_relation with Arrow: per relation of the slot, the first newest row by window_end,
+    the changes windows applied (a row without a kind is a window's) and the newest commit time."""
+    import datetime as dt
+
+    from pg2delta.status import _per_relation
+
+    stamp = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    full = [{"run_id": f"r{i}", "window_start": 0, **r, "inserts": c[0], "updates": c[1], "deletes": None if c[2] > 25 else c[2],
+             "commit_ts": None if c[0] % 3 == 0 else stamp + dt.timedelta(seconds=c[0] * 7 + i)}
+            for i, (r, c) in enumerate(zip(rows, counts + [(1, 1, 1)] * len(rows), strict=False))]
+    table = pa.Table.from_pylist(full, schema=LOG_SCHEMA)
+    read = table.to_pylist()
+    for slot in ("a", "b"):
+        latest: dict[int, dict[str, object]] = {}
+        totals: dict[int, dict[str, int]] = {}
+        commits: dict[int, int] = {}
+        for row in read:
+            if row["slot"] != slot or row["relation_oid"] is None:
+                continue
+            oid = int(row["relation_oid"])
+            total = totals.setdefault(oid, {"inserts": 0, "updates": 0, "deletes": 0})
+            if (row["kind"] or "window") == "window":
+                for op in total:
+                    total[op] += int(row[op] or 0)
+            if row["commit_ts"] is not None:
+                us = int((row["commit_ts"] - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
+                commits[oid] = max(us, commits.get(oid, us))
+            if oid not in latest or int(row["window_end"]) > int(str(latest[oid]["window_end"])):
+                latest[oid] = row
+        got_latest, got_totals, got_commits = _per_relation(table, slot)
+        assert sorted(got_latest, key=lambda r: int(r["relation_oid"])) == [latest[o] for o in sorted(latest)]
+        assert (got_totals, got_commits) == (totals, commits)
