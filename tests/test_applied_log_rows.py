@@ -149,3 +149,25 @@ def test_status_reduces_the_log_as_a_loop_over_its_rows_would(rows: list[dict[st
         got_latest, got_totals, got_commits = _per_relation(table, slot)
         assert sorted(got_latest, key=lambda r: int(r["relation_oid"])) == [latest[o] for o in sorted(latest)]
         assert (got_totals, got_commits) == (totals, commits)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(ROW.filter(lambda r: r["schema_name"] is not None and r["table_name"] is not None), max_size=40))
+def test_the_catalog_registers_the_slots_tables(rows: list[dict[str, object]]) -> None:
+    """metastore.slot_tables with Arrow: every (schema, table) a row of the slot with a relation names."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from deltalake import write_deltalake
+
+    from pg2delta.lake.lake_files import Lake
+    from pg2delta.metastore import slot_tables
+
+    with tempfile.TemporaryDirectory() as root:
+        lake = Lake(root)
+        config = SimpleNamespace(source=SimpleNamespace(slot="a"))  # all slot_tables reads of it
+        if rows:
+            write_deltalake(lake.table_uri("_pg2delta", "applied_log"), pa.Table.from_pylist(
+                [{"run_id": f"r{i}", "window_start": 0, **r} for i, r in enumerate(rows)], schema=LOG_SCHEMA))
+        want = sorted({(r["schema_name"], r["table_name"]) for r in rows if r["slot"] == "a" and r["relation_oid"] is not None})
+        assert slot_tables(config, lake) == want  # type: ignore[arg-type]

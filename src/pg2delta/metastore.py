@@ -39,12 +39,12 @@ def slot_tables(config: Config, lake: Lake) -> list[tuple[str, str]]:
     applied = lake.read_delta(lake.table_uri(LOG_TABLE))
     if applied is None or applied.num_rows == 0:
         return []
-    names = {
-        (r["schema_name"], r["table_name"])
-        for r in applied.select(["slot", "relation_oid", "schema_name", "table_name"]).to_pylist()
-        if r["slot"] == config.source.slot and r["relation_oid"] is not None
-    }
-    return sorted(names)
+    import pyarrow.compute as pc
+
+    mine = pc.and_(pc.fill_null(pc.equal(applied.column("slot"), config.source.slot), False),
+                   pc.is_valid(applied.column("relation_oid")))
+    named = applied.filter(mine).select(["schema_name", "table_name"]).group_by(["schema_name", "table_name"]).aggregate([])
+    return sorted(zip(named.column("schema_name").to_pylist(), named.column("table_name").to_pylist(), strict=True))
 
 
 def catalog_tables(config: Config, lake: Lake) -> dict[str, str]:
