@@ -54,7 +54,7 @@ from pg2delta.config import Config, duration_seconds
 from pg2delta.decode.changes import TS_COL
 from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
-from pg2delta.lake.applied_log import LOG_TABLE
+from pg2delta.lake.applied_log import LOG_TABLE, newest, table_names
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.sql import quote
 from pg2delta.source.slot import SlotSource
@@ -278,8 +278,7 @@ def delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
     applied = lake.read_delta(lake.table_uri(LOG_TABLE))
     names: set[tuple[str, str]] = set()
     if applied is not None and applied.num_rows:
-        named = applied.select(["schema_name", "table_name"]).group_by(["schema_name", "table_name"]).aggregate([])
-        names = set(zip(named.column("schema_name").to_pylist(), named.column("table_name").to_pylist(), strict=True))
+        names = set(table_names(applied))
     for schema, table in sorted(n for n in names if n[0] is not None and n[1] is not None):
         out.append((f"{schema}.{table}", lake.table_uri(schema, table), False))
         history = lake.table_uri(schema, history_table(table))
@@ -306,9 +305,7 @@ def _first_keys(lake: Lake) -> dict[str, str]:
     names, key = ["schema_name", "table_name"], applied.column("key_columns")
     keyed = pc.and_(pc.and_(pc.is_valid(applied.column(names[0])), pc.is_valid(applied.column(names[1]))),
                     pc.and_(pc.is_valid(key), pc.invert(pc.is_in(key, pa.array(["", "[]"])))))
-    rows = applied.select([*names, "key_columns", "window_end"]).filter(keyed)
-    newest = rows.group_by(names).aggregate([("window_end", "max")])
-    rows = rows.join(newest, names).filter(pc.equal(pc.field("window_end"), pc.field("window_end_max")))
+    rows = newest(applied.select([*names, "key_columns", "window_end"]).filter(keyed), names)
     out: dict[str, str] = {}
     for schema, table, cols in zip(*(rows.column(c).to_pylist() for c in (*names, "key_columns")), strict=True):
         first = json.loads(cols)

@@ -24,7 +24,7 @@ from typing import Any
 from pg2delta.apply.changelog import changelog_path
 from pg2delta.apply.history import history_table
 from pg2delta.config import Config
-from pg2delta.lake.applied_log import LOG_TABLE
+from pg2delta.lake.applied_log import LOG_TABLE, table_names
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.sql import quote, sql_string
 
@@ -43,8 +43,7 @@ def slot_tables(config: Config, lake: Lake) -> list[tuple[str, str]]:
 
     mine = pc.and_(pc.fill_null(pc.equal(applied.column("slot"), config.source.slot), False),
                    pc.is_valid(applied.column("relation_oid")))
-    named = applied.filter(mine).select(["schema_name", "table_name"]).group_by(["schema_name", "table_name"]).aggregate([])
-    return sorted(zip(named.column("schema_name").to_pylist(), named.column("table_name").to_pylist(), strict=True))
+    return sorted(table_names(applied.filter(mine)))
 
 
 def catalog_tables(config: Config, lake: Lake) -> dict[str, str]:

@@ -33,7 +33,7 @@ from pg2delta.errors import (
     SourceStateError,
 )
 from pg2delta.failover import status_section
-from pg2delta.lake.applied_log import KIND_WINDOW, LOG_TABLE
+from pg2delta.lake.applied_log import KIND_WINDOW, LOG_TABLE, newest
 from pg2delta.lake.engine import Lake
 from pg2delta.lake.log_health import log_health
 from pg2delta.lsn import format_lsn
@@ -132,14 +132,12 @@ def _per_relation(applied: Any, slot: str) -> tuple[list[dict[str, Any]], dict[i
     totals = {int(r["relation_oid"]): {op: int(r[f"{op}_sum"] or 0) for op in _OPS} for r in sums}
     commits: dict[int, int] = {}
     if "commit_ts" in t.column_names:
-        newest = t.select(["relation_oid", "commit_ts"]).group_by("relation_oid").aggregate([("commit_ts", "max")])
-        for r in newest.to_pylist():
+        by_commit = t.select(["relation_oid", "commit_ts"]).group_by("relation_oid").aggregate([("commit_ts", "max")])
+        for r in by_commit.to_pylist():
             us = _us(r["commit_ts_max"])
             if us is not None:
                 commits[int(r["relation_oid"])] = us
-    ends = t.select(["relation_oid", "window_end"]).group_by("relation_oid").aggregate([("window_end", "max")])
-    last = t.select(["relation_oid", "window_end", "_row"]).join(ends, "relation_oid")
-    last = last.filter(pc.equal(last.column("window_end"), last.column("window_end_max")))
+    last = newest(t.select(["relation_oid", "window_end", "_row"]), ["relation_oid"])
     first = last.group_by("relation_oid").aggregate([("_row", "min")]).column("_row_min")
     return applied.take(first).to_pylist(), totals, commits
 

@@ -188,6 +188,22 @@ def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
     return kept
 
 
+def newest(table: pa.Table, keys: list[str]) -> pa.Table:
+    """The rows of ``table`` (with a ``window_end`` column) whose ``window_end`` is the newest of
+    their group of ``keys``, ties included, with Arrow: the log is some 105,000 rows a table a year."""
+    import pyarrow.compute as pc
+
+    ends = table.select([*keys, "window_end"]).group_by(keys).aggregate([("window_end", "max")])
+    both = table.join(ends, keys)
+    return both.filter(pc.equal(both.column("window_end"), both.column("window_end_max"))).drop_columns(["window_end_max"])
+
+
+def table_names(table: pa.Table) -> list[tuple[Any, Any]]:
+    """The distinct (``schema_name``, ``table_name``) of the log rows ``table``."""
+    named = table.select(["schema_name", "table_name"]).group_by(["schema_name", "table_name"]).aggregate([])
+    return list(zip(named.column("schema_name").to_pylist(), named.column("table_name").to_pylist(), strict=True))
+
+
 def applied_of(rows: Iterable[dict[str, Any]], slot: str) -> dict[int, Applied]:
     """Per relation OID, the last window logged for its Delta table, the version it made, and the
     key the table was last merged on (and its membership, partitions, attnums and relfilenodes as
@@ -306,5 +322,6 @@ def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
 
 __all__ = [
     "KIND_BACKFILL", "KIND_BOOTSTRAP", "KIND_WINDOW", "LOG_SCHEMA", "LOG_TABLE", "Applied", "LoggedTable",
-    "after_window", "append", "applied_lsns", "applied_of", "log_row", "log_rows", "utc_now", "window_rows",
+    "after_window", "append", "applied_lsns", "applied_of", "log_row", "log_rows", "newest", "table_names", "utc_now",
+    "window_rows",
 ]

@@ -297,10 +297,10 @@ class Lake:
         read: callers only read what it gives."""
         if self.read_delta(uri) is None:
             return None
-        made = self._read[uri].made
-        if make not in made:
-            made[make] = make(self._read[uri].table)
-        return made[make]
+        read = self._read[uri]
+        if make not in read.made:
+            read.made[make] = make(read.table)
+        return read.made[make]
 
     def stage(self, table: pa.Table, name: str) -> str:
         """Write ``table`` as one Parquet file under the lake's staging area; returns its URI."""
