@@ -75,7 +75,7 @@ class TableMaintenance:
     uri: str
     files_before: int = 0
     files_after: int = 0
-    files_removed: int = 0  # by VACUUM (-1: the engine does not say)
+    files_removed: int = 0  # by VACUUM (-1: the engine does not say; Apache Spark on S3)
     changelog_rows_deleted: bool = False
     checkpoint: bool = False
     stats_columns_set: bool = False  # the table's statistics columns were set (an older table)

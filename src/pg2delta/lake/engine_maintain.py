@@ -94,9 +94,11 @@ class DeltaMaintenance(EngineSession):
 
     def vacuum(self, uri: str, *, retention_hours: int) -> int:
         """Remove the table's files that no version younger than ``retention_hours`` needs; returns
-        how many files went (delta-rs) or -1 when the engine does not say (Apache Spark)."""
+        how many files went, or -1 when the engine does not say (Apache Spark on object storage:
+        see :meth:`_vacuumed`)."""
         try:
             if self.classic:
+                before = self.lake.delta_version(uri)
                 # Delta refuses a retention under 7 days unless told: the config says what to keep.
                 self.spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
                 # VACUUM lists the table's folders in parallelPartitionDiscovery.parallelism tasks,
@@ -110,7 +112,7 @@ class DeltaMaintenance(EngineSession):
                 elif not self.spark.sparkContext.getConf().contains(listing):
                     self.spark.conf.set(listing, str(max(self.spark.sparkContext.defaultParallelism, 1)))
                 self._sql(f"VACUUM {self.target(uri)} RETAIN {retention_hours} HOURS", f"VACUUM {uri}")
-                return -1
+                return self._vacuumed(uri, before)
             removed = self._delta_rs(uri).vacuum(
                 retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
                 commit_properties=self._marked(),
@@ -120,6 +122,21 @@ class DeltaMaintenance(EngineSession):
             raise
         except Exception as exc:
             raise LakeError(f"cannot vacuum {uri}: {' '.join(str(exc).split())[:500]}") from exc
+
+    def _vacuumed(self, uri: str, before: int | None) -> int:
+        """How many files the ``VACUUM`` of ``uri`` that followed its version ``before`` removed, from
+        the ``VACUUM END`` commit Delta on Apache Spark writes on the file systems it logs vacuums
+        on (local, HDFS, Azure and Google storage; not S3, unless
+        ``spark.databricks.delta.vacuum.logging.enabled`` says so); -1 without one."""
+        after = self.lake.delta_version(uri)
+        if after is None or before is None or after <= before:
+            return -1
+        history = self._sql(f"DESCRIBE HISTORY {self.target(uri)} LIMIT {after - before}", f"DESCRIBE HISTORY {uri}")
+        for commit in history:  # newest first
+            metrics = dict(commit["operationMetrics"] or {})
+            if commit["operation"] == "VACUUM END" and int(commit["version"]) > before and "numDeletedFiles" in metrics:
+                return int(metrics["numDeletedFiles"])
+        return -1
 
     def checkpoint(self, uri: str) -> bool:
         """Write a checkpoint of the table's log where the engine does not (Apache Spark writes one
