@@ -276,9 +276,7 @@ def delta_tables(lake: Lake) -> list[tuple[str, str, bool]]:
     """(name, uri, is a changelog) of every Delta table pg2delta keeps in the lake."""
     out: list[tuple[str, str, bool]] = []
     applied = lake.read_delta(lake.table_uri(LOG_TABLE))
-    names: set[tuple[str, str]] = set()
-    if applied is not None and applied.num_rows:
-        names = set(table_names(applied))
+    names = table_names(applied) if applied is not None and applied.num_rows else []
     for schema, table in sorted(n for n in names if n[0] is not None and n[1] is not None):
         out.append((f"{schema}.{table}", lake.table_uri(schema, table), False))
         history = lake.table_uri(schema, history_table(table))

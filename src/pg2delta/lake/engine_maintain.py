@@ -132,9 +132,9 @@ class DeltaMaintenance(EngineSession):
         if after is None or before is None or after <= before:
             return -1
         history = self._sql(f"DESCRIBE HISTORY {self.target(uri)} LIMIT {after - before}", f"DESCRIBE HISTORY {uri}")
-        for commit in history:  # newest first
+        for commit in history:  # the commits since ``before``, newest first
             metrics = dict(commit["operationMetrics"] or {})
-            if commit["operation"] == "VACUUM END" and int(commit["version"]) > before and "numDeletedFiles" in metrics:
+            if commit["operation"] == "VACUUM END" and "numDeletedFiles" in metrics:
                 return int(metrics["numDeletedFiles"])
         return -1
 
