@@ -58,6 +58,22 @@ def test_a_long_schedule_keeps_a_few_rows() -> None:
     assert deciding_rows(table.slice(0, 0)) == []
 
 
+def test_a_lake_of_many_tables_keeps_each_ones_rows() -> None:
+    """Past a few hundred kept rows (here 2 per table of 300, over several files' chunks) they are
+    read with one take, not a slice each: the same rows, in the log's order."""
+    common = {"slot": "s", "window_start": 0, "schema_name": "bench", "inserts": 1, "updates": 0, "deletes": 0,
+              "truncated": False, "key_columns": '["id"]', "publication": "p", "attnums": '{"id": 1}'}
+    chunks = [pa.Table.from_pylist([{**common, "run_id": f"w{w}-{oid}", "window_end": w, "relation_oid": oid,
+                                      "table_name": f"t{oid}", "kind": "window", "delta_version": w - 1}
+                                     for oid in range(300)], schema=LOG_SCHEMA) for w in range(1, 6)]
+    table = pa.concat_tables(chunks)
+    full = table.to_pylist()
+    kept = deciding_rows(table)
+    assert len(kept) == 600 and [r["run_id"] for r in full if r in kept] == [r["run_id"] for r in kept]
+    assert {r["window_end"] for r in kept} == {1, 5}  # each table's first attnums, and its newest window
+    assert _readers(kept) == _readers(full)
+
+
 def test_a_copy_is_remembered_under_later_windows() -> None:
     """The copy's row of a table, older than all its windows and like none of them (no attnums, as
     older versions wrote), still decides lake_state."""

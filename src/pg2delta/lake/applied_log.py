@@ -137,55 +137,79 @@ def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
       ``attnums`` (:func:`applied_of` gathers every column number a relation had);
     - per slot and relation, and per slot alone, the newest ``bootstrap`` rows (``lake_state``);
     - per slot and Delta table (schema, table), the newest rows with a ``delta_version``;
-    - per slot, the newest window rows and lake starts (``applied_through``)."""
+    - per slot, the newest window rows and lake starts (``applied_through``).
+
+    Each row is looked up in its group's maxima (one aggregation per grouping) rather than joined
+    with them: a year's log took 0.10 s a run with joins, most of it theirs."""
+    import numpy as np
     import pyarrow.compute as pc
 
     if table.num_rows == 0 or "slot" not in table.column_names:
         return []
-    t = table.append_column("_row", pa.array(range(table.num_rows), type=pa.int64()))
+    n = table.num_rows
+    t = table
 
     def has(name: str, empty: bool = False) -> Any:  # set (and not "", unless ``empty``)
         if name not in t.column_names:
-            return pa.array([False] * t.num_rows)
+            return pa.array(np.zeros(n, dtype=bool))
         col = t.column(name)
         return pc.is_valid(col) if empty else pc.fill_null(pc.and_(pc.is_valid(col), pc.not_equal(col, "")), False)
 
+    every = pa.array(np.ones(n, dtype=bool))
     slot, oid = pc.is_valid(t.column("slot")), pc.is_valid(t.column("relation_oid"))
-    kind = t.column("kind") if "kind" in t.column_names else pa.nulls(t.num_rows, pa.string())
+    kind = t.column("kind") if "kind" in t.column_names else pa.nulls(n, pa.string())
     boot = pc.fill_null(pc.equal(kind, KIND_BOOTSTRAP), False)
-    t = t.append_column("_schema", pc.fill_null(t.column("schema_name"), ""))
+    schema = pc.fill_null(t.column("schema_name"), "")
     # Per grouping, the fields whose newest rows count: a row is kept where its window_end is the
     # newest of its group among the rows with that field set.
     either = pc.or_(pc.and_(oid, pc.invert(boot)), pc.and_(pc.invert(oid), boot))  # applied_through's
-    groupings: list[tuple[list[str], Any, dict[str, Any]]] = [
-        (["slot", "relation_oid"], pc.and_(slot, oid), {
-            "all": pa.array([True] * t.num_rows), "boot": boot,
+    groupings: list[tuple[list[Any], Any, dict[str, Any]]] = [
+        ([t.column("slot"), t.column("relation_oid")], pc.and_(slot, oid), {
+            "all": every, "boot": boot,
             **{c: has(c) for c in ("key_columns", "publication", "partitions", "filenodes", "attnums")},
         }),
-        (["slot", "_schema", "table_name"], pc.and_(slot, has("table_name")), {"version": has("delta_version", empty=True)}),
-        (["slot"], slot, {"start": pc.and_(pc.invert(oid), boot), "through": either}),
+        ([t.column("slot"), schema, t.column("table_name")], pc.and_(slot, has("table_name")),
+         {"version": has("delta_version", empty=True)}),
+        ([t.column("slot")], slot, {"start": pc.and_(pc.invert(oid), boot), "through": either}),
     ]
     end = t.column("window_end")
-    keep: set[int] = set()
+    null_end = pa.scalar(None, end.type)
+    keep = np.zeros(n, dtype=bool)
     for keys, rows, fields in groupings:
-        marked = t.select([*keys, "_row"])
-        for name, mask in fields.items():
-            marked = marked.append_column(name, pc.if_else(mask, end, pa.scalar(None, end.type)))
-        marked = marked.filter(pc.and_(rows, pc.is_valid(end)))
-        if marked.num_rows == 0:
-            continue
-        newest = marked.group_by(keys).aggregate([(name, "max") for name in fields])
-        both = marked.join(newest, keys, join_type="inner")
-        hit = None
+        rows = pc.and_(rows, pc.is_valid(end))
+        group = _group_key(keys)
+        ends = {name: pc.if_else(pc.and_(rows, mask), end, null_end) for name, mask in fields.items()}
+        newest = pa.table({"_group": group, **ends}).group_by("_group").aggregate([(name, "max") for name in fields])
+        at = pc.index_in(group, value_set=newest.column("_group"))  # each row's group among the maxima
         for name in fields:
-            this = pc.fill_null(pc.equal(both.column(name), both.column(f"{name}_max")), False)
-            hit = this if hit is None else pc.or_(hit, this)
-        keep.update(both.filter(hit).column("_row").to_pylist())
-    if "attnums" in t.column_names:
-        some = t.filter(pc.and_(pc.and_(slot, oid), has("attnums"))).select(["slot", "relation_oid", "attnums", "_row"])
-        keep.update(some.group_by(["slot", "relation_oid", "attnums"]).aggregate([("_row", "min")]).column("_row_min").to_pylist())
-    kept: list[dict[str, Any]] = table.take(pa.array(sorted(keep), type=pa.int64())).to_pylist()
+            hit = pc.fill_null(pc.equal(ends[name], pc.take(newest.column(f"{name}_max"), at)), False)
+            keep |= np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)
+    if "attnums" in t.column_names:  # the first row of each (slot, relation, attnums)
+        mask = pc.and_(pc.and_(slot, oid), has("attnums"))
+        row = pc.if_else(mask, pa.array(np.arange(n, dtype=np.int64)), pa.scalar(None, pa.int64()))
+        some = pa.table({"slot": t.column("slot"), "relation_oid": t.column("relation_oid"), "attnums": t.column("attnums"), "_row": row})
+        firsts = some.group_by(["slot", "relation_oid", "attnums"]).aggregate([("_row", "min")]).column("_row_min")
+        keep[np.asarray(firsts.drop_null().to_numpy(), dtype=np.int64)] = True
+    at = np.flatnonzero(keep)
+    if len(at) <= _SLICED_ROWS:  # a few rows of a long log: a take would copy its columns whole
+        return [table.slice(int(i), 1).to_pylist()[0] for i in at]
+    kept: list[dict[str, Any]] = table.take(pa.array(at, type=pa.int64())).to_pylist()
     return kept
+
+
+# Kept rows up to which deciding_rows reads them one slice each (about 0.1 ms a row) rather than
+# with one take (5-25 ms on a year's log, whatever it takes).
+_SLICED_ROWS = 200
+
+
+def _group_key(columns: Sequence[Any]) -> Any:
+    """One string per row naming its group of the key ``columns`` (null where one of them is):
+    what :func:`deciding_rows` aggregates and looks rows up by."""
+    import pyarrow.compute as pc
+
+    parts = [pc.cast(c, pa.string()) for c in columns]
+    joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "\x1f")
+    return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
 
 
 def newest(table: pa.Table, keys: list[str]) -> pa.Table:
