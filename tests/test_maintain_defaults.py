@@ -84,7 +84,8 @@ def _checkpoints(table: Path) -> list[int]:
 @pytest.mark.classic
 def test_the_engine_writes_a_checkpoint_every_ten_commits(pgdb: str, tmp_path: Path) -> None:
     """Without any maintenance (``interval = ""``): pysail and Delta on Apache Spark (Delta's
-    ``delta.checkpointInterval``, 10 by default) each checkpoint the log of a table every 10 commits."""
+    ``delta.checkpointInterval``, 10 by default) each checkpoint the log of a table every 10 commits;
+    so does the embedded engine's delta-rs append to the applied log."""
     slot, pub = _source(pgdb)
     lake = tmp_path / "lake"
     config = write_config(tmp_path / "p.toml", pgdb, slot, pub, lake, default=False)
@@ -99,6 +100,11 @@ def test_the_engine_writes_a_checkpoint_every_ten_commits(pgdb: str, tmp_path: P
         assert version >= 10, (spec.qualified, version)
         assert _checkpoints(table) == list(range(10, version + 1, 10)), (spec.qualified, version)
         assert not any(t for t in DeltaTable(str(table)).history() if t.get("operation") == "OPTIMIZE")
+    if TEST_ENGINE == "embedded":  # the applied log, which delta-rs appends to there, checkpointed alike
+        applied = lake / "_pg2delta" / "applied_log"
+        version = DeltaTable(str(applied)).version()
+        assert version >= 10 and _checkpoints(applied) == list(range(10, version + 1, 10)), version
+        assert {c.get("engineInfo", "")[:8] for c in DeltaTable(str(applied)).history(version)} == {"delta-rs"}
     status = cli("status", "--config", str(config), "--json")
     assert status.returncode == 0, status.stderr[-2000:]
     entry = next(t for t in json.loads(status.stdout)["tables"] if t["table"] == ACCT.qualified)

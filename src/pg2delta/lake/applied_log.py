@@ -172,18 +172,9 @@ def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
          {"version": has("delta_version", empty=True)}),
         ([t.column("slot")], slot, {"start": pc.and_(pc.invert(oid), boot), "through": either}),
     ]
-    end = t.column("window_end")
-    null_end = pa.scalar(None, end.type)
     keep = np.zeros(n, dtype=bool)
     for keys, rows, fields in groupings:
-        rows = pc.and_(rows, pc.is_valid(end))
-        group = _group_key(keys)
-        ends = {name: pc.if_else(pc.and_(rows, mask), end, null_end) for name, mask in fields.items()}
-        newest = pa.table({"_group": group, **ends}).group_by("_group").aggregate([(name, "max") for name in fields])
-        at = pc.index_in(group, value_set=newest.column("_group"))  # each row's group among the maxima
-        for name in fields:
-            hit = pc.fill_null(pc.equal(ends[name], pc.take(newest.column(f"{name}_max"), at)), False)
-            keep |= np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)
+        keep |= _newest_of_groups(t.column("window_end"), keys, rows, fields)
     if "attnums" in t.column_names:  # the first row of each (slot, relation, attnums)
         mask = pc.and_(pc.and_(slot, oid), has("attnums"))
         row = pc.if_else(mask, pa.array(np.arange(n, dtype=np.int64)), pa.scalar(None, pa.int64()))
@@ -200,6 +191,24 @@ def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
 # Kept rows up to which deciding_rows reads them one slice each (about 0.1 ms a row) rather than
 # with one take (5-25 ms on a year's log, whatever it takes).
 _SLICED_ROWS = 200
+
+
+def _newest_of_groups(end: Any, keys: Sequence[Any], rows: Any, fields: dict[str, Any]) -> Any:
+    """Which rows (a numpy mask) are, among the ``rows`` of their group of the key columns ``keys``,
+    the newest by ``end`` with one of the ``fields`` (name -> mask) set, ties included."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    rows = pc.and_(rows, pc.is_valid(end))
+    group = _group_key(keys)
+    ends = {name: pc.if_else(pc.and_(rows, mask), end, pa.scalar(None, end.type)) for name, mask in fields.items()}
+    newest = pa.table({"_group": group, **ends}).group_by("_group").aggregate([(name, "max") for name in fields])
+    at = pc.index_in(group, value_set=newest.column("_group"))  # each row's group among the maxima
+    hit = np.zeros(len(end), dtype=bool)
+    for name in fields:
+        this = pc.fill_null(pc.equal(ends[name], pc.take(newest.column(f"{name}_max"), at)), False)
+        hit |= np.asarray(this.to_numpy(zero_copy_only=False), dtype=bool)
+    return hit
 
 
 def _group_key(columns: Sequence[Any]) -> Any:
@@ -323,9 +332,14 @@ def window_rows(slot: str, run_id: str, start: int, end: int, tables: Sequence[L
 
 
 def append(engine: Engine, lake: Lake, rows: pa.Table | Sequence[dict[str, Any]], *, txn: Txn | None = None) -> None:
-    """Append ``rows`` (a table in :data:`LOG_SCHEMA`, or dicts of its columns) to ``lake``'s applied log."""
+    """Append ``rows`` (a table in :data:`LOG_SCHEMA`, or dicts of its columns) to ``lake``'s
+    applied log (without ``txn``, as :meth:`pg2delta.lake.engine.Engine.append_log_rows` appends a
+    log's rows: by delta-rs on the embedded engine)."""
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=LOG_SCHEMA)
-    engine.append(lake.table_uri(LOG_TABLE), table, txn=txn)
+    if txn is None:
+        engine.append_log_rows(lake.table_uri(LOG_TABLE), table)
+    else:
+        engine.append(lake.table_uri(LOG_TABLE), table, txn=txn)
 
 
 def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
