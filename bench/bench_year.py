@@ -38,6 +38,14 @@ is given older windows of its table up to ``--year-log-rows`` rows (default 105,
 delta-rs, window ends below the slot's first, as the weeks before would have left them), and as many
 pairs again are run: ``window_seconds_aged_year_log=``, ``window_seconds_young_year_log=`` and
 ``year_log_growth_vs_young=``.
+
+Last, on the embedded engine, the floor of the engine underneath (unless ``--floor-writes 0``):
+pysail alone, in one session, commits a one-row overwrite (``replaceWhere`` of a key no row has)
+into a copy of the year's table (its log and its active files) and into a twin of it that holds
+the same files, metadata and protocol with a fresh log (the newest checkpoint without its
+tombstones, the commits after it), alternated, ``--floor-writes`` times each:
+``engine_write_seconds_aged=``, ``engine_write_seconds_fresh_log=`` and ``engine_write_growth=``,
+what a year's log costs each write of the engine whatever pg2delta does around it.
 """
 
 from __future__ import annotations
@@ -116,7 +124,8 @@ def scheduled_run(engine: Engine, dsn: str, table: str, lake: Path, k: int) -> t
 
 
 def year(
-    engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file: Path | None, pairs: int, year_log_rows: int
+    engine: Engine, pg: ThrowawayPostgres, tmp: Path, rows: int, times_file: Path | None, pairs: int, year_log_rows: int,
+    floor_writes: int = 0,
 ) -> Runs:
     table = f"year_{engine.name}"
     lake = tmp / f"lake_{engine.name}"
@@ -149,6 +158,8 @@ def year(
         check_equal(engine.name, pg, lake, table)
     if pairs:
         check_equal(engine.name, pg, tmp / f"lake_{engine.name}_young", f"young_{engine.name}")
+    if floor_writes and engine.name == "embedded":
+        engine_floor(lake / "bench" / table, tmp / "floor", floor_writes)
     return runs
 
 
@@ -223,6 +234,78 @@ def control(
     return out[aged], out[young]
 
 
+def _copy_files(table: Path, into: Path) -> None:
+    """Copy the data files of the Delta table ``table``'s latest version under ``into``, at their paths."""
+    for uri in DeltaTable(str(table)).file_uris():
+        rel = Path(uri.removeprefix("file://")).relative_to(table)
+        (into / rel).parent.mkdir(parents=True, exist_ok=True)
+        (into / rel).write_bytes((table / rel).read_bytes())
+
+
+def fresh_log_twin(table: Path, twin: Path) -> None:
+    """Make ``twin`` the Delta table ``table`` is at its latest version (the same data files,
+    metadata and protocol) with a fresh log: its newest checkpoint without the removed files'
+    tombstones, and the commits after it."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    log_dir, twin_log = table / "_delta_log", twin / "_delta_log"
+    twin_log.mkdir(parents=True)
+    hint = json.loads((log_dir / "_last_checkpoint").read_text())
+    version = int(hint["version"])
+    if hint.get("parts") or "v2Checkpoint" in hint:
+        raise SystemExit(f"{table}: a multi-part or V2 checkpoint; the floor's twin takes a classic one")
+    state = pq.read_table(log_dir / f"{version:020d}.checkpoint.parquet")
+    kept = state.filter(pc.is_null(state.column("remove")))
+    pq.write_table(kept, twin_log / f"{version:020d}.checkpoint.parquet")
+    (twin_log / "_last_checkpoint").write_text(json.dumps({"version": version, "size": kept.num_rows}))
+    for commit in sorted(p for p in log_dir.glob("*.json") if int(p.name[:20]) > version):
+        (twin_log / commit.name).write_bytes(commit.read_bytes())
+    _copy_files(table, twin)
+
+
+def engine_floor(table: Path, tmp: Path, writes: int) -> None:
+    """Print the medians of ``writes`` one-row overwrites by pysail alone into a copy of the Delta
+    table ``table`` (its log and active files) and into its fresh-log twin, alternated (see the
+    module's docstring)."""
+    from pysail.spark import SparkConnectServer
+    from pyspark.sql import SparkSession
+
+    aged, fresh = tmp / "aged", tmp / "fresh"
+    (aged / "_delta_log").mkdir(parents=True)
+    for entry in (table / "_delta_log").iterdir():
+        (aged / "_delta_log" / entry.name).write_bytes(entry.read_bytes())
+    _copy_files(table, aged)
+    fresh_log_twin(table, fresh)
+    versions = {path: DeltaTable(str(path)).version() for path in (aged, fresh)}
+    server = SparkConnectServer("127.0.0.1", 0)
+    server.start(background=True)
+    spark = SparkSession.builder.remote(f"sc://127.0.0.1:{server.listening_address[1]}").getOrCreate()
+    out: dict[Path, list[float]] = {aged: [], fresh: []}
+    try:
+        for i in range(writes + 1):  # the first pair warms the session
+            for path in (aged, fresh) if i % 2 == 0 else (fresh, aged):
+                key = -(i + 1)  # a key no row has: the one row written meets the condition
+                row = spark.sql(f"SELECT * FROM delta.`{path}` LIMIT 1").selectExpr(
+                    f"CAST({key} AS BIGINT) AS id", "device", "value", "note", "at")
+                t0 = time.perf_counter()
+                row.write.format("delta").mode("overwrite").option("replaceWhere", f"id = {key}").save(str(path))
+                if i:
+                    out[path].append(time.perf_counter() - t0)
+    finally:
+        spark.stop()
+        server.stop()
+    for path in (aged, fresh):
+        if DeltaTable(str(path)).version() != versions[path] + writes + 1:
+            raise SystemExit(f"the floor's writes into {path} did not each make a commit")
+    a, y = statistics.median(out[aged]), statistics.median(out[fresh])
+    print(f"embedded: the engine alone, {writes} one-row overwrites each into the year's table and its fresh-log twin",
+          flush=True)
+    print(f"embedded_engine_write_seconds_aged={a:.3f}")
+    print(f"embedded_engine_write_seconds_fresh_log={y:.3f}")
+    print(f"embedded_engine_write_growth={a / y:.2f}", flush=True)
+
+
 def report_figures(name: str, runs: Runs, active_files: int) -> None:
     n = len(runs.seconds)
     k = 100 if n >= 500 else max(1, n // 5)
@@ -268,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="pairs of runs after the year, its table and a young one alternated (default: as many as the medians take; 0: none)")
     ap.add_argument("--year-log-rows", type=int, default=YEAR_OF_RUNS,
                     help="then give the year's applied log older windows up to this many rows, and run the pairs again (default 105,120; 0: not)")
+    ap.add_argument("--floor-writes", type=int, default=30,
+                    help="then one-row overwrites by pysail alone into the year's table and its fresh-log twin, each (default 30; 0: not)")
     ap.add_argument("--times-file", type=Path, help="also append engine,run,seconds,maintained per run to this CSV")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops its server
@@ -277,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="pg2delta-bench-year-") as tmp:
             for engine in engines(args):
                 pairs = args.control if args.control is not None else (100 if engine.windows >= 500 else max(1, engine.windows // 5))
-                year(engine, pg, Path(tmp), args.rows, args.times_file, pairs, args.year_log_rows)
+                year(engine, pg, Path(tmp), args.rows, args.times_file, pairs, args.year_log_rows, args.floor_writes)
     finally:
         pg.stop()
     return 0
