@@ -147,38 +147,37 @@ def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
     if table.num_rows == 0 or "slot" not in table.column_names:
         return []
     n = table.num_rows
-    t = table
 
     def has(name: str, empty: bool = False) -> Any:  # set (and not "", unless ``empty``)
-        if name not in t.column_names:
+        if name not in table.column_names:
             return pa.array(np.zeros(n, dtype=bool))
-        col = t.column(name)
+        col = table.column(name)
         return pc.is_valid(col) if empty else pc.fill_null(pc.and_(pc.is_valid(col), pc.not_equal(col, "")), False)
 
     every = pa.array(np.ones(n, dtype=bool))
-    slot, oid = pc.is_valid(t.column("slot")), pc.is_valid(t.column("relation_oid"))
-    kind = t.column("kind") if "kind" in t.column_names else pa.nulls(n, pa.string())
+    slot, oid = pc.is_valid(table.column("slot")), pc.is_valid(table.column("relation_oid"))
+    kind = table.column("kind") if "kind" in table.column_names else pa.nulls(n, pa.string())
     boot = pc.fill_null(pc.equal(kind, KIND_BOOTSTRAP), False)
-    schema = pc.fill_null(t.column("schema_name"), "")
+    schema = pc.fill_null(table.column("schema_name"), "")
     # Per grouping, the fields whose newest rows count: a row is kept where its window_end is the
     # newest of its group among the rows with that field set.
     either = pc.or_(pc.and_(oid, pc.invert(boot)), pc.and_(pc.invert(oid), boot))  # applied_through's
     groupings: list[tuple[list[Any], Any, dict[str, Any]]] = [
-        ([t.column("slot"), t.column("relation_oid")], pc.and_(slot, oid), {
+        ([table.column("slot"), table.column("relation_oid")], pc.and_(slot, oid), {
             "all": every, "boot": boot,
             **{c: has(c) for c in ("key_columns", "publication", "partitions", "filenodes", "attnums")},
         }),
-        ([t.column("slot"), schema, t.column("table_name")], pc.and_(slot, has("table_name")),
+        ([table.column("slot"), schema, table.column("table_name")], pc.and_(slot, has("table_name")),
          {"version": has("delta_version", empty=True)}),
-        ([t.column("slot")], slot, {"start": pc.and_(pc.invert(oid), boot), "through": either}),
+        ([table.column("slot")], slot, {"start": pc.and_(pc.invert(oid), boot), "through": either}),
     ]
     keep = np.zeros(n, dtype=bool)
     for keys, rows, fields in groupings:
-        keep |= _newest_of_groups(t.column("window_end"), keys, rows, fields)
-    if "attnums" in t.column_names:  # the first row of each (slot, relation, attnums)
+        keep |= _newest_of_groups(table.column("window_end"), keys, rows, fields)
+    if "attnums" in table.column_names:  # the first row of each (slot, relation, attnums)
         mask = pc.and_(pc.and_(slot, oid), has("attnums"))
         row = pc.if_else(mask, pa.array(np.arange(n, dtype=np.int64)), pa.scalar(None, pa.int64()))
-        some = pa.table({"slot": t.column("slot"), "relation_oid": t.column("relation_oid"), "attnums": t.column("attnums"), "_row": row})
+        some = pa.table({"slot": table.column("slot"), "relation_oid": table.column("relation_oid"), "attnums": table.column("attnums"), "_row": row})
         firsts = some.group_by(["slot", "relation_oid", "attnums"]).aggregate([("_row", "min")]).column("_row_min")
         keep[np.asarray(firsts.drop_null().to_numpy(), dtype=np.int64)] = True
     at = np.flatnonzero(keep)
