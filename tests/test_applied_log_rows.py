@@ -4,12 +4,14 @@ on a five-minute schedule); a run makes dicts only of the rows its readers decid
 
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pg2delta.copy.copier import lake_state
-from pg2delta.lake.applied_log import LOG_SCHEMA, applied_of, deciding_rows
+from pg2delta.lake.applied_log import LOG_SCHEMA, applied_of, deciding_rows, deciding_table
 from pg2delta.lake.foreign import last_logged_versions
 from pg2delta.versions import applied_through
 
@@ -187,3 +189,19 @@ def test_the_catalog_registers_the_slots_tables(rows: list[dict[str, object]]) -
                 [{"run_id": f"r{i}", "window_start": 0, **r} for i, r in enumerate(rows)], schema=LOG_SCHEMA))
         want = sorted({(r["schema_name"], r["table_name"]) for r in rows if r["slot"] == "a" and r["relation_oid"] is not None})
         assert slot_tables(config, lake) == want  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ROW, max_size=120), st.lists(st.integers(0, 120), max_size=6), st.booleans())
+def test_the_rows_kept_of_each_file_keep_what_the_whole_log_keeps(rows: list[dict[str, object]], cuts: list[int], older: bool) -> None:
+    """A run reads what a digest kept of each of the log's big files (applied_log.DIGEST), not the
+    file: the rows kept of the rows kept of each part, in the log's order, are the rows kept of it
+    whole (an older file without the later columns first, if ``older``)."""
+    table = pa.Table.from_pylist([{"run_id": f"r{i}", "window_start": 0, **r} for i, r in enumerate(rows)], schema=LOG_SCHEMA)
+    bounds = sorted({0, table.num_rows, *(c for c in cuts if c <= table.num_rows)})
+    parts = [table.slice(a, b - a) for a, b in itertools.pairwise(bounds)] or [table]
+    if older:
+        parts[0] = parts[0].drop_columns(NEWER)
+    whole = pa.concat_tables(parts, promote_options="permissive")
+    kept = pa.concat_tables([deciding_table(p) for p in parts], promote_options="permissive")
+    assert deciding_rows(kept) == deciding_rows(whole)

@@ -26,6 +26,8 @@ from changelog_support import write_config
 from conftest import newest_server_only
 from engines import TEST_ENGINE
 from pg2delta.faults import FAULT_ENV
+from pg2delta.lake.applied_log import DIGEST
+from pg2delta.lake.digests import DIGESTS_ROOT
 from pg2delta.lake.engine import Lake
 from pg2delta.maintain import CLOCK_ENV, delta_tables
 from pg2delta.source.throwaway import ThrowawayPostgres
@@ -129,6 +131,12 @@ def test_runs_maintain_the_lake_by_default_a_few_tables_a_run(pgdb: str, tmp_pat
     assert {ACCT.qualified, EVENTS.qualified, "_pg2delta/applied_log"} <= everything and len(everything) > 4
     acct_files = len(DeltaTable(str(lake / ACCT.schema / ACCT.name)).file_uris())
     assert acct_files >= 8
+    # Digests of applied-log files compaction replaces (pg2delta.lake.digests), and of an older
+    # reduction's: gone once the applied log had its turn.
+    stale = [lake / DIGESTS_ROOT / DIGEST.name / "replaced.parquet", lake / DIGESTS_ROOT / "applied_log-0" / "old.parquet"]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"stale")
     turns: list[list[str]] = []
     for k in range(2, 2 + len(everything)):
         _change(pgdb, k)
@@ -142,6 +150,7 @@ def test_runs_maintain_the_lake_by_default_a_few_tables_a_run(pgdb: str, tmp_pat
     assert sorted(done) == sorted(everything), turns  # each one once
     assert len(turns) == -(-len(everything) // 4)
     assert set(_marker(lake)["tables"]) == everything
+    assert not any(p.exists() for p in stale)
     assert len(DeltaTable(str(lake / ACCT.schema / ACCT.name)).file_uris()) < acct_files
     # The next hour: maintenance again, starting with the tables that waited longest.
     _change(pgdb, 100)

@@ -153,6 +153,29 @@ def test_the_server_honours_conditional_put(s3_server: S3Server, s3_lake: str) -
 
 @pytest.mark.e2e
 @pytest.mark.deploy
+def test_the_applied_logs_digest_is_kept_on_s3(s3_server: S3Server, s3_lake: str) -> None:
+    """A big file of the applied log (maintenance compacts a year into one) is reduced once and its
+    digest kept on the store (pg2delta.lake.digests): a later reader makes the same of it."""
+    from pg2delta.lake.applied_log import DIGEST, LOG_SCHEMA, LOG_TABLE, deciding_rows, log_rows
+    from pg2delta.lake.digests import DIGESTS_ROOT
+
+    rows = [{"run_id": f"r{w}", "slot": "s", "window_start": w, "window_end": w + 1, "relation_oid": 7,
+             "schema_name": "bench", "table_name": "t", "delta_version": w, "kind": "window", "publication": f"p{w}"}
+            for w in range(30_000)]
+    uri = f"{s3_lake}/{LOG_TABLE}"
+    write_deltalake(uri, pa.Table.from_pylist(rows, schema=LOG_SCHEMA), storage_options=s3_server.storage_options)
+    whole = Lake(s3_lake).read_delta(uri)
+    assert whole is not None and whole.num_rows == 30_000
+    want = deciding_rows(whole)
+    assert log_rows(Lake(s3_lake)) == want
+    lake = Lake(s3_lake)
+    kept = lake.fs.get_file_info(pafs.FileSelector(f"{lake.path}/{DIGESTS_ROOT}/{DIGEST.name}"))
+    assert len(kept) == 1 and kept[0].size > 0  # nothing beside it either: the part file was moved
+    assert log_rows(lake) == want
+
+
+@pytest.mark.e2e
+@pytest.mark.deploy
 def test_runs_backfill_maintain_verify_versions_status_on_s3(
     pg_server: Any, pgdb: str, s3_server: S3Server, s3_lake: str, tmp_path: Any
 ) -> None:

@@ -54,7 +54,8 @@ from pg2delta.config import Config, duration_seconds
 from pg2delta.decode.changes import TS_COL
 from pg2delta.errors import LakeError
 from pg2delta.faults import fault_point
-from pg2delta.lake.applied_log import LOG_TABLE, newest, table_names
+from pg2delta.lake import digests
+from pg2delta.lake.applied_log import DIGEST, LOG_TABLE, newest, table_names
 from pg2delta.lake.engine import Engine, Lake
 from pg2delta.lake.sql import quote
 from pg2delta.source.slot import SlotSource
@@ -264,6 +265,8 @@ def _maintain_table(
     tm.checkpoint = engine.checkpoint(uri)
     after = lake.files_now(uri)
     tm.files_after = len(after[1]) if after is not None else 0
+    if name == LOG_TABLE and after is not None:  # the digests of the files compaction replaced
+        digests.clean(lake.fs, lake.path, DIGEST, after[1].items())
     log.info(
         "maintained %s: %d files -> %d, %s files removed, checkpoint %s",
         name, tm.files_before, tm.files_after, "?" if tm.files_removed < 0 else tm.files_removed,

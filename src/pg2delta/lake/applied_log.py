@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pg2delta.lake.digests import Digest
 from pg2delta.lake.engine import Engine, Lake, Txn
 from pg2delta.lsn import format_lsn
 
@@ -123,12 +124,28 @@ def log_rows(lake: Lake) -> list[dict[str, Any]]:
     from, so the files its Delta log lists are its rows. A run asks several times (its plan, the
     copier, the foreign-commit watch): :meth:`Lake.made_of` reads and reduces only when the log's
     files changed."""
-    return list(lake.made_of(lake.table_uri(LOG_TABLE), deciding_rows) or [])
+    return list(lake.made_of(lake.table_uri(LOG_TABLE), deciding_rows, DIGEST) or [])
 
 
 def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """The rows of the applied log ``table`` its readers above decide by, as dicts in the table's
-    order. The log gains a row per window and table (about 105,000 a year for a table on a
+    """The rows of the applied log ``table`` its readers above decide by (:func:`deciding_at`), as
+    dicts in the table's order."""
+    at = deciding_at(table)
+    if len(at) <= _SLICED_ROWS:  # a few rows of a long log: a take would copy its columns whole
+        return [table.slice(int(i), 1).to_pylist()[0] for i in at]
+    kept: list[dict[str, Any]] = table.take(pa.array(at, type=pa.int64())).to_pylist()
+    return kept
+
+
+def deciding_table(table: pa.Table) -> pa.Table:
+    """The rows of the applied log ``table`` its readers decide by, as a table in its order: what a
+    digest of one of its files keeps (:data:`DIGEST`)."""
+    return table.take(pa.array(deciding_at(table), type=pa.int64()))
+
+
+def deciding_at(table: pa.Table) -> Any:
+    """Where (a numpy array of row numbers, ascending) the rows of the applied log ``table`` are
+    that its readers above decide by. The log gains a row per window and table (about 105,000 a year for a table on a
     five-minute schedule); they read the newest rows, by ``window_end``, of a group with a given
     field set, so kept here are, all tied rows included:
 
@@ -140,12 +157,17 @@ def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
     - per slot, the newest window rows and lake starts (``applied_through``).
 
     Each row is looked up in its group's maxima (one aggregation per grouping) rather than joined
-    with them: a year's log took 0.10 s a run with joins, most of it theirs."""
+    with them: a year's log took 0.10 s a run with joins, most of it theirs.
+
+    Kept are the newest rows of groups, ties included, and each group's first: the rows kept of
+    the rows kept of each part of the log, in its order, are the rows kept of it whole. So a run
+    reads what :data:`DIGEST` kept of the log's big files (one compacted file holds most of a
+    year) rather than the files."""
     import numpy as np
     import pyarrow.compute as pc
 
     if table.num_rows == 0 or "slot" not in table.column_names:
-        return []
+        return np.zeros(0, dtype=np.int64)
     n = table.num_rows
 
     def has(name: str, empty: bool = False) -> Any:  # set (and not "", unless ``empty``)
@@ -180,12 +202,12 @@ def deciding_rows(table: pa.Table) -> list[dict[str, Any]]:
         some = pa.table({"slot": table.column("slot"), "relation_oid": table.column("relation_oid"), "attnums": table.column("attnums"), "_row": row})
         firsts = some.group_by(["slot", "relation_oid", "attnums"]).aggregate([("_row", "min")]).column("_row_min")
         keep[np.asarray(firsts.drop_null().to_numpy(), dtype=np.int64)] = True
-    at = np.flatnonzero(keep)
-    if len(at) <= _SLICED_ROWS:  # a few rows of a long log: a take would copy its columns whole
-        return [table.slice(int(i), 1).to_pylist()[0] for i in at]
-    kept: list[dict[str, Any]] = table.take(pa.array(at, type=pa.int64())).to_pylist()
-    return kept
+    return np.flatnonzero(keep)
 
+
+# What a digest of one of the applied log's big files keeps (pg2delta.lake.digests): its rows
+# deciding_at keeps. A new version of the name when deciding_at comes to keep rows it did not.
+DIGEST = Digest("applied_log-1", deciding_table)
 
 # Kept rows up to which deciding_rows reads them one slice each (about 0.1 ms a row) rather than
 # with one take (5-25 ms on a year's log, whatever it takes).
@@ -358,7 +380,7 @@ def after_window(before: Applied | None, end: int, t: LoggedTable) -> Applied:
 
 
 __all__ = [
-    "KIND_BACKFILL", "KIND_BOOTSTRAP", "KIND_WINDOW", "LOG_SCHEMA", "LOG_TABLE", "Applied", "LoggedTable",
+    "DIGEST", "KIND_BACKFILL", "KIND_BOOTSTRAP", "KIND_WINDOW", "LOG_SCHEMA", "LOG_TABLE", "Applied", "LoggedTable",
     "after_window", "append", "applied_lsns", "applied_of", "log_row", "log_rows", "newest", "table_names", "utc_now",
     "window_rows",
 ]

@@ -26,6 +26,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pg2delta.errors import LakeError, store_unavailable
+from pg2delta.lake import digests
+from pg2delta.lake.digests import Digest
 
 # The lake layer (engine.py and its parts) logs under one name, as when it was one module.
 log = logging.getLogger("pg2delta.lake.engine")
@@ -262,18 +264,20 @@ class Lake:
             raise LakeError(f"cannot read the Delta log of {uri}: {exc}") from exc
         return latest, files
 
-    def read_delta(self, uri: str) -> pa.Table | None:
+    def read_delta(self, uri: str, digest: Digest | None = None) -> pa.Table | None:
         """A small, unpartitioned Delta table pg2delta wrote (its applied log), read with pyarrow from
-        the files its log lists: no engine. Columns added later are null in older files.
+        the files its log lists: no engine. Columns added later are null in older files. With
+        ``digest``, what it keeps of each file of ``digest.min_bytes`` or more (pg2delta.lake.digests).
 
         The same table object again while the log lists the same files (the log is read each
         time); of a changed set, only the files not read before are read."""
         found = self.files_now(uri)
+        key = uri if digest is None else f"{uri}#{digest.name}"
         if found is None:
-            self._read.pop(uri, None)
+            self._read.pop(key, None)
             return None
         names = sorted(found[1])
-        before = self._read.get(uri)
+        before = self._read.get(key)
         if before is not None and list(before.pieces) == names:
             return before.table
         seen = before.pieces if before is not None else {}
@@ -283,21 +287,24 @@ class Lake:
                 if path in seen:
                     pieces[path] = seen[path]
                     continue
-                full = path if "://" in path or path.startswith("/") else f"{self.fs_path(uri)}/{path}"
-                with self.fs.open_input_file(self.fs_path(full)) as f:
+                full = self.fs_path(path if "://" in path or path.startswith("/") else f"{self.fs_path(uri)}/{path}")
+                if digest is not None and found[1][path] >= digest.min_bytes:
+                    pieces[path] = digests.read_reduced(self.fs, self.path, digest, path, full, found[1][path])
+                    continue
+                with self.fs.open_input_file(full) as f:
                     pieces[path] = pq.read_table(f)
         except (OSError, pa.ArrowException) as exc:
             raise LakeError(f"cannot read {uri}: {exc}") from exc
         table = pa.concat_tables(list(pieces.values()), promote_options="permissive") if pieces else pa.table({})
-        self._read[uri] = _TableRead(pieces, table)
+        self._read[key] = _TableRead(pieces, table)
         return table
 
-    def made_of(self, uri: str, make: Callable[[pa.Table], Any]) -> Any:
+    def made_of(self, uri: str, make: Callable[[pa.Table], Any], digest: Digest | None = None) -> Any:
         """``make`` of :meth:`read_delta`'s table (None when there is no table), made once per table
         read: callers only read what it gives."""
-        if self.read_delta(uri) is None:
+        if self.read_delta(uri, digest) is None:
             return None
-        read = self._read[uri]
+        read = self._read[uri if digest is None else f"{uri}#{digest.name}"]
         if make not in read.made:
             read.made[make] = make(read.table)
         return read.made[make]
