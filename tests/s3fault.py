@@ -26,6 +26,7 @@ Policy = Callable[[str, str, int], int | None]
 _ERRORS = {
     503: ("SlowDown", "Please reduce your request rate."),
     500: ("InternalError", "We encountered an internal error. Please try again."),
+    403: ("AccessDenied", "Access Denied"),  # a bucket policy refusing a key: not retried by any client
 }
 
 

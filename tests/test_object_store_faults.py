@@ -21,12 +21,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from deltalake import DeltaTable
 
 import workload
 from changelog_support import setup_source
 from conftest import newest_server_only
+from engines import TEST_ENGINE
 from lake_read import read_delta
 from pg2delta.errors import EXIT_STATUS_LAKE_CHANGED
 from s3fault import FaultProxy, Policy, passthrough
@@ -112,6 +114,45 @@ def test_a_failing_store_stops_the_run_with_75_and_loses_nothing(
             print(f"{what} refused: exit 75 after {took:.1f} s, {refused} requests refused")
         _ok(cli("run", "--config", config), "run with the store back")
     assert_s3_lake_matches(pgdb, s3_server, s3_lake, "after a failed run and its rerun")
+
+
+@pytest.mark.skipif(TEST_ENGINE != "embedded", reason="delta-rs appends the applied log on the embedded engine")
+def test_a_refused_checkpoint_of_the_applied_log_is_a_warning(
+    pg_server: Any, pgdb: str, s3_server: S3Server, s3_lake: str, proxy: FaultProxy, tmp_path: Any
+) -> None:
+    """The applied log's append is committed before its every-tenth checkpoint is written: a store
+    refusing the checkpoint (403) costs one warning line, not the run, and the lake stays equal."""
+    newest_server_only(pg_server, "the lake's store does not depend on the server")
+    slot, pub = setup_source(pgdb)
+    config = write_config(tmp_path / "c.toml", pgdb, slot, pub, s3_lake)
+    with open(config) as f:
+        text = f.read().replace("max_changes = 40", "max_changes = 1")  # a window a transaction
+    with open(config, "w") as f:
+        f.write(text)
+    _ok(cli("run", "--config", config), "first run")
+    log_dir = "/_pg2delta/applied_log/_delta_log/"
+    proxy.policy = lambda method, path, n: 403 if method == "PUT" and log_dir in path and ".checkpoint." in path else None
+    with psycopg.connect(pgdb, autocommit=True) as conn:
+        for k in range(14):
+            conn.execute("INSERT INTO acct (id, name, big) VALUES (%s, %s, %s)", (20_000 + k, f"c{k}", k))
+    done = cli("run", "--config", config)
+    _ok(done, "run whose applied-log checkpoint the store refuses")
+    assert proxy.faults, "the store refused no checkpoint: the test proved nothing"
+    warned = [line for line in done.stderr.splitlines() if "could not write the checkpoint of" in line]
+    assert len(warned) == proxy.faults, done.stderr[-3000:]
+    proxy.policy = passthrough
+    applied = DeltaTable(f"{s3_lake}/_pg2delta/applied_log", storage_options=s3_server.storage_options)
+    assert applied.version() >= 10 and not any(".checkpoint." in uri for uri in _listing(s3_server, s3_lake, log_dir))
+    assert_s3_lake_matches(pgdb, s3_server, s3_lake, "after the refused checkpoints")
+
+
+def _listing(server: S3Server, root: str, folder: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    from pg2delta.lake.lake_files import s3_filesystem
+
+    fs = s3_filesystem(server.env)
+    return [i.path for i in fs.get_file_info(pafs.FileSelector(f"{root.removeprefix('s3://')}{folder}"))]
 
 
 def _twice(server: S3Server, uri: str, columns: list[str]) -> int:
