@@ -565,7 +565,7 @@ def _append_by_delta_rs(writes: DeltaWrites, uri: str, table: pa.Table) -> None:
 
     def attempt() -> DeltaTable:
         try:
-            log_table = writes._delta_rs(uri)
+            log_table: DeltaTable = writes._delta_rs(uri)
             # No commit retry of delta-rs's own: at a version found taken it would append again on
             # top, twice if the taken version is this append's with its answer lost (pg2delta.errors.
             # _COMMIT_TAKEN); committing() decides by what landed, as for the engine's appends.
