@@ -247,4 +247,6 @@ class ChangelogWriter:
             "applied_at",
             pa.array([r["applied_at"] for r in rows], type=pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         )
-        engine.append(self.lake.table_uri(CHANGELOG_LOG), table)
+        # As the applied log's rows: by delta-rs on the embedded engine (pysail's commits slow down
+        # as a year of windows fills the log's checkpoint with tombstones).
+        engine.append_log_rows(self.lake.table_uri(CHANGELOG_LOG), table)
