@@ -89,13 +89,13 @@ def clean(fs: pafs.FileSystem, fs_root: str, digest: Digest, files: Iterable[tup
     and those of digests older versions kept; returns how many it removed."""
     keep = {digest_name(p, s) for p, s in files}
     removed = 0
-    base = folder(fs_root, digest).rsplit("/", 1)[0]
+    mine = folder(fs_root, digest)
+    base = mine.rsplit("/", 1)[0]
     try:
         found = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=True))
     except (OSError, pa.ArrowException) as exc:
         log.warning("could not list the digests under %s: %s", base, exc)
         return 0
-    mine = folder(fs_root, digest)
     own = digest.name.split("-", 1)[0]  # the reduction's folders, this version's and older ones
     for info in found:
         if info.type != pafs.FileType.File:

@@ -99,6 +99,11 @@ class _TableRead:
     made: dict[Callable[[pa.Table], Any], Any] = field(default_factory=dict)
 
 
+def _read_key(uri: str, digest: Digest | None) -> str:
+    """What :meth:`Lake.read_delta` keeps a table's read under: its digested read apart from its whole one."""
+    return uri if digest is None else f"{uri}#{digest.name}"
+
+
 class Lake:
     """Files under the lake root: Delta logs and staged Parquet, through pyarrow's filesystems."""
 
@@ -272,7 +277,7 @@ class Lake:
         The same table object again while the log lists the same files (the log is read each
         time); of a changed set, only the files not read before are read."""
         found = self.files_now(uri)
-        key = uri if digest is None else f"{uri}#{digest.name}"
+        key = _read_key(uri, digest)
         if found is None:
             self._read.pop(key, None)
             return None
@@ -304,7 +309,7 @@ class Lake:
         read: callers only read what it gives."""
         if self.read_delta(uri, digest) is None:
             return None
-        read = self._read[uri if digest is None else f"{uri}#{digest.name}"]
+        read = self._read[_read_key(uri, digest)]
         if make not in read.made:
             read.made[make] = make(read.table)
         return read.made[make]
